@@ -1,0 +1,1 @@
+"""Slurm backend: sbatch rendering, submitit submission, local dev cluster (coming in its own issue)."""

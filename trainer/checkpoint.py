@@ -1,0 +1,271 @@
+"""Checkpoints that are either whole or absent.
+
+Layout of ``CHECKPOINT_DIR/step_00000120/``: the model and optimizer state (``state.pt``
+written by rank 0 when the state is replicated, as with DDP; ``torch.distributed.checkpoint``
+shards, one writer per shard and resharded on load, when it is sharded by FSDP), one
+``rng-rankN.pt`` per rank, and ``manifest.json`` naming the step, the position inside the epoch, the world
+size, the trainer config and a SHA-256 of every file. Everything is written under a temporary
+name, flushed, then renamed by rank 0; a directory without a manifest that verifies is never
+resumed from. On start, the newest checkpoint that verifies wins; a damaged one is skipped
+with a warning naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from trainer.config import ConfigError
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where training stands: optimizer steps done, and micro-batches done in ``epoch``."""
+
+    step: int = 0
+    epoch: int = 0
+    micro: int = 0
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def verify(path: Path) -> dict[str, Any]:
+    """The manifest of checkpoint ``path`` if every file it names is there and intact."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CheckpointError("no manifest.json (the save did not finish)") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"unreadable manifest.json ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"manifest.json is not format {FORMAT}")
+    for name, digest in manifest.get("files", {}).items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{name} is missing")
+        if sha256(file) != digest:
+            raise CheckpointError(f"{name} does not match its checksum (truncated or damaged)")
+    return manifest
+
+
+class Checkpointer:
+    """Saves and restores model, optimizer, RNG and position for every rank of a job."""
+
+    def __init__(self, root: str, *, rank: int, world_size: int, keep: int, async_save: bool,
+                 sharded: bool, config: dict[str, Any], say: Callable[[str], None]) -> None:
+        self.root = Path(root)
+        self.rank, self.world_size = rank, world_size
+        self.keep, self.async_save, self.sharded = keep, async_save, sharded
+        self.layout = "sharded" if sharded else "replicated"
+        self.config = config
+        self.say = say  # rank-0 logging helper
+        self.last_step = -1
+        self._pending: concurrent.futures.Future[None] | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, "checkpoint")
+        self._group: Any = None
+        if async_save and sharded and dist.is_initialized():
+            # background shard writes must not share a group with the loop's collectives
+            self._group = dist.new_group(backend="gloo")
+
+    # -- restore -------------------------------------------------------------------------------
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                device: torch.device) -> Position:
+        """Load the newest checkpoint that verifies; Position() when there is none."""
+        choice = self._choose() if self.rank == 0 else None
+        if dist.is_initialized():
+            box = [choice]
+            dist.broadcast_object_list(box, src=0)
+            choice = box[0]
+        if choice is None:
+            return Position()
+        path, manifest = Path(choice[0]), choice[1]
+        if manifest.get("layout") != self.layout:
+            raise ConfigError(f"checkpoint {path} holds {manifest.get('layout')} state but this "
+                              f"run keeps {self.layout} state (--parallel changed?): resume with "
+                              "the setting it was written with, or use a new --checkpoint-dir")
+        if self.sharded:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+            dcp.load(state, checkpoint_id=str(path))
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+        else:
+            state = torch.load(path / "state.pt", map_location=device, weights_only=True)
+            unwrap(model).load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optim"])
+        rng = path / f"rng-rank{self.rank}.pt"
+        if manifest["world_size"] == self.world_size and rng.exists():
+            set_rng_state(torch.load(rng, weights_only=False))
+        else:
+            self.say(f"checkpoint was written by {manifest['world_size']} ranks, now "
+                     f"{self.world_size}: random streams restart from the seed, so this run "
+                     "will not match an uninterrupted one bit for bit")
+        pos = manifest["position"]
+        self.last_step = pos["step"]
+        self.say(f"resumed from {path.name} (step {pos['step']}, epoch {pos['epoch']}, "
+                 f"micro-batch {pos['micro']})")
+        return Position(**pos)
+
+    def _choose(self) -> tuple[str, dict[str, Any]] | None:
+        if not self.root.is_dir():
+            return None
+        for stale in self.root.glob(".tmp-*"):  # a save that never finished; nobody writes now
+            shutil.rmtree(stale, ignore_errors=True)
+        for path in sorted(self.root.glob("step_*"), reverse=True):
+            try:
+                return str(path), verify(path)
+            except CheckpointError as exc:
+                self.say(f"WARNING: skipping checkpoint {path.name}: {exc}; "
+                         "falling back to an older one")
+        return None
+
+    # -- save ----------------------------------------------------------------------------------
+
+    def save(self, pos: Position, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+             block: bool = False) -> None:
+        """Write a checkpoint at ``pos``; in the background when asynchronous unless ``block``."""
+        self.wait()  # one save in flight at a time
+        if pos.step == self.last_step:  # decided from memory: every rank agrees without I/O
+            return
+        self.last_step = pos.step
+        name = f"step_{pos.step:08d}"
+        tmp = self.root / f".tmp-{name}-{self._shared_token()}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        write_synced(tmp / f"rng-rank{self.rank}.pt", get_rng_state())
+        background = self.async_save and not block
+        if self.sharded:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+            if background:  # staged to memory now, written while training goes on
+                upload: Any = dcp.async_save(state, checkpoint_id=str(tmp),
+                                             process_group=self._group)
+                if hasattr(upload, "upload_completion"):  # newer torch stages asynchronously
+                    upload.staging_completion.result()
+                    upload = upload.upload_completion
+                self._pending = self._pool.submit(self._finish_after, upload, tmp, name, pos)
+            else:  # returns on every rank once all shards and the metadata are written
+                dcp.save(state, checkpoint_id=str(tmp))
+                self._finish(tmp, name, pos)
+            return
+        if dist.is_initialized():
+            dist.barrier()  # every rank's RNG file is on disk before rank 0 can finish
+        if self.rank != 0:
+            return
+        state = {"model": unwrap(model).state_dict(), "optim": optimizer.state_dict()}
+        if background:  # copy now (cheap), serialise and hash while training goes on
+            state = tree_map(lambda v: v.detach().clone() if torch.is_tensor(v) else v, state)
+            self._pending = self._pool.submit(self._write_and_finish, state, tmp, name, pos)
+        else:
+            self._write_and_finish(state, tmp, name, pos)
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is complete and renamed."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> None:
+        self.wait()
+        self._pool.shutdown()
+
+    def _shared_token(self) -> str:
+        token = uuid.uuid4().hex[:8]
+        if dist.is_initialized():
+            box = [token]
+            dist.broadcast_object_list(box, src=0)
+            token = box[0]
+        return token
+
+    def _write_and_finish(self, state: dict[str, Any], tmp: Path, name: str,
+                          pos: Position) -> None:
+        write_synced(tmp / "state.pt", state)
+        self._finish(tmp, name, pos)
+
+    def _finish_after(self, upload: concurrent.futures.Future[Any], tmp: Path, name: str,
+                      pos: Position) -> None:
+        upload.result()  # on rank 0 this returns after every rank's shards and the metadata
+        self._finish(tmp, name, pos)
+
+    def _finish(self, tmp: Path, name: str, pos: Position) -> None:
+        """Rank 0: checksum every file, write the manifest, rename into place, prune."""
+        if self.rank != 0:
+            return
+        files = {}
+        for file in sorted(tmp.iterdir()):
+            with open(file, "rb+") as fh:
+                os.fsync(fh.fileno())
+            files[file.name] = sha256(file)
+        manifest = {"format": FORMAT, "layout": self.layout, "position": pos.__dict__,
+                    "world_size": self.world_size, "config": self.config, "files": files}
+        with open(tmp / MANIFEST, "w") as fh:
+            json.dump(manifest, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        fsync_dir(tmp)
+        os.rename(tmp, self.root / name)
+        fsync_dir(self.root)
+        for old in sorted(self.root.glob("step_*"), reverse=True)[self.keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside DistributedDataParallel (its state dict keys carry no prefix)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def write_synced(path: Path, obj: Any) -> None:
+    with open(path, "wb") as fh:
+        torch.save(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def get_rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

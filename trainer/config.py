@@ -1,0 +1,136 @@
+"""The trainer's own configuration: one frozen tree, parsed once from the command line.
+
+Precedence: defaults < command-line flags. Each field's ``help`` is the ``--help`` text, so
+the documentation cannot drift from the code. The launcher side (``jobs/``) validates a job
+spec's ``trainer.args`` against these same fields before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+class ConfigError(ValueError):
+    """A bad trainer setting: exit code 2, never retried."""
+
+
+def opt(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    task: str = opt("digits", "what to train: 'digits' (scikit-learn's 8x8 digits, offline), "
+                    "'synthetic' (sized by --synthetic-*), or a factory 'pkg.module:function'")
+    epochs: int = opt(12, "passes over the training set")
+    max_steps: int = opt(0, "stop after this many optimizer steps (0: no limit)")
+    batch_size: int = opt(32, "samples per process per micro-step")
+    grad_accum: int = opt(1, "micro-steps per optimizer step (all-reduce only on the last)")
+    lr: float = opt(3e-3, "peak learning rate (AdamW)")
+    weight_decay: float = opt(1e-4, "AdamW weight decay")
+    warmup_steps: int = opt(20, "linear warm-up steps before the schedule")
+    schedule: str = opt("cosine", "learning-rate schedule after warm-up",
+                        ("cosine", "constant"))
+    clip_grad: float = opt(1.0, "clip the gradient norm to this (0: off)")
+    precision: str = opt("auto", "autocast dtype: auto (bf16 on a CUDA device that supports "
+                         "it, else fp32), bf16 or fp32", ("auto", "bf16", "fp32"))
+    parallel: str = opt("ddp", "data parallelism: ddp (DistributedDataParallel) or fsdp "
+                        "(FSDP2 fully_shard)", ("ddp", "fsdp"))
+    sync_bn: bool = opt(False, "convert BatchNorm layers to SyncBatchNorm")
+    seed: int = opt(0, "seed for model init, data order and dropout")
+    backend: str = opt("auto", "process-group backend: auto (nccl with CUDA, else gloo)",
+                       ("auto", "nccl", "gloo"))
+    pg_timeout: float = opt(300.0, "seconds a collective may wait before it fails")
+    eval_every: int = opt(1, "evaluate every N epochs (0: only at the end)")
+    log_every: int = opt(10, "log a line every N optimizer steps")
+    progress: str = opt("auto", "progress display: auto (a bar on a terminal, lines in logs), "
+                        "bar, lines", ("auto", "bar", "lines"))
+    run_dir: str = opt("runs/default", "where metrics, the summary and the plot go")
+    checkpoint_dir: str = opt("", "checkpoint directory ('' : RUN_DIR/checkpoints)")
+    checkpoint_every: int = opt(50, "checkpoint every N optimizer steps (0: only at the end "
+                                "and when stopped)")
+    keep_checkpoints: int = opt(3, "keep the newest N checkpoints")
+    async_checkpoint: bool = opt(False, "write checkpoints in the background")
+    resume: bool = opt(True, "resume from the newest checkpoint that verifies")
+    stop_grace: float = opt(30.0, "seconds to finish the step and checkpoint after a stop "
+                            "signal before exiting without one")
+    num_workers: int = opt(0, "DataLoader worker processes per rank")
+    synthetic_samples: int = opt(8192, "synthetic task: training samples")
+    synthetic_dim: int = opt(256, "synthetic task: input features")
+    synthetic_hidden: int = opt(1024, "synthetic task: hidden width")
+    synthetic_layers: int = opt(4, "synthetic task: hidden layers")
+    synthetic_classes: int = opt(10, "synthetic task: classes")
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "grad_accum", "log_every", "keep_checkpoints",
+                     "synthetic_samples", "synthetic_dim", "synthetic_hidden",
+                     "synthetic_layers", "synthetic_classes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{flag(name)} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "warmup_steps", "eval_every", "checkpoint_every",
+                     "num_workers", "lr", "weight_decay", "clip_grad", "stop_grace"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.pg_timeout <= 0:
+            raise ConfigError(f"--pg-timeout must be > 0 seconds, got {self.pg_timeout}")
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ConfigError(f"--{flag(f.name)} must be one of {', '.join(choices)}; "
+                                  f"got {getattr(self, f.name)!r}")
+        if self.task not in ("digits", "synthetic") and ":" not in self.task:
+            raise ConfigError(f"--task must be 'digits', 'synthetic' or 'pkg.module:factory'; "
+                              f"got {self.task!r}")
+
+    @property
+    def checkpoint_path(self) -> str:
+        return self.checkpoint_dir or f"{self.run_dir}/checkpoints"
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a field name: ``grad_accum`` -> ``grad-accum``."""
+    return name.replace("_", "-")
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def field_types() -> dict[str, type]:
+    """Each field's Python type (bool, int, float or str), for validators outside the trainer."""
+    kinds = {"bool": bool, "int": int, "float": float, "str": str}
+    return {f.name: kinds[str(f.type)] for f in dataclasses.fields(TrainConfig)}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{message} (see python -m trainer --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m trainer",
+                     description="Train with DDP under torchrun, srun, an MPI launcher, a "
+                                 "Kubernetes operator or alone; the place in the world comes "
+                                 "from the environment.")
+    types = field_types()
+    for f in dataclasses.fields(TrainConfig):
+        kind = types[f.name]
+        parser.add_argument(f"--{flag(f.name)}", dest=f.name, default=f.default,
+                            type=_bool if kind is bool else kind,
+                            choices=f.metadata.get("choices"), help=f.metadata["help"],
+                            metavar=None if f.metadata.get("choices") else kind.__name__.upper())
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    """The one reader of the trainer's command line."""
+    ns = build_parser().parse_args(argv)
+    return TrainConfig(**vars(ns))

@@ -1,0 +1,81 @@
+"""Stop signals: SIGTERM, SIGUSR1 and SIGUSR2 ask the trainer to finish its step, checkpoint and
+exit 143 (Slurm's --signal, Kubernetes' pod deletion and torchrun all send one of them).
+
+Ranks may receive the signal at slightly different moments, so the decision to stop is agreed
+with a one-element all-reduce that runs in the background of the next step: every rank stops
+after the same step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import types
+
+import torch
+import torch.distributed as dist
+
+EXIT_PREEMPTED = 143
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class StopRequest:
+    """Remembers the first stop signal; a second one, or the grace period running out, ends the
+    process at once with 143 (the last periodic checkpoint is then where the next run starts)."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.signum: int | None = None
+        self.grace_s = grace_s
+        self._vote: dist.Work | None = None
+        self._flag = torch.zeros(1, dtype=torch.int32)
+        self._previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+        for s in STOP_SIGNALS:
+            signal.signal(s, self._handle)
+
+    def _handle(self, signum: int, frame: types.FrameType | None) -> None:
+        if self.signum is not None:
+            sys.stderr.write(f"second {signal.Signals(signum).name}: exiting now\n")
+            os._exit(EXIT_PREEMPTED)
+        self.signum = signum
+        if self.grace_s > 0:
+            timer = threading.Timer(self.grace_s, self._expire)
+            timer.daemon = True
+            timer.start()
+
+    def _expire(self) -> None:
+        sys.stderr.write(f"stop grace of {self.grace_s:.0f}s ran out before a checkpoint was "
+                         "written: exiting; the run resumes from the last periodic checkpoint\n")
+        sys.stderr.flush()
+        os._exit(EXIT_PREEMPTED)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else "a peer's stop signal"
+
+    def agreed(self) -> bool:
+        """Call once per optimizer step on every rank: True when any rank was told to stop.
+
+        Collects the vote started at the previous step and starts the next one, so the
+        all-reduce overlaps with a whole step of work instead of stalling it.
+        """
+        if not dist.is_initialized():
+            return self.signum is not None
+        stop = False
+        if self._vote is not None:
+            self._vote.wait()
+            stop = bool(self._flag.item())
+        self._flag = torch.tensor([1 if self.signum is not None else 0], dtype=torch.int32)
+        self._vote = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True)
+        return stop
+
+    def settle(self) -> None:
+        """Finish the outstanding vote so no collective is left in flight (before teardown)."""
+        if self._vote is not None:
+            self._vote.wait()
+            self._vote = None
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)

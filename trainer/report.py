@@ -1,0 +1,133 @@
+"""What the trainer tells people: log lines with the rank, a progress bar on a terminal, metrics
+as JSON lines, a summary and a loss/accuracy plot in the run directory.
+
+Every rank-0-only effect goes through :meth:`Reporter.main` or the methods built on it, so no
+``if rank == 0`` is scattered through the training loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+
+class Reporter:
+    def __init__(self, run_dir: str, *, rank: int, world_size: int, progress: str,
+                 log_every: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.run_dir = Path(run_dir)
+        self.log_every = log_every
+        self.log = logging.getLogger(f"trainer.rank{rank}")
+        if not self.log.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter(
+                f"%(asctime)s [rank {rank}/{world_size}] %(message)s", "%H:%M:%S"))
+            self.log.addHandler(handler)
+            self.log.setLevel(logging.INFO)
+            self.log.propagate = False
+        self.use_bar = rank == 0 and (progress == "bar" or
+                                      (progress == "auto" and sys.stderr.isatty()))
+        self._bar: Any = None
+        if rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- the one rank-0 gate ------------------------------------------------------------------
+
+    def main(self, effect: Callable[[], T]) -> T | None:
+        """Run ``effect`` on rank 0 only (writing files, printing once for the job)."""
+        return effect() if self.rank == 0 else None
+
+    def say(self, message: str) -> None:
+        """One line for the whole job, from rank 0."""
+        self.main(lambda: self._write(message))
+
+    def every_rank(self, message: str) -> None:
+        """A line from each rank (things that differ per rank, such as errors)."""
+        self._write(message)
+
+    def _write(self, message: str) -> None:
+        if self._bar is not None:
+            self._bar.write(message, file=sys.stderr)
+        else:
+            self.log.info(message)
+
+    # -- metrics ------------------------------------------------------------------------------
+
+    def metric(self, kind: str, **values: Any) -> None:
+        """Append one JSON line to RUN_DIR/metrics.jsonl (rank 0)."""
+        record = {"kind": kind, "time": round(time.time(), 3), **values}
+
+        def write() -> None:
+            with open(self.run_dir / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        self.main(write)
+
+    def progress(self, step: int, total: int, **shown: float) -> None:
+        """Advance the bar, or print a plain line every ``log_every`` steps."""
+        if self.use_bar:
+            if self._bar is None:
+                from tqdm import tqdm
+                self._bar = tqdm(total=total, initial=step - 1, file=sys.stderr,
+                                 dynamic_ncols=True, desc="train")
+            self._bar.update(1)
+            self._bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=False)
+        elif step % self.log_every == 0 or step == total:
+            text = " ".join(f"{k} {v:.4g}" for k, v in shown.items())
+            self.say(f"step {step}/{total} {text}")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    # -- end of run ---------------------------------------------------------------------------
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Write summary.json and plot.png, and print the summary (rank 0)."""
+        def write() -> None:
+            self.close()
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+            plot(self.run_dir / "metrics.jsonl", self.run_dir / "plot.png")
+            shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                              for k, v in summary.items())
+            self.log.info(f"done: {shown}; see {self.run_dir}/summary.json and plot.png")
+        self.main(write)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Metrics lines, keeping the last record per (kind, step): a resumed run repeats steps."""
+    latest: dict[tuple[str, int], dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+                latest[(rec["kind"], rec["step"])] = rec
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a kill
+    return sorted(latest.values(), key=lambda r: (r["step"], r["kind"]))
+
+
+def plot(metrics: Path, out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics)
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
+    ax_loss.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="eval")
+    ax_loss.set(xlabel="step", ylabel="loss", title="loss")
+    ax_loss.legend()
+    ax_acc.plot([r["step"] for r in evals], [r["accuracy"] for r in evals], "o-")
+    ax_acc.set(xlabel="step", ylabel="accuracy", title="eval accuracy", ylim=(0, 1))
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    plt.close(fig)

@@ -1,0 +1,253 @@
+"""The training run, top to bottom: environment, process group, data, model, loop, checkpoint.
+
+Runs alone (``python -m trainer``), under torchrun, under ``srun``, under an MPI launcher or
+in a Kubernetes pod; only ``DistEnv.from_environ()`` knows the difference. Exit codes: 0 done,
+2 bad configuration, 1 training failure, 143 stopped by a signal after a checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import sys
+import time
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.checkpoint import Checkpointer, Position
+from trainer.config import ConfigError, TrainConfig, parse_args
+from trainer.data import TrainBatches, eval_batches
+from trainer.dist import Group, process_group
+from trainer.env import DistEnv, EnvError
+from trainer.preempt import EXIT_PREEMPTED, StopRequest
+from trainer.report import Reporter
+from trainer.tasks import Task, build_task
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        cfg = parse_args(argv)
+        env = DistEnv.from_environ()
+    except (ConfigError, EnvError) as exc:
+        print(f"trainer: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    stop = StopRequest(cfg.stop_grace)
+    try:
+        with process_group(env, cfg.backend, cfg.pg_timeout) as group:
+            return run(cfg, group, stop)
+    except ConfigError as exc:
+        print(f"trainer [rank {env.rank}]: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    finally:
+        stop.restore()
+
+
+def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
+    torch.set_num_threads(max(torch.get_num_threads(), 1))
+    rep = Reporter(cfg.run_dir, rank=group.rank, world_size=group.world_size,
+                   progress=cfg.progress, log_every=cfg.log_every)
+    rep.say(f"world: {group.world_size} process(es) from {group.env.source}, backend "
+            f"{group.backend}, device {group.device}, restart {group.env.restart_count}")
+
+    task = build_task(cfg)
+    batches = TrainBatches(task.train, batch_size=cfg.batch_size, world_size=group.world_size,
+                           rank=group.rank, seed=cfg.seed, num_workers=cfg.num_workers)
+    steps_per_epoch = batches.per_epoch // cfg.grad_accum
+    if steps_per_epoch < 1:
+        raise ConfigError(f"one optimizer step needs {cfg.batch_size * cfg.grad_accum} samples "
+                          f"per rank but a rank gets {batches.sampler.num_samples}: lower "
+                          "--batch-size or --grad-accum")
+    total = steps_per_epoch * cfg.epochs
+    total = min(total, cfg.max_steps) if cfg.max_steps else total
+
+    model = wrap(task.model, cfg, group)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr,
+                                  weight_decay=cfg.weight_decay)
+    ckpt = Checkpointer(cfg.checkpoint_path, rank=group.rank, world_size=group.world_size,
+                        keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint,
+                        sharded=cfg.parallel == "fsdp" and dist.is_initialized(),
+                        config=dataclasses.asdict(cfg), say=rep.say)
+    torch.manual_seed(cfg.seed * 1000 + group.rank)  # dropout stream; a checkpoint restores it
+    pos = ckpt.restore(model, optimizer, group.device) if cfg.resume else Position()
+
+    autocast = autocast_context(cfg.precision, group.device, fsdp=cfg.parallel == "fsdp")
+    global_batch = cfg.batch_size * cfg.grad_accum * group.world_size
+    clock = Throughput(warmup_steps=min(5, max(total - pos.step - 1, 0)))
+    step, loss_sum = pos.step, torch.zeros((), device=group.device)
+    rep.say(f"training {total} steps ({steps_per_epoch}/epoch, global batch {global_batch}) "
+            f"from step {step}")
+    try:
+        for epoch in range(pos.epoch, cfg.epochs):
+            skip = pos.micro if epoch == pos.epoch else 0
+            model.train()
+            for micro, (x, y) in enumerate(batches.epoch(epoch, skip), start=skip):
+                if micro >= steps_per_epoch * cfg.grad_accum or step >= total:
+                    break
+                last = (micro + 1) % cfg.grad_accum == 0
+                x, y = x.to(group.device, non_blocking=True), y.to(group.device)
+                with gradient_sync(model, last), autocast:
+                    loss = F.cross_entropy(model(x), y) / cfg.grad_accum
+                loss.backward()
+                loss_sum += loss.detach()
+                if not last:
+                    continue
+                if cfg.clip_grad:
+                    nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+                lr = learning_rate(cfg, step, total)
+                for param_group in optimizer.param_groups:
+                    param_group["lr"] = lr
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                clock.tick(global_batch)
+                here = Position(step, epoch, micro + 1)
+                if step % cfg.log_every == 0 or step == total:
+                    shown = loss_sum.item()  # this rank's loss; a sync only every log_every
+                    rep.metric("train", step=step, epoch=epoch, loss=shown, lr=lr,
+                               samples_per_s=clock.rate())
+                    rep.progress(step, total, loss=shown, lr=lr)
+                elif rep.use_bar:
+                    rep.progress(step, total)
+                loss_sum.zero_()
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    ckpt.save(here, model, optimizer)
+                if stop.agreed():
+                    stop.settle()
+                    ckpt.save(here, model, optimizer, block=True)
+                    ckpt.close()
+                    rep.close()
+                    rep.every_rank(f"stopped by {stop.name} after step {step}: checkpoint "
+                                   "written; run the same command again to continue")
+                    return EXIT_PREEMPTED
+            if step >= total or (cfg.eval_every and (epoch + 1) % cfg.eval_every == 0):
+                report_eval(rep, evaluate(model, task, cfg, group, autocast), step, epoch)
+            if step >= total:
+                break
+        stop.settle()
+        ckpt.save(Position(step, cfg.epochs, 0), model, optimizer, block=True)
+        ckpt.close()
+        final = evaluate(model, task, cfg, group, autocast)
+        rep.finish({"steps": step, "world_size": group.world_size,
+                    "samples_per_s": round(clock.rate(), 1),
+                    "final_loss": final.get("loss", float("nan")),
+                    "accuracy": final.get("accuracy", float("nan")),
+                    "seconds": round(clock.elapsed(), 2)})
+        return EXIT_OK
+    finally:
+        rep.close()
+
+
+# -- parts of the loop --------------------------------------------------------------------------
+
+def wrap(model: nn.Module, cfg: TrainConfig, group: Group) -> nn.Module:
+    """Move to the device and make data-parallel (DDP or FSDP2) when there are several ranks."""
+    if cfg.sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(group.device)
+    if not dist.is_initialized():
+        return model
+    if cfg.parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        dtype = torch.bfloat16 if use_bf16(cfg.precision, group.device) else None
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        for child in model.modules():
+            if child is not model and isinstance(child, (nn.Linear, nn.Conv2d)):
+                fully_shard(child, mp_policy=policy)
+        return fully_shard(model, mp_policy=policy)  # type: ignore[return-value]
+    ids = [group.device.index] if group.device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:
+    """Skip the gradient all-reduce on micro-steps that are not the last of an accumulation."""
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+    if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    if precision == "bf16":
+        return True
+    return precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
+def autocast_context(precision: str, device: torch.device,
+                     fsdp: bool) -> contextlib.AbstractContextManager[Any]:
+    if fsdp or not use_bf16(precision, device):  # FSDP2 casts through its own policy
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def learning_rate(cfg: TrainConfig, step: int, total: int) -> float:
+    """Linear warm-up, then cosine to 10% (or constant); a pure function of the step, so a
+    resumed run needs no scheduler state."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return cfg.lr
+    progress = (step - cfg.warmup_steps) / max(total - cfg.warmup_steps, 1)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, task: Task, cfg: TrainConfig, group: Group,
+             autocast: contextlib.AbstractContextManager[Any]) -> dict[str, float]:
+    """Loss and accuracy over the whole evaluation set, each sample counted once across ranks."""
+    if task.eval is None:
+        return {}
+    net = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    was_training = net.training
+    net.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=group.device)  # loss, correct, count
+    for x, y, w in eval_batches(task.eval, batch_size=max(cfg.batch_size, 256),
+                                world_size=group.world_size, rank=group.rank):
+        x, y, w = x.to(group.device), y.to(group.device), w.to(group.device)
+        with autocast:
+            logits = net(x).float()
+        losses = F.cross_entropy(logits, y, reduction="none")
+        sums += torch.stack([(losses * w).sum(), ((logits.argmax(1) == y) * w).sum(),
+                             w.sum()]).double()
+    if dist.is_initialized():
+        dist.all_reduce(sums)
+    net.train(was_training)
+    loss, correct, count = sums.tolist()
+    return {"loss": loss / count, "accuracy": correct / count}
+
+
+def report_eval(rep: Reporter, result: dict[str, float], step: int, epoch: int) -> None:
+    if result:
+        rep.metric("eval", step=step, epoch=epoch, **result)
+        rep.say(f"eval after epoch {epoch + 1}: loss {result['loss']:.4f} "
+                f"accuracy {result['accuracy']:.4f}")
+
+
+class Throughput:
+    """Samples per second over the steps after a short warm-up (start-up is not steady state)."""
+
+    def __init__(self, warmup_steps: int) -> None:
+        self.warmup, self.steps, self.samples = warmup_steps, 0, 0
+        self.t0 = self.started = time.perf_counter()
+
+    def tick(self, samples: int) -> None:
+        self.steps += 1
+        if self.steps == self.warmup:
+            self.t0, self.samples = time.perf_counter(), 0
+        elif self.steps > self.warmup:
+            self.samples += samples
+
+    def rate(self) -> float:
+        elapsed = time.perf_counter() - self.t0
+        return self.samples / elapsed if elapsed > 0 and self.samples else 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
