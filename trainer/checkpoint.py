@@ -121,10 +121,8 @@ class Checkpointer:
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
             model_sd, optim_sd = get_state_dict(model, optimizer)
-            state = {"model": model_sd, "optim": optim_sd}
-            dcp.load(state, checkpoint_id=str(path))
-            set_state_dict(model, optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
+            dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+            set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
         else:
             state = torch.load(path / "state.pt", map_location=device, weights_only=True)
             unwrap(model).load_state_dict(state["model"])

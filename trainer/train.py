@@ -53,8 +53,11 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
     torch.set_num_threads(max(torch.get_num_threads(), 1))
     rep = Reporter(cfg.run_dir, rank=group.rank, world_size=group.world_size,
                    progress=cfg.progress, log_every=cfg.log_every)
-    rep.say(f"world: {group.world_size} process(es) from {group.env.source}, backend "
-            f"{group.backend}, device {group.device}, restart {group.env.restart_count}")
+    env = group.env
+    rep.every_rank(f"joined: rank {env.rank} local_rank {env.local_rank} world_size "
+                   f"{env.world_size} master {env.master_addr}:{env.master_port} from "
+                   f"{env.source}; backend {group.backend}, device {group.device}, restart "
+                   f"{env.restart_count}")
 
     task = build_task(cfg)
     batches = TrainBatches(task.train, batch_size=cfg.batch_size, world_size=group.world_size,
@@ -148,6 +151,9 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
 
 def wrap(model: nn.Module, cfg: TrainConfig, group: Group) -> nn.Module:
     """Move to the device and make data-parallel (DDP or FSDP2) when there are several ranks."""
+    if cfg.sync_bn and dist.is_initialized() and group.device.type == "cpu":
+        raise ConfigError("--sync-bn needs GPU devices (PyTorch's SyncBatchNorm does not run on "
+                          "CPU); drop it here, or run with CUDA")
     if cfg.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(group.device)
@@ -168,7 +174,7 @@ def wrap(model: nn.Module, cfg: TrainConfig, group: Group) -> nn.Module:
 def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:
     """Skip the gradient all-reduce on micro-steps that are not the last of an accumulation."""
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(sync)
+        model.set_requires_gradient_sync(sync)  # type: ignore[operator]
         return contextlib.nullcontext()
     if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
         return contextlib.nullcontext()
@@ -232,21 +238,23 @@ def report_eval(rep: Reporter, result: dict[str, float], step: int, epoch: int) 
 
 
 class Throughput:
-    """Samples per second over the steps after a short warm-up (start-up is not steady state)."""
+    """Samples per second between the end of a short warm-up and the latest step (start-up,
+    evaluation and the final checkpoint are not steady state)."""
 
     def __init__(self, warmup_steps: int) -> None:
         self.warmup, self.steps, self.samples = warmup_steps, 0, 0
-        self.t0 = self.started = time.perf_counter()
+        self.t0 = self.started = self.last = time.perf_counter()
 
     def tick(self, samples: int) -> None:
         self.steps += 1
+        self.last = time.perf_counter()
         if self.steps == self.warmup:
-            self.t0, self.samples = time.perf_counter(), 0
+            self.t0, self.samples = self.last, 0
         elif self.steps > self.warmup:
             self.samples += samples
 
     def rate(self) -> float:
-        elapsed = time.perf_counter() - self.t0
+        elapsed = self.last - self.t0
         return self.samples / elapsed if elapsed > 0 and self.samples else 0.0
 
     def elapsed(self) -> float:

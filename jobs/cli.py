@@ -1,0 +1,149 @@
+"""The ``torchjob`` command: load a job spec, render it for a backend, launch it.
+
+User mistakes (a bad spec, a bad flag, a missing file, a backend this version lacks) print
+one line on stderr and exit 2 before anything starts; unexpected errors keep their traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from secrets import token_hex
+from typing import NoReturn
+
+from jobs.launch import GRACE_SECONDS, find_free_port, missing_secrets, run_local
+from jobs.load import SpecError, load
+from jobs.local import LocalPlan, render_local, render_text
+from jobs.spec import JobSpec
+
+BACKENDS = ("local", "slurm", "k8s", "k8s:trainjob", "docker", "torchx:SCHEDULER")
+# What each command can do in this version; the rest exit 2 saying so.
+AVAILABLE: dict[str, tuple[str, ...]] = {"run": ("local",), "render": ("local",),
+                                         "submit": (), "status": (), "logs": (), "cancel": ()}
+
+
+class UsageError(Exception):
+    """A command-line mistake: one line on stderr, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def backend(text: str) -> str:
+    """``--to`` value: a known backend name, or ``torchx:SCHEDULER``."""
+    if text in BACKENDS[:-1] or re.fullmatch(r"torchx:[a-z][a-z0-9_]*", text):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown backend {text!r}; choose from "
+                                     f"{', '.join(BACKENDS)}")
+
+
+def _check_backend(command: str, to: str) -> None:
+    if to in AVAILABLE[command]:
+        return
+    if to == "local" and command not in ("run", "render"):
+        raise UsageError(f"local jobs run in the foreground: use 'torchjob run JOB.yaml'; "
+                         f"'torchjob {command} --to local' does not exist")
+    have = ", ".join(AVAILABLE[command]) or "none yet"
+    raise UsageError(f"backend {to!r} is not available for 'torchjob {command}' in this "
+                     f"version of torchjob (available: {have})")
+
+
+def _plan(spec: JobSpec, *, port: int, run_id: str) -> LocalPlan:
+    return render_local(spec, port=port, python=sys.executable, run_id=run_id,
+                        cpu_count=os.cpu_count() or 1)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    _check_backend("render", args.to)
+    spec = load(Path(args.job), args.set)
+    sys.stdout.write(render_text(_plan(spec, port=spec.rdzv.port, run_id=spec.name)))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    _check_backend("run", args.to)
+    spec = load(Path(args.job), args.set)
+    port, run_id = find_free_port(), f"{spec.name}-{token_hex(3)}"
+    plan = _plan(spec, port=port, run_id=run_id)
+    if args.dry_run:
+        sys.stdout.write(render_text(plan))
+        for name in missing_secrets(plan, os.environ):
+            print(f"torchjob: note: secret variable {name} is not set; run would stop",
+                  file=sys.stderr)
+        return 0
+    print(f"torchjob: {spec.name}: {spec.local_nodes} node(s) x {spec.nproc_per_node} "
+          f"process(es), rendezvous 127.0.0.1:{port} id {run_id}, run dir {spec.run_dir}",
+          file=sys.stderr, flush=True)
+    return run_local(plan, grace=args.grace)
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    """submit / status / logs / cancel: cluster backends, none in this version."""
+    _check_backend(args.command, args.to)
+    return 2  # pragma: no cover - unreachable until a backend is available
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="torchjob", description="Run one PyTorch distributed training job "
+                     "from one YAML job spec:\non this machine, in containers, on Slurm or on "
+                     "Kubernetes.", epilog="examples:\n"
+                     "  torchjob run jobs/examples/default.yaml\n"
+                     "  torchjob run jobs/examples/default.yaml --set trainer.args.epochs=3\n"
+                     "  torchjob render --to local jobs/examples/elastic.yaml\n\n"
+                     "available in this version: run and render --to local\n"
+                     "exit codes: 0 done, 1 training failed, 2 bad configuration, "
+                     "143 stopped\n(run again to resume from the last checkpoint)",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    to_help = f"backend: {', '.join(BACKENDS)}"
+
+    def spec_command(name: str, help: str, default_to: str | None) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help, description=help)
+        cmd.add_argument("job", metavar="JOB.yaml", help="the job spec file")
+        cmd.add_argument("--to", type=backend, default=default_to, required=default_to is None,
+                         metavar="BACKEND", help=to_help + (f" (default: {default_to})"
+                                                            if default_to else ""))
+        cmd.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a spec field, e.g. --set nnodes=1:2 or "
+                              "--set trainer.args.epochs=3 (repeatable; value is YAML)")
+        return cmd
+
+    run = spec_command("run", "start the job and wait for it (local: torchrun agents here)",
+                       "local")
+    run.add_argument("--dry-run", action="store_true", help="print what would run and exit")
+    run.add_argument("--grace", type=float, default=GRACE_SECONDS, metavar="SECONDS",
+                     help="after Ctrl-C/SIGTERM, how long workers may take to checkpoint "
+                          "before they are killed (default: %(default)s)")
+    run.set_defaults(func=cmd_run)
+    spec_command("render", "print what would be run or submitted (pure: starts nothing)",
+                 "local").set_defaults(func=cmd_render)
+    submit = spec_command("submit", "submit the job to a cluster and return", None)
+    submit.add_argument("--dry-run", action="store_true", help="print what would be submitted")
+    submit.set_defaults(func=cmd_job)
+    for name, help in (("status", "show a submitted job's state"),
+                       ("logs", "print a submitted job's logs"),
+                       ("cancel", "cancel a submitted job (it checkpoints and exits 143)")):
+        cmd = sub.add_parser(name, help=help, description=help)
+        cmd.add_argument("job_id", metavar="JOB_ID", help="the id printed by torchjob submit")
+        cmd.add_argument("--to", type=backend, required=True, metavar="BACKEND", help=to_help)
+        cmd.set_defaults(func=cmd_job)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``torchjob`` and ``python -m jobs``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except (SpecError, UsageError) as exc:
+        print(f"torchjob: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # before anything started (run_local handles its own Ctrl-C)
+        return 130
+    return code

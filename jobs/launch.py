@@ -1,0 +1,210 @@
+"""The local launcher: performs a LocalPlan. The only module here that starts processes.
+
+Each node (a torchrun agent) runs in its own session. A stop (SIGINT/SIGTERM) is forwarded
+as SIGTERM to each agent, which passes it to its workers; they checkpoint and exit 143.
+After a grace period, or at a second Ctrl-C, everything is killed. Whatever way this
+function ends, nothing it started outlives it: torchrun starts each worker in a session of
+its own, so besides each agent's process group we also kill every descendant seen (Linux
+/proc), checked by start time so that a reused pid is never hit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import IO, Any, NamedTuple
+
+from jobs.local import LocalPlan
+
+GRACE_SECONDS = 60.0
+STOPPED = 143  # 128 + SIGTERM: "told to stop; run again to continue" on every backend
+_POLL = 0.1
+_SCAN_EVERY = 0.5
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now (for the local rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def missing_secrets(plan: LocalPlan, environ: Mapping[str, str]) -> list[str]:
+    """Secret variables the plan needs that the caller's environment lacks."""
+    return [name for name in plan.secrets if name not in environ]
+
+
+class _Proc(NamedTuple):
+    ppid: int
+    pgrp: int
+    start: str  # start time in clock ticks since boot: tells a reused pid apart
+
+
+def _proc_table() -> dict[int, _Proc]:
+    """Every live process from /proc (empty where there is no /proc)."""
+    table: dict[int, _Proc] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 19 and fields[0] != b"Z":
+            table[int(entry)] = _Proc(int(fields[1]), int(fields[2]), fields[19].decode())
+    return table
+
+
+class _Nodes:
+    """The running node processes plus every descendant seen so far."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.seen: set[tuple[int, str]] = set()
+        self.signals = 0
+        self.last_scan = 0.0
+
+    def scan(self) -> None:
+        """Remember every live descendant of the nodes (pid and start time)."""
+        table = _proc_table()
+        family = {p.pid for p in self.procs}
+        while True:
+            found = {pid for pid, proc in table.items() if proc.ppid in family} - family
+            if not found:
+                break
+            family |= found
+        self.seen |= {(pid, table[pid].start) for pid in family if pid in table}
+        self.last_scan = time.monotonic()
+
+    def terminate(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL each node's process group and each live descendant (and its group)."""
+        self.scan()
+        table = _proc_table()
+        for proc in self.procs:
+            now = table.get(proc.pid)
+            # A reaped node's pid may be reused: kill its group only if the pid is still ours.
+            if proc.returncode is None or now is None or (proc.pid, now.start) in self.seen:
+                _killpg(proc.pid)
+        for pid, started in self.seen:
+            now = table.get(pid)
+            if now is not None and now.start == started:
+                if now.pgrp == pid:  # a worker leads its own session (torchrun's doing)
+                    _killpg(pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
+                pass
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _pump(stream: IO[bytes], prefix: bytes, out: IO[bytes], lock: threading.Lock) -> None:
+    """Copy a node's output line by line, each line prefixed with ``[node i]``. If our own
+    output is gone (a closed pipe), keep draining so that the node never blocks on it."""
+    writable = True
+    for line in iter(stream.readline, b""):
+        if writable:
+            with lock:
+                try:
+                    out.write(prefix + line)
+                    out.flush()
+                except (OSError, ValueError):
+                    writable = False
+    stream.close()
+
+
+def run_local(plan: LocalPlan, *, grace: float = GRACE_SECONDS,
+              out: IO[bytes] | None = None, err: IO[str] | None = None) -> int:
+    """Run every node of the plan to the end: 0 all done, 143 stopped, 1 a node failed,
+    2 a secret is missing or a node could not start."""
+    err = err or sys.stderr
+    missing = missing_secrets(plan, os.environ)
+    if missing:
+        print(f"torchjob: secret variable(s) not set: {', '.join(missing)}; local runs read "
+              f"secrets from your environment (export {missing[0]}=... first)", file=err)
+        return 2
+    out = out or sys.stdout.buffer
+    env = {**os.environ, **plan.env}
+    many = len(plan.commands) > 1
+    nodes, lock, pumps = _Nodes(), threading.Lock(), []
+    deadline: float | None = None
+    killed = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        nodes.signals += 1
+
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for i, command in enumerate(plan.commands):
+            if nodes.signals:
+                break
+            try:
+                proc = subprocess.Popen(command, env=env, start_new_session=True,
+                                        stdout=subprocess.PIPE if many else None,
+                                        stderr=subprocess.STDOUT if many else None)
+            except OSError as exc:
+                print(f"torchjob: cannot start node {i} ({command[0]}): {exc}", file=err)
+                return 2
+            nodes.procs.append(proc)
+            if many and proc.stdout is not None:
+                pump = threading.Thread(target=_pump, daemon=True,
+                                        args=(proc.stdout, f"[node {i}] ".encode(), out, lock))
+                pump.start()
+                pumps.append(pump)
+        nodes.scan()
+        while any(proc.poll() is None for proc in nodes.procs):
+            if nodes.signals and deadline is None:
+                print(f"torchjob: stopping: SIGTERM to {len(nodes.procs)} node(s); workers "
+                      f"checkpoint and exit (up to {grace:g} s; Ctrl-C again kills now)",
+                      file=err, flush=True)
+                nodes.terminate()
+                deadline = time.monotonic() + grace
+            if deadline is not None and not killed and (nodes.signals > 1
+                                                        or time.monotonic() > deadline):
+                print("torchjob: killing every node now", file=err, flush=True)
+                nodes.kill()
+                killed = True
+            if time.monotonic() - nodes.last_scan > _SCAN_EVERY:
+                nodes.scan()
+            time.sleep(_POLL)
+    finally:
+        nodes.kill()
+        for pump in pumps:
+            pump.join(timeout=2)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if nodes.signals:
+        return STOPPED
+    failed = [(i, p.returncode) for i, p in enumerate(nodes.procs) if p.returncode != 0]
+    for i, code in failed:
+        print(f"torchjob: node {i} failed with exit code {code} (its output is above)",
+              file=err)
+    return 1 if failed else 0

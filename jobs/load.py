@@ -1,0 +1,284 @@
+"""The one loader of job specs: YAML file < ``--set`` overrides, onto the JobSpec defaults.
+
+The dataclass tree in ``jobs.spec`` drives everything: the loader walks its fields and type
+hints, so a new field needs no code here. YAML is read with YAML 1.2 scalars (``yes``, ``no``,
+``on`` stay strings; ``1:4`` is not a base-60 integer; ``1e-3`` is a float) and duplicate keys
+are errors. Every problem becomes one ``SpecError`` naming the file, the field path, the bad
+value and the fix. Nothing else in the project reads YAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import types
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from jobs.spec import JobSpec, Section, suggest
+from jobs.values import FrozenMap, SpecError, bad, kind, show
+
+__all__ = ["SpecError", "build", "load", "loads", "parse_yaml"]
+
+_INT, _FLOAT, _BOOL = (f"tag:yaml.org,2002:{t}" for t in ("int", "float", "bool"))
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 core-schema scalars and duplicate keys refused."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT, _BOOL, _TIMESTAMP)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # unhashable: the base class reports it
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {show(key)}: each key may appear once",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = str(loader.construct_scalar(node))
+    sign, digits = (-1, text[1:]) if text[0] == "-" else (1, text.lstrip("+"))
+    if digits[:2] in ("0o", "0x"):
+        return sign * int(digits[2:], 8 if digits[1] == "o" else 16)
+    return sign * int(digits, 10)
+
+
+_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+_Loader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+                              list("-+0123456789"))
+_Loader.add_implicit_resolver(_FLOAT, re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+_Loader.add_constructor(_INT, _construct_int)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML text -> Python data, or SpecError("source: ...")."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = ", ".join(str(p) for p in (exc.context, exc.problem) if p)
+        raise SpecError("", f"is not valid YAML: {what}{where}", source) from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        raise SpecError("", f"is not valid YAML: {exc or type(exc).__name__}", source) from None
+
+
+# --------------------------------------------------------------------- generic builder
+
+def _path(parent: str, key: object) -> str:
+    return f"{parent}.{key}" if parent else str(key)
+
+
+def _expect(hint: Any) -> str:
+    names = {bool: "true or false", int: "an integer (e.g. 2)", float: "a number (e.g. 0.5)",
+             str: "a string"}
+    if hint in names:
+        return names[hint]
+    if get_origin(hint) is tuple:
+        return "a list"
+    return "a mapping"
+
+
+def _scalar(hint: type, raw: object, path: str) -> Any:
+    if hint is float and isinstance(raw, str):
+        try:
+            raw = float(raw.strip())
+        except ValueError:
+            pass
+    if hint is float and isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        if not math.isfinite(raw):
+            raise bad(path, raw, "is not a finite number")
+        return float(raw) if isinstance(raw, float) else raw
+    if isinstance(raw, hint) and not (hint is int and isinstance(raw, bool)):
+        return raw
+    fix = " (quote it)" if hint is str and isinstance(raw, (int, float, bool)) else ""
+    raise bad(path, raw, f"is {kind(raw)}, but {_expect(hint)} is expected{fix}")
+
+
+def _convert(hint: Any, raw: object, path: str, parse: Any = None) -> Any:
+    """Raw YAML data -> the value of a field typed ``hint`` (recursing into sections)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        arms = [a for a in args if a is not type(None)]
+        if raw is None and len(arms) < len(args):
+            return None
+        if parse is None and len(arms) > 1:
+            for arm in arms:
+                try:
+                    return _convert(arm, raw, path)
+                except SpecError:
+                    pass
+            raise bad(path, raw, f"is {kind(raw)}, but a single value (a string, a number "
+                      "or true/false) is expected")
+        hint, origin, args = arms[0], get_origin(arms[0]), get_args(arms[0])
+    if parse is not None:
+        return parse(raw, path)
+    if origin is Literal:
+        if isinstance(raw, str) and raw in args:
+            return raw
+        raise bad(path, raw, f"must be one of {', '.join(map(repr, args))}")
+    if origin is tuple:
+        if not isinstance(raw, list):
+            raise bad(path, raw, f"is {kind(raw)}, but a list is expected (- item per line)")
+        return tuple(_convert(args[0], item, f"{path}[{i}]") for i, item in enumerate(raw))
+    if origin is Mapping:
+        if not isinstance(raw, dict):
+            raise bad(path, raw, f"is {kind(raw)}, but a mapping (key: value) is expected")
+        for key in raw:
+            if not isinstance(key, str):
+                raise bad(_path(path, key), key, f"is {kind(key)}, but keys are strings")
+        return FrozenMap({k: _convert(args[1], v, _path(path, k)) for k, v in raw.items()})
+    if dataclasses.is_dataclass(hint):
+        return _section(hint, raw, path)
+    return _scalar(hint, raw, path)
+
+
+def _section(cls: Any, raw: object, path: str) -> Any:
+    """Build one dataclass section from a mapping: unknown, missing and forbidden keys."""
+    if not isinstance(raw, dict):
+        raise bad(path, raw, f"is {kind(raw)}, but a mapping (key: value) is expected")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if isinstance(key, str) and key in getattr(cls, "forbidden", {}):
+            raise SpecError(_path(path, key), cls.forbidden[key])
+        if key not in fields:
+            raise SpecError(_path(path, key), f"unknown key{suggest(key, list(fields))}")
+    for name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and name not in raw:
+            raise SpecError(_path(path, name), f"is missing: add it ({f.metadata['help']})")
+    hints = get_type_hints(cls)
+    kwargs = {name: _convert(hints[name], raw[name], _path(path, name), f.metadata.get("parse"))
+              for name, f in fields.items() if name in raw}
+    try:
+        return cls(**kwargs)
+    except SpecError as exc:
+        raise exc.within(path) from None
+
+
+def build(data: object, source: str = "") -> JobSpec:
+    """Python data (as YAML gives it) -> JobSpec; errors carry ``source``."""
+    if data is None:
+        raise SpecError("", "is empty: a job spec is a mapping with at least 'name:'", source)
+    if not isinstance(data, dict):
+        raise bad("", data, "is not a job spec: the top level must be a mapping "
+                  "(name: ..., nnodes: ...)").sourced(source)
+    try:
+        spec: JobSpec = _section(JobSpec, data, "")
+    except SpecError as exc:
+        raise exc.sourced(source) from None
+    return spec
+
+
+# -------------------------------------------------------------------------- overrides
+
+def _check_override_path(parts: list[str]) -> None:
+    """``--set a.b.c=...``: the path must name a field (or a key of env / trainer.args)."""
+    hint: Any = JobSpec
+    for i, part in enumerate(parts):
+        here = ".".join(parts[:i])
+        if not part:
+            raise SpecError(here, f"empty key in {'.'.join(parts)!r} (write --set "
+                            "key=value or a.b=value, e.g. --set trainer.args.epochs=3)", "--set")
+        if get_origin(hint) is Mapping:
+            hint = get_args(hint)[1]
+            continue
+        if not (isinstance(hint, type) and issubclass(hint, Section)):
+            what = (f"a list; set it whole, e.g. --set '{here}=[...]'" if get_origin(hint) is
+                    tuple else f"a single value; set it with --set {here}=VALUE")
+            raise SpecError(here, f"has no keys inside: it is {what}", "--set")
+        names = [f.name for f in dataclasses.fields(hint)]  # type: ignore[arg-type]
+        if part not in names:
+            raise SpecError(_path(here, part), f"unknown key{suggest(part, names)}", "--set")
+        hint = get_type_hints(hint)[part]
+        arms = [a for a in get_args(hint) if a is not type(None)]
+        if get_origin(hint) in (Union, types.UnionType) and len(arms) == 1:
+            hint = arms[0]
+
+
+def apply_override(data: dict[Any, Any], override: str) -> str:
+    """Apply ``a.b=value`` (value parsed as YAML) to raw data in place; returns the path."""
+    key, eq, text = override.partition("=")
+    if not eq:
+        raise SpecError("", f"{show(override)} has no '=': write --set key=value "
+                        "(e.g. --set nnodes=2)", "--set")
+    parts = key.strip().split(".")
+    _check_override_path(parts)
+    value = parse_yaml(text, f"--set {key.strip()}")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = {}
+        if not isinstance(child, dict):
+            raise bad(".".join(parts[:i + 1]), child, "is not a mapping, so --set cannot set a "
+                      "key inside it")
+        node[part] = node = dict(child)  # copy on write: YAML aliases may share this dict
+    node[parts[-1]] = value
+    return ".".join(parts)
+
+
+# ------------------------------------------------------------------------------ entry
+
+def loads(text: str, overrides: Iterable[str] = (), *, source: str = "<string>") -> JobSpec:
+    """A job spec from YAML text plus ``key=value`` overrides (defaults < text < overrides)."""
+    data = parse_yaml(text, source)
+    overrides = list(overrides)
+    if overrides and data is None:
+        data = {}
+    touched: list[str] = []
+    if isinstance(data, dict):
+        data = dict(data)
+        for override in overrides:
+            try:
+                touched.append(apply_override(data, override))
+            except SpecError as exc:
+                raise exc if exc.source else exc.sourced(source) from None
+    try:
+        return build(data, source)
+    except SpecError as exc:
+        if any(exc.path == p or exc.path.startswith((p + ".", p + "[")) for p in touched):
+            raise exc.sourced("--set") from None
+        raise
+
+
+def load(path_or_text: str | os.PathLike[str], overrides: Iterable[str] = ()) -> JobSpec:
+    """A job spec from a file path (or, if it is YAML text with 'key: value', from text)."""
+    if isinstance(path_or_text, str) and ("\n" in path_or_text or ": " in path_or_text
+                                          or path_or_text.lstrip().startswith("{")):
+        return loads(path_or_text, overrides)
+    path = Path(path_or_text)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError("", "no such file (check the path; examples are in jobs/examples/)",
+                        str(path)) from None
+    except IsADirectoryError:
+        raise SpecError("", "is a directory, not a job spec file", str(path)) from None
+    except UnicodeDecodeError:
+        raise SpecError("", "is not UTF-8 text", str(path)) from None
+    except OSError as exc:
+        raise SpecError("", f"cannot be read: {exc.strerror or exc}", str(path)) from None
+    return loads(text, overrides, source=str(path))

@@ -1,0 +1,77 @@
+"""The local backend's renderer: a JobSpec -> torchrun commands for this machine. Pure.
+
+Each emulated node is one torchrun agent; all agents meet at one c10d rendezvous on
+127.0.0.1. Everything that varies between runs (port, run id, interpreter, CPU count) is
+passed in, so the output is deterministic; ``jobs.launch`` performs it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from jobs.spec import JobSpec, trainer_argv
+from jobs.values import FrozenMap
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """What ``torchjob run --to local`` starts: one argv per node, the env they share."""
+
+    commands: tuple[tuple[str, ...], ...]
+    env: Mapping[str, str]
+    # Variables the caller's environment must provide (secrets: never in the plan itself).
+    secrets: tuple[str, ...] = ()
+
+
+def omp_threads(cpu_count: int, nodes: int, nproc_per_node: int) -> int:
+    """CPU threads per worker so that all workers together do not oversubscribe the host."""
+    return max(1, cpu_count // (nodes * nproc_per_node))
+
+
+def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
+                 cpu_count: int) -> LocalPlan:
+    """The torchrun command of each local node and the environment they need."""
+    nodes = spec.local_nodes
+    rdzv_conf = (f"join_timeout={spec.rdzv.join_timeout},"
+                 f"last_call_timeout={spec.rdzv.last_call_timeout}")
+    command = (
+        python, "-m", "torch.distributed.run",
+        "--nnodes", str(spec.nnodes),
+        "--nproc-per-node", str(spec.nproc_per_node),
+        "--rdzv-backend", spec.rdzv.backend,
+        "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--rdzv-id", run_id,
+        "--rdzv-conf", rdzv_conf,
+        "--max-restarts", str(spec.max_restarts),
+        "--monitor-interval", "0.1",
+        "-m", spec.trainer.module,
+        "--run-dir", spec.run_dir,
+        "--checkpoint-dir", spec.checkpoint_dir,
+        *trainer_argv(spec.trainer.args),
+    )
+    env = {
+        # pytorch issue 135712: with the agent's store shared, restarted workers read the
+        # previous attempt's keys and torchrun's restarts hang or fail.
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "OMP_NUM_THREADS": str(omp_threads(cpu_count, nodes, spec.nproc_per_node)),
+        "PYTHONUNBUFFERED": "1",
+        **spec.env,
+    }
+    return LocalPlan(commands=(command,) * nodes, env=FrozenMap(env),
+                     secrets=tuple(ref.env for ref in spec.secrets))
+
+
+def render_text(plan: LocalPlan) -> str:
+    """The plan as shell lines (what ``torchjob render --to local`` prints), quoted with shlex."""
+    prefix = " ".join(f"{key}={shlex.quote(value)}" for key, value in plan.env.items())
+    lines = [f"# secrets read from your environment: {' '.join(plan.secrets)}"] \
+        if plan.secrets else []
+    many = len(plan.commands) > 1
+    for command in plan.commands:
+        line = f"{prefix} {shlex.join(command)}" if prefix else shlex.join(command)
+        lines.append(f"{line} &" if many else line)
+    if many:
+        lines.append("wait")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,289 @@
+"""The job spec: one frozen tree that every renderer reads.
+
+Nested frozen, keyword-only dataclasses. Each field carries its help text and, where needed,
+a ``parse`` (raw YAML value -> typed value) and a ``check`` (typed value -> ok or SpecError);
+``jobs.load`` walks these generically, so a later backend adds a field here and nothing else.
+Checks also run when a spec is built in Python, so a JobSpec is valid however it was made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field
+from typing import Any, Callable, ClassVar, Literal
+
+from jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, MODULE, SECRET_KEY,
+                         Check, FrozenMap, Nnodes, Quantity, SpecError, at_least, bad, between,
+                         env_map, env_name, kind, one_line, pattern, positive, scalar_text,
+                         show, slurm_time)
+
+Scalar = str | bool | int | float
+
+
+def spec_field(help: str, default: Any = MISSING, *, factory: Callable[[], Any] | None = None,
+               check: Check | None = None, parse: Callable[[Any, str], Any] | None = None,
+               ) -> Any:
+    """A spec field: ``help`` is its documentation; ``parse``/``check`` validate it."""
+    meta = {"help": help, "check": check, "parse": parse}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def suggest(word: object, valid: list[str]) -> str:
+    """``; valid keys: a, b (did you mean 'x'?)`` for an unknown key."""
+    close = difflib.get_close_matches(word, valid, n=1, cutoff=0.5) \
+        if isinstance(word, str) else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"; valid keys: {', '.join(valid)}{hint}"
+
+
+class Section:
+    """Base of every section: freezes mappings and runs each field's check when built."""
+
+    # Keys that must never appear in this section, with the reason and the fix.
+    forbidden: ClassVar[Mapping[str, str]] = {}
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if isinstance(value, dict) and not isinstance(value, FrozenMap):
+                object.__setattr__(self, f.name, value := FrozenMap(value))
+            elif isinstance(value, list):
+                object.__setattr__(self, f.name, value := tuple(value))
+            if f.metadata.get("check"):
+                f.metadata["check"](value, f.name)
+
+
+def _optional(check: Check) -> Check:
+    return lambda value, path: None if value is None else check(value, path)
+
+
+def _flags(value: tuple[str, ...], path: str) -> None:
+    for i, flag in enumerate(value):
+        one_line(flag, f"{path}[{i}]")
+        if not flag.startswith("-"):
+            raise bad(f"{path}[{i}]", flag, "is not an option: write it as on the command line, "
+                      "e.g. --gres=gpu:1")
+
+
+def _mount_source(value: str, path: str) -> None:
+    one_line(value, path)
+    if ":" in value or "," in value:
+        raise bad(path, value, "must not contain ':' or ',' (a host path or a volume/PVC name)")
+
+
+def _mount_target(value: str, path: str) -> None:
+    _mount_source(value, path)
+    if not value.startswith("/") or value == "/":
+        raise bad(path, value, "is not an absolute path inside the container (e.g. /data)")
+
+
+def _image(value: str, path: str) -> None:
+    if not value or len(value) > 512 or any(c.isspace() or not c.isprintable() for c in value):
+        raise bad(path, value, "is not an image reference (e.g. localhost/torchjob:latest)")
+
+
+_dns_label = pattern(DNS_1123_LABEL, "a Kubernetes name (lower case letters, digits, '-')",
+                     "team-a", 63)
+_dns_name = _optional(pattern(DNS_1123_SUBDOMAIN, "a Kubernetes object name (lower case "
+                              "letters, digits, '-' and '.')", "my-secret"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resources(Section):
+    cpu: float | None = spec_field("CPUs per node (container, pod or Slurm allocation)", None,
+                                   check=positive)
+    memory: Quantity | None = spec_field("memory per node, a Kubernetes quantity (512Mi, 4Gi)",
+                                         None, parse=Quantity.parse)
+    gpus: int = spec_field("GPUs per node", 0, check=at_least(0))
+    shm: Quantity = spec_field("size of /dev/shm in containers (DataLoader workers use it)",
+                               Quantity("1Gi", 2**30), parse=Quantity.parse)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecretRef(Section):
+    forbidden = {"value": "a secret is never written in a job spec: create a Kubernetes Secret "
+                          "(kubectl create secret generic NAME --from-literal=KEY=...) and "
+                          "reference it with secret: NAME and key: KEY; pods read it through "
+                          "secretKeyRef, local runs from your environment"}
+    env: str = spec_field("environment variable the trainer reads the secret from",
+                          check=env_name)
+    secret: str = spec_field("name of the Kubernetes Secret", check=_dns_name)
+    key: str = spec_field("key inside the Secret", check=pattern(
+        SECRET_KEY, "a Secret key (letters, digits, '-', '_', '.')", "token"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mount(Section):
+    source: str = spec_field("host path, or volume/PVC name on a cluster", check=_mount_source)
+    target: str = spec_field("absolute path inside the container", check=_mount_target)
+    read_only: bool = spec_field("mount read-only", False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerSection(Section):
+    module: str = spec_field("Python module run with -m on every worker", "trainer",
+                             check=pattern(MODULE, "a dotted Python module name", "trainer"))
+    args: Mapping[str, Scalar] = spec_field(
+        "arguments for the module: grad_accum: 2 becomes --grad-accum 2", factory=FrozenMap)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in self.args:
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,99}", key):
+                raise bad(f"args.{key}", key, "is not an argument name (e.g. grad_accum)")
+        if self.module == "trainer":
+            _check_trainer_args(self.args)
+
+
+def trainer_argv(args: Mapping[str, Scalar]) -> list[str]:
+    """``{grad_accum: 2, resume: False}`` -> ``--grad-accum 2 --resume false``, in order."""
+    out: list[str] = []
+    for key, value in args.items():
+        out += [f"--{key.replace('_', '-')}", scalar_text(value)]
+    return out
+
+
+def _check_trainer_args(args: Mapping[str, Scalar]) -> None:
+    """Check args against the trainer's own parser, so mistakes stop here, not on a cluster."""
+    from trainer import config  # the trainer never imports jobs; jobs may import the trainer
+
+    types = config.field_types()
+    for key, value in args.items():
+        path = f"args.{key}"
+        if key in ("run_dir", "checkpoint_dir"):
+            raise bad(path, value, f"belongs at the top level of the job spec: write "
+                      f"{key}: {scalar_text(value)} there, not under trainer.args")
+        if key not in types:
+            valid = sorted(set(types) - {"run_dir", "checkpoint_dir"})
+            raise SpecError(path, f"is not a trainer argument{suggest(key, valid)}")
+        want = types[key]
+        if not _is_type(value, want):
+            raise bad(path, value, f"is {kind(value)}, but --{key.replace('_', '-')} takes "
+                      f"{kind(want())} (see python -m trainer --help)")
+    argv = trainer_argv(args)
+    try:
+        config.parse_args(argv)
+    except (config.ConfigError, SystemExit) as exc:
+        named = [k for k in re.findall(r"--([a-z0-9-]+)", str(exc))
+                 if k.replace("-", "_") in args]
+        if named:
+            key = named[0].replace("-", "_")
+            raise bad(f"args.{key}", args[key], f"is rejected by the trainer: {exc}") from None
+        raise SpecError("args", f"the trainer rejects {show(argv)}: {exc}") from None
+
+
+def _is_type(value: object, want: type) -> bool:
+    if want is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if want is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, want)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rdzv(Section):
+    backend: Literal["c10d"] = spec_field("rendezvous backend (only c10d for now)", "c10d")
+    port: int = spec_field("rendezvous port on clusters (local runs pick a free one)", 29400,
+                           check=between(1, 65535))
+    join_timeout: int = spec_field("seconds to wait for MIN nodes to join", 600,
+                                   check=at_least(1))
+    last_call_timeout: int = spec_field("seconds to wait for more nodes once MIN joined", 5,
+                                        check=at_least(0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Local(Section):
+    nodes: int | None = spec_field("torchrun agents (emulated nodes) on this machine; "
+                                   "default: nnodes MAX", None, check=at_least(1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Slurm(Section):
+    partition: str | None = spec_field("sbatch --partition", None, check=one_line)
+    account: str | None = spec_field("sbatch --account", None, check=one_line)
+    qos: str | None = spec_field("sbatch --qos", None, check=one_line)
+    constraint: str | None = spec_field("sbatch --constraint", None, check=one_line)
+    time: str | None = spec_field("time limit: minutes or 'HH:MM:SS'", None, parse=slurm_time)
+    exclusive: bool = spec_field("sbatch --exclusive", False)
+    extra_flags: tuple[str, ...] = spec_field("further sbatch options, e.g. --gres=gpu:1", (),
+                                              check=_flags)
+
+
+@dataclass(frozen=True, kw_only=True)
+class K8s(Section):
+    namespace: str = spec_field("Kubernetes namespace", "default", check=_dns_label)
+    queue: str | None = spec_field("Kueue LocalQueue name", None, check=_dns_name)
+    service_account: str | None = spec_field("pod service account", None, check=_dns_name)
+    pvc: str | None = spec_field("PersistentVolumeClaim for run_dir and checkpoints", None,
+                                 check=_dns_name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Docker(Section):
+    engine: Literal["auto", "docker", "podman"] = spec_field(
+        "container engine; auto prefers podman, then docker", "auto")
+    restart: Literal["no", "on-failure"] = spec_field("container restart policy", "on-failure")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec(Section):
+    """One distributed training job, independent of where it runs."""
+
+    name: str = spec_field("job name: a DNS-1035 label (lower case, starts with a letter)",
+                           check=pattern(DNS_1035, "a job name: lower case letters, digits "
+                                         "and '-', starting with a letter, not ending with '-'",
+                                         "digits", 63))
+    image: str = spec_field("container image (docker and Kubernetes backends)",
+                            "localhost/torchjob:latest", check=_image)
+    nnodes: Nnodes = spec_field("nodes: N, or MIN:MAX for an elastic job", Nnodes(1, 1),
+                                parse=Nnodes.parse)
+    nproc_per_node: int = spec_field("worker processes per node", 1, check=at_least(1))
+    resources: Resources = spec_field("per-node resources", factory=Resources)
+    env: Mapping[str, str] = spec_field("environment variables for every worker",
+                                        factory=FrozenMap, parse=env_map)
+    secrets: tuple[SecretRef, ...] = spec_field("secrets by reference (never by value)", ())
+    mounts: tuple[Mount, ...] = spec_field("host paths or volumes to mount", ())
+    run_dir: str = spec_field("metrics, summary and plot; default runs/NAME", "")
+    checkpoint_dir: str = spec_field("checkpoints; default RUN_DIR/checkpoints", "")
+    max_restarts: int = spec_field("restarts of the whole worker group after a failure", 3,
+                                   check=at_least(0))
+    trainer: TrainerSection = spec_field("what every worker runs", factory=TrainerSection)
+    rdzv: Rdzv = spec_field("rendezvous settings", factory=Rdzv)
+    local: Local = spec_field("local backend settings", factory=Local)
+    slurm: Slurm = spec_field("Slurm backend settings", factory=Slurm)
+    k8s: K8s = spec_field("Kubernetes backend settings", factory=K8s)
+    docker: Docker = spec_field("docker/podman backend settings", factory=Docker)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        run_dir = self.run_dir or f"runs/{self.name}"
+        object.__setattr__(self, "run_dir", run_dir)
+        object.__setattr__(self, "checkpoint_dir", self.checkpoint_dir or f"{run_dir}/checkpoints")
+        one_line(self.run_dir, "run_dir")
+        one_line(self.checkpoint_dir, "checkpoint_dir")
+        nodes = self.nnodes.max if self.local.nodes is None else self.local.nodes
+        if not self.nnodes.min <= nodes <= self.nnodes.max:
+            raise bad("local.nodes", nodes, f"is outside nnodes {self.nnodes}: it must lie "
+                      f"between {self.nnodes.min} and {self.nnodes.max}")
+        object.__setattr__(self, "local", dataclasses.replace(self.local, nodes=nodes))
+        seen: set[str] = set(self.env)
+        for i, ref in enumerate(self.secrets):
+            if ref.env in seen:
+                raise bad(f"secrets[{i}].env", ref.env, "is already set (in env or by another "
+                          "secret); each variable comes from one place")
+            seen.add(ref.env)
+        targets: set[str] = set()
+        for i, mount in enumerate(self.mounts):
+            if mount.target in targets:
+                raise bad(f"mounts[{i}].target", mount.target, "is mounted twice")
+            targets.add(mount.target)
+
+    @property
+    def local_nodes(self) -> int:
+        """How many torchrun agents the local backend starts (``local.nodes``, resolved)."""
+        return self.local.nodes or self.nnodes.max

@@ -1,0 +1,81 @@
+"""kill -9 of one worker in the middle of a run: torchrun restarts the group, the trainer
+resumes from its newest checkpoint, and the job ends with the parameters of an uninterrupted
+run, bit for bit. Many trials, because a restart that works once proves little
+(../shared/TEST-HOST.md: without the kit's settings, half of torchrun's restarts failed here).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.procs import (PYTHON, ROOT, assert_bitwise_equal, env_for_tests, final_params,
+                         last_step, trainer_workers, wait_for)
+
+pytestmark = pytest.mark.integration
+TRIALS = int(os.environ.get("TORCHJOB_RESTART_TRIALS", "20"))
+JOB = ROOT / "jobs" / "examples" / "default.yaml"
+SETTINGS = ["trainer.args.epochs=3", "trainer.args.checkpoint_every=10",
+            "trainer.args.log_every=1", "trainer.args.progress=lines",
+            "trainer.args.eval_every=0", "max_restarts=2"]
+
+
+def torchjob_run(run_dir: Path) -> list[str]:
+    sets = [arg for s in [*SETTINGS, f"run_dir={run_dir}"] for arg in ("--set", s)]
+    return [PYTHON, "-m", "jobs", "run", str(JOB), *sets]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    run = tmp_path_factory.mktemp("reference")
+    proc = subprocess.run(torchjob_run(run), env=env_for_tests(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return final_params(run / "checkpoints")
+
+
+def test_kill_9_of_a_worker_restarts_and_ends_bitwise_equal(tmp_path: Path,
+                                                            reference: dict) -> None:
+    rng = random.Random(1234)
+    failures = []
+    for trial in range(TRIALS):
+        run = tmp_path / f"trial{trial}"
+        kill_at = rng.randint(3, 55)  # of 66 steps: before, at and after checkpoint boundaries
+        log = open(tmp_path / f"trial{trial}.log", "w+")
+        started = time.monotonic()
+        proc = subprocess.Popen(torchjob_run(run), env=env_for_tests(), stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_for(lambda: last_step(run) >= kill_at or proc.poll() is not None, 120,
+                     f"step {kill_at}")
+            workers = trainer_workers(proc.pid)
+            assert len(workers) == 2, f"expected 2 trainer processes, found {workers}"
+            victim = rng.choice(workers)
+            os.kill(victim, signal.SIGKILL)
+            code = proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        log.seek(0)
+        out = log.read()
+        problem = None
+        if code != 0:
+            problem = f"exit {code}"
+        elif "restart 1" not in out:
+            problem = "no restart seen"
+        else:
+            try:
+                assert_bitwise_equal(final_params(run / "checkpoints"), reference)
+            except AssertionError as exc:
+                problem = str(exc)
+        print(f"trial {trial}: killed pid {victim} at step >= {kill_at}: "
+              f"{problem or 'ok'} in {time.monotonic() - started:.1f}s")
+        if problem:
+            failures.append(f"trial {trial} (kill at step {kill_at}): {problem}\n{out[-3000:]}")
+    assert not failures, f"{len(failures)}/{TRIALS} trials failed:\n" + "\n".join(failures)

@@ -1,0 +1,116 @@
+"""The torchjob command line, run as users run it: a subprocess, exit codes, stderr."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "jobs" / "examples"
+
+
+def torchjob(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobs", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=60)
+
+
+def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr  # one line
+    for fragment in fragments:
+        assert fragment in result.stderr
+
+
+MALFORMED = {
+    "nnodes": ('name: x\nnnodes: "3:2"\n', "nnodes: '3:2' is not a node range"),
+    "unknown": ("name: x\nnprocs: 2\n", "did you mean"),
+    "name": ("name: \"a'; rm -rf /\"\n", "is not a job name"),
+    "type": ("name: x\nnproc_per_node: two\n", "but an integer"),
+    "trainer-arg": ("name: x\ntrainer: {args: {schedule: linear}}\n", "trainer.args.schedule"),
+    "secret-value": ("name: x\nsecrets: [{env: T, secret: s, key: k, value: v}]\n",
+                     "secretKeyRef"),
+    "yaml": ("name: [x\n", "not valid YAML"),
+    "not-mapping": ("- 1\n", "top level must be a mapping"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+@pytest.mark.parametrize("command", ["run", "render"])
+def test_malformed_spec_exits_2_with_one_line(tmp_path: Path, name: str, command: str) -> None:
+    text, fragment = MALFORMED[name]
+    (tmp_path / "job.yaml").write_text(text)
+    result = torchjob(command, "job.yaml", cwd=tmp_path)
+    assert_user_error(result, "torchjob: job.yaml: ", fragment)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_render_examples() -> None:
+    default = torchjob("render", "--to", "local", str(EXAMPLES / "default.yaml"))
+    assert default.returncode == 0 and default.stderr == ""
+    (line,) = default.stdout.splitlines()
+    assert "--nproc-per-node 2" in line and "-m trainer" in line and "--epochs 12" in line
+    assert line.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 OMP_NUM_THREADS=")
+    assert f"{sys.executable} -m torch.distributed.run" in line
+    elastic = torchjob("render", str(EXAMPLES / "elastic.yaml"))
+    lines = elastic.stdout.splitlines()
+    assert elastic.returncode == 0 and len(lines) == 3 and lines[-1] == "wait"
+    assert all("--nnodes 1:2" in line and line.endswith(" &") for line in lines[:2])
+
+
+def test_set_overrides_reach_the_command() -> None:
+    result = torchjob("render", str(EXAMPLES / "default.yaml"), "--set", "trainer.args.epochs=3",
+                      "--set", "nnodes=1:2", "--set", "env.FOO=bar baz")
+    assert result.returncode == 0, result.stderr
+    assert "--epochs 3" in result.stdout and "--nnodes 1:2" in result.stdout
+    assert "FOO='bar baz'" in result.stdout
+
+
+def test_run_dry_run_prints_and_starts_nothing(tmp_path: Path) -> None:
+    result = torchjob("run", "--dry-run", str(EXAMPLES / "default.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "--rdzv-id digits-" in result.stdout and "--rdzv-endpoint 127.0.0.1:" in result.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["run", "--to", "mars", "x.yaml"], ["unknown backend 'mars'", "local, slurm"]),
+    (["run", "--to", "slurm", "x.yaml"], ["'slurm' is not available", "available: local"]),
+    (["render", "--to", "k8s", "x.yaml"], ["'k8s' is not available"]),
+    (["run", "--to", "torchx:kubernetes", "x.yaml"], ["'torchx:kubernetes' is not available"]),
+    (["submit", "--to", "k8s:trainjob", "x.yaml"], ["not available", "none yet"]),
+    (["submit", "--to", "local", "x.yaml"], ["use 'torchjob run JOB.yaml'"]),
+    (["status", "--to", "slurm", "123"], ["not available"]),
+    (["logs", "--to", "docker", "123"], ["not available"]),
+    (["cancel", "--to", "k8s", "job"], ["not available"]),
+    (["submit", "x.yaml"], ["--to"]),
+    (["run"], ["JOB.yaml"]),
+    (["frobnicate"], ["invalid choice"]),
+    ([], ["COMMAND"]),
+    (["run", "missing.yaml"], ["missing.yaml: no such file"]),
+    (["run", "."], ["is a directory"]),
+    (["run", str(EXAMPLES / "default.yaml"), "--set", "epochs"], ["has no '='"]),
+    (["run", str(EXAMPLES / "default.yaml"), "--set", "epochs=3"],
+     ["--set: epochs: unknown key"]),
+    (["run", "--grace", "soon", str(EXAMPLES / "default.yaml")], ["--grace"]),
+])
+def test_usage_errors(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
+    assert_user_error(torchjob(*args, cwd=tmp_path), *fragments)
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["render"], ["submit"], ["status"], ["logs"],
+                                     ["cancel"]])
+def test_help(command: list[str]) -> None:
+    result = torchjob(*command, "--help")
+    assert result.returncode == 0 and "usage: torchjob" in result.stdout
+    assert "--to" in result.stdout or not command
+
+
+def test_missing_secret_exits_2_before_starting(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text("name: x\nsecrets: [{env: TORCHJOB_TEST_UNSET, "
+                                       "secret: s, key: k}]\n")
+    result = torchjob("run", "job.yaml", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "TORCHJOB_TEST_UNSET" in result.stderr and "torch.distributed" not in result.stderr

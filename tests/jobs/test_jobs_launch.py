@@ -1,0 +1,148 @@
+"""The local launcher with real torchrun agents and a tiny worker module (no trainer, no mocks).
+
+The worker records its pid and its parent's (the torchrun agent); after the launcher ends,
+none of those processes may be alive, whichever way it ended.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.launch import find_free_port
+
+pytestmark = pytest.mark.integration
+
+WORKER = '''
+import os, signal, sys, time
+out = sys.argv[sys.argv.index("--out") + 1]
+mode = sys.argv[sys.argv.index("--mode") + 1]
+with open(os.path.join(out, f"pid-{os.getpid()}"), "w") as f:
+    f.write(str(os.getppid()))
+print("worker", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "up", flush=True)
+if mode in ("exit0", "exit1"):
+    sys.exit(int(mode[-1]))
+if mode == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+while True:
+    time.sleep(0.05)
+'''
+
+
+def start(tmp_path: Path, mode: str, *, nodes: int = 1, nproc: int = 2, restarts: int = 0,
+          extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    (tmp_path / "tinyworker.py").write_text(WORKER)
+    (tmp_path / "job.yaml").write_text(
+        f"name: tiny\nnnodes: {nodes}\nnproc_per_node: {nproc}\nmax_restarts: {restarts}\n"
+        f"env: {{PYTHONPATH: {str(tmp_path)!r}}}\n"
+        f"rdzv: {{join_timeout: 60}}\n"
+        f"trainer: {{module: tinyworker, args: {{out: {str(tmp_path)!r}, mode: {mode}}}}}\n")
+    return subprocess.Popen([sys.executable, "-m", "jobs", "run", "job.yaml", *extra],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def recorded(tmp_path: Path) -> set[int]:
+    """Every pid a worker wrote down: the workers and their torchrun agents."""
+    pids = set()
+    for path in tmp_path.glob("pid-*"):
+        pids |= {int(path.name[4:]), int(path.read_text())}
+    return pids
+
+
+def wait_for_workers(tmp_path: Path, count: int, launcher: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 90
+    while len(list(tmp_path.glob("pid-*"))) < count:
+        assert launcher.poll() is None, launcher.communicate()[0]
+        assert time.monotonic() < deadline, "workers did not start"
+        time.sleep(0.1)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+    except FileNotFoundError:
+        return False
+
+
+def assert_all_gone(pids: set[int]) -> None:
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)], "processes left behind"
+
+
+def finish(launcher: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
+    try:
+        output, _ = launcher.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(launcher.pid, signal.SIGKILL)
+        raise
+    return launcher.returncode, output
+
+
+@pytest.mark.parametrize("sig, nodes", [(signal.SIGINT, 1), (signal.SIGTERM, 2)])
+def test_stop_signal_exits_143_and_leaves_nothing(tmp_path: Path, sig: int, nodes: int) -> None:
+    launcher = start(tmp_path, "sleep", nodes=nodes, nproc=2 if nodes == 1 else 1)
+    wait_for_workers(tmp_path, 2, launcher)
+    pids = recorded(tmp_path)
+    assert len(pids) == 2 + nodes  # workers + agents
+    started = time.monotonic()
+    launcher.send_signal(sig)
+    code, output = finish(launcher)
+    assert code == 143, output
+    assert time.monotonic() - started < 30
+    assert "torchjob: stopping" in output
+    if nodes > 1:
+        assert "[node 0] worker" in output and "[node 1] worker" in output
+    assert_all_gone(pids)
+
+
+def test_workers_that_ignore_sigterm_are_killed_after_the_grace(tmp_path: Path) -> None:
+    launcher = start(tmp_path, "stubborn", extra=("--grace", "1"))
+    wait_for_workers(tmp_path, 2, launcher)
+    pids = recorded(tmp_path)
+    launcher.send_signal(signal.SIGTERM)
+    code, output = finish(launcher, timeout=30)
+    assert code == 143 and "killing every node now" in output, output
+    assert_all_gone(pids)
+
+
+def test_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
+    launcher = start(tmp_path, "stubborn")
+    wait_for_workers(tmp_path, 2, launcher)
+    pids = recorded(tmp_path)
+    launcher.send_signal(signal.SIGINT)
+    time.sleep(1)
+    started = time.monotonic()
+    launcher.send_signal(signal.SIGINT)
+    code, output = finish(launcher, timeout=30)
+    assert code == 143 and time.monotonic() - started < 15, output
+    assert_all_gone(pids)
+
+
+def test_success_exits_0(tmp_path: Path) -> None:
+    code, output = finish(start(tmp_path, "exit0"))
+    assert code == 0, output
+    assert "worker 0 of 2 up" in output and "worker 1 of 2 up" in output
+    assert_all_gone(recorded(tmp_path))
+
+
+def test_failure_exits_1_and_names_the_node(tmp_path: Path) -> None:
+    code, output = finish(start(tmp_path, "exit1", restarts=0))
+    assert code == 1 and "torchjob: node 0 failed" in output, output
+    assert_all_gone(recorded(tmp_path))
+
+
+def test_find_free_port() -> None:
+    port = find_free_port()
+    assert 1024 <= port <= 65535

@@ -1,0 +1,115 @@
+"""Helpers for tests that start real processes: descendants, final parameters, free ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+def env_for_tests(**extra: str) -> dict[str, str]:
+    """The test process's environment, minus any launcher variables it may have inherited."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "OMPI_", "PMI_", "PET_", "TORCHELASTIC_"))
+           and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                         "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid``, read from /proc."""
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                kids.append(int(entry.name))
+    return kids
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        for kid in children(todo.pop()):
+            out.append(kid)
+            todo.append(kid)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def trainer_workers(root_pid: int) -> list[int]:
+    """The trainer processes (torchrun's workers) below ``root_pid``."""
+    return [p for p in descendants(root_pid)
+            if "-m trainer" in cmdline(p) and "torch.distributed.run" not in cmdline(p)]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def last_step(run_dir: Path) -> int:
+    """The highest training step logged to RUN_DIR/metrics.jsonl so far."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    steps = [0]
+    for line in path.read_text().splitlines():
+        try:
+            steps.append(json.loads(line)["step"])
+        except (ValueError, KeyError):
+            pass
+    return max(steps)
+
+
+def final_params(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
+    """The model state of the newest checkpoint."""
+    newest = sorted(checkpoint_dir.glob("step_*"))[-1]
+    return torch.load(newest / "state.pt", weights_only=True)["model"]
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"parameters differ: {different}"
