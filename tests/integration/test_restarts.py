@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import (PYTHON, ROOT, assert_bitwise_equal, env_for_tests, final_params,
+from tests.procs import (PYTHON, ROOT, alive, assert_bitwise_equal, env_for_tests, final_params,
                          last_step, trainer_workers, wait_for)
 
 pytestmark = pytest.mark.integration
@@ -79,3 +79,30 @@ def test_kill_9_of_a_worker_restarts_and_ends_bitwise_equal(tmp_path: Path,
         if problem:
             failures.append(f"trial {trial} (kill at step {kill_at}): {problem}\n{out[-3000:]}")
     assert not failures, f"{len(failures)}/{TRIALS} trials failed:\n" + "\n".join(failures)
+
+
+def test_sigterm_to_the_launcher_checkpoints_exits_143_and_resumes(tmp_path: Path,
+                                                                   reference: dict) -> None:
+    proc = subprocess.Popen(torchjob_run(tmp_path), env=env_for_tests(),
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: last_step(tmp_path) >= 25 or proc.poll() is not None, 120, "step 25")
+    workers = trainer_workers(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    assert "stopped by SIGTERM" in err
+    assert not [p for p in workers if alive(p)], "a worker outlived the launcher"
+    steps = sorted(int(p.name[5:]) for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert 25 <= steps[-1] < 66, f"the stop checkpoint should be mid-run: {steps}"
+
+    # damage the newest checkpoint: the next run must fall back to the one before and say so
+    newest = sorted((tmp_path / "checkpoints").glob("step_*"))[-1]
+    state = newest / "state.pt"
+    state.write_bytes(state.read_bytes()[:1000])
+    again = subprocess.run(torchjob_run(tmp_path), env=env_for_tests(), capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"skipping checkpoint {newest.name}: state.pt does not match its checksum" \
+        in again.stderr
+    assert "resumed from step_" in again.stderr
+    assert_bitwise_equal(final_params(tmp_path / "checkpoints"), reference)
