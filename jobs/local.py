@@ -1,6 +1,8 @@
 """The local backend's renderer: a JobSpec -> torchrun commands for this machine. Pure.
 
-Each emulated node is one torchrun agent; all agents meet at one c10d rendezvous on
+Each emulated node is one torchrun agent (``python -m trainer.agent``: torchrun's own agent and
+arguments, with workers forked from a preloaded server so restarts are quick, and the
+restart-safe rendezvous store setting); all agents meet at one c10d rendezvous on
 127.0.0.1. Everything that varies between runs (port, run id, interpreter, CPU count) is
 passed in, so the output is deterministic; ``jobs.launch`` performs it.
 """
@@ -37,7 +39,7 @@ def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
     rdzv_conf = (f"join_timeout={spec.rdzv.join_timeout},"
                  f"last_call_timeout={spec.rdzv.last_call_timeout}")
     command = (
-        python, "-m", "torch.distributed.run",
+        python, "-m", "trainer.agent",
         "--nnodes", str(spec.nnodes),
         "--nproc-per-node", str(spec.nproc_per_node),
         "--rdzv-backend", spec.rdzv.backend,
@@ -52,9 +54,6 @@ def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
         *trainer_argv(spec.trainer.args),
     )
     env = {
-        # pytorch issue 135712: with the agent's store shared, restarted workers read the
-        # previous attempt's keys and torchrun's restarts hang or fail.
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "OMP_NUM_THREADS": str(omp_threads(cpu_count, nodes, spec.nproc_per_node)),
         "PYTHONUNBUFFERED": "1",
         **spec.env,

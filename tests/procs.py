@@ -73,10 +73,25 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
 def trainer_workers(root_pid: int) -> list[int]:
-    """The trainer processes (torchrun's workers) below ``root_pid``."""
-    return [p for p in descendants(root_pid)
-            if "-m trainer" in cmdline(p) and "torch.distributed.run" not in cmdline(p)]
+    """The trainer processes below ``root_pid``: forked by ``trainer.agent``'s preloaded
+    server (they share its command line, so they are told by their parent), or started by a
+    plain torchrun as ``python -m trainer``."""
+    found = []
+    for pid in descendants(root_pid):
+        line = cmdline(pid)
+        if "multiprocessing.forkserver" in cmdline(parent(pid)):
+            found.append(pid)
+        elif line.startswith(tuple(f"{p} -m trainer " for p in ("python", "python3", PYTHON))):
+            found.append(pid)
+    return found
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

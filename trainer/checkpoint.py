@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from trainer.config import ConfigError
 
@@ -96,6 +96,7 @@ class Checkpointer:
         self._pending: concurrent.futures.Future[None] | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "checkpoint")
         self._group: Any = None
+        self._staging: list[Any] | None = None  # reused host buffers for background saves
         if async_save and sharded and dist.is_initialized():
             # background shard writes must not share a group with the loop's collectives
             self._group = dist.new_group(backend="gloo")
@@ -165,7 +166,7 @@ class Checkpointer:
         name = f"step_{pos.step:08d}"
         tmp = self.root / f".tmp-{name}-{self._shared_token()}"
         tmp.mkdir(parents=True, exist_ok=True)
-        write_synced(tmp / f"rng-rank{self.rank}.pt", get_rng_state())
+        write(tmp / f"rng-rank{self.rank}.pt", get_rng_state())  # rank 0 fsyncs all files
         background = self.async_save and not block
         if self.sharded:
             import torch.distributed.checkpoint as dcp
@@ -189,7 +190,7 @@ class Checkpointer:
             return
         state = {"model": unwrap(model).state_dict(), "optim": optimizer.state_dict()}
         if background:  # copy now (cheap), serialise and hash while training goes on
-            state = tree_map(lambda v: v.detach().clone() if torch.is_tensor(v) else v, state)
+            state = self._stage(state)
             self._pending = self._pool.submit(self._write_and_finish, state, tmp, name, pos)
         else:
             self._write_and_finish(state, tmp, name, pos)
@@ -204,6 +205,22 @@ class Checkpointer:
         self.wait()
         self._pool.shutdown()
 
+    def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A host copy of ``state`` in buffers kept from the last save: no allocation, so the
+        loop stalls only for a memory copy. Safe because one save is in flight at a time."""
+        leaves, spec = tree_flatten(state)
+        staging = self._staging
+        if staging is None or len(staging) != len(leaves) or any(
+                torch.is_tensor(v) and (not torch.is_tensor(b) or b.shape != v.shape
+                                        or b.dtype != v.dtype) for b, v in zip(staging, leaves)):
+            staging = [v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v
+                       for v in leaves]
+        else:
+            staging = [b.copy_(v.detach()) if torch.is_tensor(v) else v
+                       for b, v in zip(staging, leaves)]
+        self._staging = staging
+        return tree_unflatten(staging, spec)
+
     def _shared_token(self) -> str:
         token = uuid.uuid4().hex[:8]
         if dist.is_initialized():
@@ -214,7 +231,7 @@ class Checkpointer:
 
     def _write_and_finish(self, state: dict[str, Any], tmp: Path, name: str,
                           pos: Position) -> None:
-        write_synced(tmp / "state.pt", state)
+        write(tmp / "state.pt", state)
         self._finish(tmp, name, pos)
 
     def _finish_after(self, upload: concurrent.futures.Future[Any], tmp: Path, name: str,
@@ -249,11 +266,9 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def write_synced(path: Path, obj: Any) -> None:
+def write(path: Path, obj: Any) -> None:
     with open(path, "wb") as fh:
         torch.save(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def get_rng_state() -> dict[str, Any]:

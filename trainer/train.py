@@ -114,7 +114,7 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                 if step % cfg.log_every == 0 or step == total:
                     shown = loss_sum.item()  # this rank's loss; a sync only every log_every
                     rep.metric("train", step=step, epoch=epoch, loss=shown, lr=lr,
-                               samples_per_s=clock.rate())
+                               samples_per_s=clock.rate(), restart=env.restart_count)
                     rep.progress(step, total, loss=shown, lr=lr)
                 elif rep.use_bar:
                     rep.progress(step, total)

@@ -52,8 +52,8 @@ def test_render_examples() -> None:
     assert default.returncode == 0 and default.stderr == ""
     (line,) = default.stdout.splitlines()
     assert "--nproc-per-node 2" in line and "-m trainer" in line and "--epochs 12" in line
-    assert line.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 OMP_NUM_THREADS=")
-    assert f"{sys.executable} -m torch.distributed.run" in line
+    assert line.startswith("OMP_NUM_THREADS=")
+    assert f"{sys.executable} -m trainer.agent" in line
     elastic = torchjob("render", str(EXAMPLES / "elastic.yaml"))
     lines = elastic.stdout.splitlines()
     assert elastic.returncode == 0 and len(lines) == 3 and lines[-1] == "wait"

@@ -47,13 +47,12 @@ def test_plan_shape() -> None:
     plan = render_local(spec, port=1234, python="py", run_id="rid", cpu_count=16)
     assert len(plan.commands) == 2 and plan.commands[0] == plan.commands[1]
     assert list(plan.commands[0]) == [
-        "py", "-m", "torch.distributed.run", "--nnodes", "1:3", "--nproc-per-node", "2",
+        "py", "-m", "trainer.agent", "--nnodes", "1:3", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1234", "--rdzv-id", "rid",
         "--rdzv-conf", "join_timeout=30,last_call_timeout=2", "--max-restarts", "1",
         "--monitor-interval", "0.1", "-m", "trainer", "--run-dir", "runs/job",
         "--checkpoint-dir", "runs/job/checkpoints", "--epochs", "2", "--resume", "false"]
-    assert dict(plan.env) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "4",
-                              "PYTHONUNBUFFERED": "1", "A": "b"}
+    assert dict(plan.env) == {"OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1", "A": "b"}
     assert plan.secrets == ("TOKEN",) and "TOKEN" not in plan.env
     assert render_text(plan).startswith("# secrets read from your environment: TOKEN\n")
     assert plan == render_local(spec, port=1234, python="py", run_id="rid", cpu_count=16)
@@ -94,8 +93,7 @@ def test_hostile_strings_survive_bash(tmp_path: Path, nodes: int) -> None:
     show = tmp_path / "show"
     show.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
                     f"out = {str(tmp_path)!r} + f'/seen-{{os.getpid()}}.json'\n"
-                    "keep = ('OMP_NUM_THREADS', 'PYTHONUNBUFFERED', "
-                    "'TORCH_DISABLE_SHARE_RDZV_TCP_STORE')\n"
+                    "keep = ('OMP_NUM_THREADS', 'PYTHONUNBUFFERED')\n"
                     "env = {k: v for k, v in os.environ.items() if k[:1] == 'V' or k in keep}\n"
                     "json.dump({'argv': sys.argv[1:], 'env': env}, open(out, 'w'))\n")
     show.chmod(0o755)

@@ -1,0 +1,62 @@
+"""``python -m trainer.agent``: torchrun, with two changes that make restarts fast and reliable.
+
+It takes exactly torchrun's arguments (and its ``PET_*`` environment fallbacks) and runs
+torchrun's own elastic agent. When the workers run this trainer (``-m trainer``), they are
+forked from a server that has already imported torch and the trainer, instead of each
+starting a fresh interpreter: a restart after a crash then costs a fork, not the ~3 s of
+importing torch again. Anything else (``-m other`` or a script) runs exactly as torchrun runs
+it. It also defaults ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: with the rendezvous store shared
+with the workers, half of the restarts measured here failed (pytorch/pytorch#135712).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import uuid
+from typing import Sequence
+
+FAST_MODULE = "trainer"
+PRELOAD = ["trainer.train", "torch._dynamo"]  # torch.optim imports torch._dynamo on first use
+
+
+def worker(*argv: str) -> None:
+    """One training process, forked from the preloaded server; exits with the trainer's code."""
+    from trainer.train import main
+
+    code = main(list(argv))
+    if code:
+        sys.exit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args, parse_min_max_nnodes, run
+
+    args = parse_args(list(argv) if argv is not None else None)
+    if not (args.module and args.training_script == FAST_MODULE and not args.no_python):
+        run(args)
+        return
+    single_static = (args.rdzv_backend == "static" and not args.rdzv_endpoint
+                     and args.master_port is None and parse_min_max_nnodes(args.nnodes)[1] == 1)
+    if args.standalone or single_static:  # as torchrun does: a private c10d store
+        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    config, _, _ = config_from_args(args)
+    config.start_method = "forkserver"
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    elastic_launch(config=config, entrypoint=worker)(*args.training_script_args)
+
+
+if __name__ == "__main__":
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        main()
+    except ChildFailedError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(1)
