@@ -212,6 +212,12 @@ class Slurm(Section):
     exclusive: bool = spec_field("sbatch --exclusive", False)
     extra_flags: tuple[str, ...] = spec_field("further sbatch options, e.g. --gres=gpu:1", (),
                                               check=_flags)
+    signal_delay: int = spec_field("seconds before the time limit at which Slurm sends SIGUSR2 "
+                                   "so the trainer checkpoints (0: no signal)", 90,
+                                   check=at_least(0))
+    max_requeues: int = spec_field("how often a job stopped by its time limit or preemption "
+                                   "is requeued to continue from its checkpoint", 3,
+                                   check=at_least(0))
 
 
 @dataclass(frozen=True, kw_only=True)
