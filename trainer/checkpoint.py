@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from trainer.config import ConfigError
+from trainer.dist import from_rank0
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -106,11 +107,7 @@ class Checkpointer:
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                 device: torch.device) -> Position:
         """Load the newest checkpoint that verifies; Position() when there is none."""
-        choice = self._choose() if self.rank == 0 else None
-        if dist.is_initialized():
-            box = [choice]
-            dist.broadcast_object_list(box, src=0)
-            choice = box[0]
+        choice = from_rank0(self._choose() if self.rank == 0 else None)
         if choice is None:
             return Position()
         path, manifest = Path(choice[0]), choice[1]
@@ -222,12 +219,7 @@ class Checkpointer:
         return tree_unflatten(staging, spec)
 
     def _shared_token(self) -> str:
-        token = uuid.uuid4().hex[:8]
-        if dist.is_initialized():
-            box = [token]
-            dist.broadcast_object_list(box, src=0)
-            token = box[0]
-        return token
+        return str(from_rank0(uuid.uuid4().hex[:8]))
 
     def _write_and_finish(self, state: dict[str, Any], tmp: Path, name: str,
                           pos: Position) -> None:

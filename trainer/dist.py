@@ -31,21 +31,14 @@ class Group:
     def world_size(self) -> int:
         return self.env.world_size
 
-    @property
-    def is_main(self) -> bool:
-        return self.env.rank == 0
 
-    def barrier(self) -> None:
-        if dist.is_initialized():
-            dist.barrier()
-
-    def broadcast_object(self, obj: Any) -> Any:
-        """Rank 0's value of ``obj`` on every rank."""
-        if not dist.is_initialized():
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+def from_rank0(obj: Any) -> Any:
+    """Rank 0's value of ``obj`` on every rank (``obj`` itself when there is no group)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def pick_backend(requested: str, env: DistEnv) -> tuple[str, torch.device]:

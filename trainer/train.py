@@ -50,7 +50,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
-    torch.set_num_threads(max(torch.get_num_threads(), 1))
     rep = Reporter(cfg.run_dir, rank=group.rank, world_size=group.world_size,
                    progress=cfg.progress, log_every=cfg.log_every)
     env = group.env
