@@ -13,7 +13,8 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from jobs.spec import JobSpec, trainer_argv
+from jobs.command import agent_command
+from jobs.spec import JobSpec
 from jobs.values import FrozenMap
 
 
@@ -36,23 +37,8 @@ def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
                  cpu_count: int) -> LocalPlan:
     """The torchrun command of each local node and the environment they need."""
     nodes = spec.local_nodes
-    rdzv_conf = (f"join_timeout={spec.rdzv.join_timeout},"
-                 f"last_call_timeout={spec.rdzv.last_call_timeout}")
-    command = (
-        python, "-m", "trainer.agent",
-        "--nnodes", str(spec.nnodes),
-        "--nproc-per-node", str(spec.nproc_per_node),
-        "--rdzv-backend", spec.rdzv.backend,
-        "--rdzv-endpoint", f"127.0.0.1:{port}",
-        "--rdzv-id", run_id,
-        "--rdzv-conf", rdzv_conf,
-        "--max-restarts", str(spec.max_restarts),
-        "--monitor-interval", "0.1",
-        "-m", spec.trainer.module,
-        "--run-dir", spec.run_dir,
-        "--checkpoint-dir", spec.checkpoint_dir,
-        *trainer_argv(spec.trainer.args),
-    )
+    command = agent_command(spec, python=python, rdzv_endpoint=f"127.0.0.1:{port}",
+                            run_id=run_id)
     env = {
         "OMP_NUM_THREADS": str(omp_threads(cpu_count, nodes, spec.nproc_per_node)),
         "PYTHONUNBUFFERED": "1",

@@ -10,7 +10,7 @@ LAUNCHER_SIDE = {"jobs", "k8s", "slurm"}
 # modules a pure renderer may not import: processes, network, clocks, environment
 IO_MODULES = {"subprocess", "socket", "time", "urllib", "http", "requests", "shutil",
               "kubernetes", "submitit", "multiprocessing", "asyncio", "datetime", "random"}
-RENDERERS = [ROOT / "jobs" / "local.py"]
+RENDERERS = [ROOT / "jobs" / "local.py", ROOT / "jobs" / "command.py"]
 
 
 def imported_roots(path: Path) -> set[str]:
