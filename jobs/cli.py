@@ -20,9 +20,9 @@ from jobs.load import SpecError, load
 from jobs.local import LocalPlan, render_local, render_text
 from jobs.spec import JobSpec
 
-BACKENDS = ("local", "slurm", "k8s", "k8s:trainjob", "docker", "torchx:SCHEDULER")
+BACKENDS = ("local", "slurm", "k8s", "k8s:trainjob", "docker", "torchx", "torchx:SCHEDULER")
 # What each command can do in this version; the rest exit 2 saying so.
-AVAILABLE: dict[str, tuple[str, ...]] = {"run": ("local",), "render": ("local",),
+AVAILABLE: dict[str, tuple[str, ...]] = {"run": ("local",), "render": ("local", "torchx"),
                                          "submit": (), "status": (), "logs": (), "cancel": ()}
 
 
@@ -60,9 +60,13 @@ def _plan(spec: JobSpec, *, port: int, run_id: str) -> LocalPlan:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    _check_backend("render", args.to)
+    _check_backend("render", args.to.split(":")[0])
     spec = load(Path(args.job), args.set)
-    sys.stdout.write(render_text(_plan(spec, port=spec.rdzv.port, run_id=spec.name)))
+    if args.to.startswith("torchx"):
+        from jobs.torchx_app import appdef_text, render_appdef
+        sys.stdout.write(appdef_text(render_appdef(spec)))
+    else:
+        sys.stdout.write(render_text(_plan(spec, port=spec.rdzv.port, run_id=spec.name)))
     return 0
 
 

@@ -1,0 +1,74 @@
+"""TorchX components for torchjob: ``torchx run jobs/components.py:train ...``.
+
+The component builds a JobSpec with the same loader as a YAML job (so the same checks and the
+same errors) and renders it with the same renderer as ``torchjob render --to torchx``.
+"""
+
+import re
+from typing import Dict, List, Optional
+
+import torchx.specs as specs
+
+from jobs.load import build
+from jobs.torchx_app import render_appdef
+
+
+def train(
+    *script_args: str,
+    j: str = "1x2",
+    m: str = "trainer",
+    image: str = "localhost/torchjob:latest",
+    name: str = "torchjob",
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 1024,
+    h: Optional[str] = None,
+    env: Optional[Dict[str, str]] = None,
+    mounts: Optional[List[str]] = None,
+    max_retries: int = 0,
+    max_restarts: int = 3,
+    rdzv_port: int = 29400,
+) -> specs.AppDef:
+    """Train with torchjob's trainer (or another module) on every node, elastic-ready.
+
+    Args:
+        script_args: arguments for the module, e.g. --epochs 12 (python -m trainer --help)
+        j: [MIN:]MAXxNPROC: nodes (a MIN:MAX range for an elastic job) x processes per node
+        m: the Python module every worker runs
+        image: container image (ignored by local_cwd)
+        name: job name: lower case letters, digits and '-', starting with a letter
+        cpu: CPUs per node
+        gpu: GPUs per node
+        memMB: memory per node in MiB
+        h: a registered named resource (takes precedence over cpu, gpu and memMB)
+        env: environment variables, e.g. A=1,B=2
+        mounts: type=bind,src=/host,dst=/job[,readonly] or type=volume,src=pvc,dst=/job
+        max_retries: how often the scheduler may retry the whole app
+        max_restarts: how often the agent restarts the worker group after a failure
+        rdzv_port: c10d rendezvous port on the rank-0 host (multi-node only)
+    """
+    match = re.fullmatch(r"(?:(\d+):)?(\d+)x(\d+)", j)
+    if not match:
+        raise ValueError(f"-j {j!r}: write [MIN:]MAXxNPROC, e.g. 2x2 or 1:4x8")
+    low, high, nproc = match.groups()
+    data = {
+        "name": name, "image": image, "nnodes": f"{low}:{high}" if low else int(high),
+        "nproc_per_node": int(nproc), "max_restarts": max_restarts,
+        "resources": {"cpu": cpu, "memory": f"{memMB}Mi", "gpus": gpu},
+        "env": dict(env or {}), "mounts": [parse_mount(text) for text in mounts or []],
+        "rdzv": {"port": rdzv_port}, "trainer": {"module": m},
+    }
+    return render_appdef(build(data, source="torchx component"), extra_args=script_args,
+                         max_retries=max_retries, named_resource=h)
+
+
+def parse_mount(text: str) -> Dict[str, object]:
+    """``type=bind,src=/a,dst=/b,readonly`` -> a job spec mount."""
+    fields: Dict[str, str] = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        fields[key] = value if value else "true"
+    if not {"src", "dst"} <= fields.keys():
+        raise ValueError(f"mount {text!r}: write type=bind,src=/host,dst=/job[,readonly]")
+    return {"source": fields["src"], "target": fields["dst"],
+            "read_only": fields.get("readonly", "false") == "true"}
