@@ -19,11 +19,13 @@ from jobs.launch import GRACE_SECONDS, find_free_port, missing_secrets, run_loca
 from jobs.load import SpecError, load
 from jobs.local import LocalPlan, render_local, render_text
 from jobs.spec import JobSpec
+from jobs.values import UserError
 
 BACKENDS = ("local", "slurm", "k8s", "k8s:trainjob", "docker", "torchx", "torchx:SCHEDULER")
 # What each command can do in this version; the rest exit 2 saying so.
 AVAILABLE: dict[str, tuple[str, ...]] = {"run": ("local",), "render": ("local", "torchx"),
-                                         "submit": (), "status": (), "logs": (), "cancel": ()}
+                                         "submit": ("torchx",), "status": ("torchx",),
+                                         "logs": ("torchx",), "cancel": ("torchx",)}
 
 
 class UsageError(Exception):
@@ -60,7 +62,7 @@ def _plan(spec: JobSpec, *, port: int, run_id: str) -> LocalPlan:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    _check_backend("render", args.to.split(":")[0])
+    _check_backend("render", args.to.partition(":")[0])
     spec = load(Path(args.job), args.set)
     if args.to.startswith("torchx"):
         from jobs.torchx_app import appdef_text, render_appdef
@@ -87,10 +89,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_local(plan, grace=args.grace)
 
 
+def cmd_submit(args: argparse.Namespace) -> int:
+    kind, _, scheduler = args.to.partition(":")
+    _check_backend("submit", kind)
+    spec = load(Path(args.job), args.set)
+    from jobs import torchx_launch
+    from jobs.torchx_app import render_appdef
+    if not scheduler:
+        raise UsageError("say which TorchX scheduler: --to torchx:local_cwd, torchx:slurm, "
+                         "torchx:kubernetes, ...")
+    return torchx_launch.submit(render_appdef(spec), scheduler, dry_run=args.dry_run)
+
+
 def cmd_job(args: argparse.Namespace) -> int:
-    """submit / status / logs / cancel: cluster backends, none in this version."""
-    _check_backend(args.command, args.to)
-    return 2  # pragma: no cover - unreachable until a backend is available
+    """status / logs / cancel of a submitted job, by the handle submit printed."""
+    _check_backend(args.command, args.to.partition(":")[0])
+    from jobs import torchx_launch
+    action = {"status": torchx_launch.status, "logs": torchx_launch.logs,
+              "cancel": torchx_launch.cancel}[args.command]
+    return action(args.job_id)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "local").set_defaults(func=cmd_render)
     submit = spec_command("submit", "submit the job to a cluster and return", None)
     submit.add_argument("--dry-run", action="store_true", help="print what would be submitted")
-    submit.set_defaults(func=cmd_job)
+    submit.set_defaults(func=cmd_submit)
     for name, help in (("status", "show a submitted job's state"),
                        ("logs", "print a submitted job's logs"),
                        ("cancel", "cancel a submitted job (it checkpoints and exits 143)")):
@@ -145,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
-    except (SpecError, UsageError) as exc:
+    except (SpecError, UsageError, UserError) as exc:
         print(f"torchjob: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before anything started (run_local handles its own Ctrl-C)

@@ -32,6 +32,11 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+class UserError(Exception):
+    """A user's mistake outside the spec (a backend, scheduler or handle that cannot be used):
+    the command line prints it as one line and exits 2."""
+
+
 class SpecError(ValueError):
     """A bad job spec. ``str()`` is the one line the command line prints before exiting 2."""
 

@@ -82,3 +82,35 @@ def test_local_cwd_trains_like_torchjob_run(tmp_path: Path) -> None:
 
     a, b = final(tmp_path / "runs" / "tx"), final(tmp_path / "local")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def torchjob(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobs", *argv], cwd=cwd, env=torchx_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_render_to_torchx_prints_the_appdef() -> None:
+    proc = torchjob("render", "--to", "torchx", "jobs/examples/elastic.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert "min_replicas: 1" in proc.stdout and "num_replicas: 2" in proc.stdout
+    assert "-m trainer.agent --nnodes 1:2" in proc.stdout
+
+
+@pytest.mark.parametrize("to, message", [
+    ("torchx:nope", "unknown TorchX scheduler 'nope'; choose from"),
+    ("torchx", "say which TorchX scheduler"),
+])
+def test_submit_to_a_bad_scheduler_exits_2(to: str, message: str) -> None:
+    proc = torchjob("submit", "--to", to, "jobs/examples/default.yaml")
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.integration
+def test_submit_to_torchx_local_cwd_waits_and_streams_logs(tmp_path: Path) -> None:
+    proc = torchjob("submit", "--to", "torchx:local_cwd", str(ROOT / "jobs/examples/default.yaml"),
+                    "--set", "trainer.args.epochs=2", "--set", f"run_dir={tmp_path}",
+                    cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("local_cwd://")
+    assert "trainer/0" in proc.stdout and "done: steps 44" in proc.stdout
+    assert "SUCCEEDED" in proc.stderr
