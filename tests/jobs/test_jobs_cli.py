@@ -80,7 +80,7 @@ def test_run_dry_run_prints_and_starts_nothing(tmp_path: Path) -> None:
     (["run", "--to", "slurm", "x.yaml"], ["'slurm' is not available", "available: local"]),
     (["render", "--to", "k8s", "x.yaml"], ["'k8s' is not available"]),
     (["run", "--to", "torchx:kubernetes", "x.yaml"], ["'torchx:kubernetes' is not available"]),
-    (["submit", "--to", "k8s:trainjob", "x.yaml"], ["not available", "none yet"]),
+    (["submit", "--to", "k8s:trainjob", "x.yaml"], ["not available", "available: torchx"]),
     (["submit", "--to", "local", "x.yaml"], ["use 'torchjob run JOB.yaml'"]),
     (["status", "--to", "slurm", "123"], ["not available"]),
     (["logs", "--to", "docker", "123"], ["not available"]),
