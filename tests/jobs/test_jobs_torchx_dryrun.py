@@ -1,0 +1,35 @@
+"""`torchx run -s kubernetes --dryrun` of the component prints the expected request, whole.
+
+The scheduler's request is compared with a golden file after replacing the random app id
+(regenerate with TORCHJOB_REGEN_GOLDEN=1).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden" / "torchx_kubernetes_2x2.yaml"
+
+
+def test_kubernetes_dryrun_request_is_the_golden_one(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "torchx"), "run", "-s", "kubernetes", "--dryrun",
+         "--workspace", "", "-cfg", "queue=default,namespace=default",
+         f"{ROOT}/jobs/components.py:train", "-j", "2x2", "--name", "digits", "--gpu", "1",
+         "--", "--epochs", "3"], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    request = proc.stdout.split("=== SCHEDULER REQUEST ===", 1)[1].strip() + "\n"
+    app_id = re.search(r"^  name: (digits-\w+)$", request, re.MULTILINE)
+    assert app_id, request
+    request = request.replace(app_id.group(1), "APP_ID")
+    if os.environ.get("TORCHJOB_REGEN_GOLDEN") == "1":
+        GOLDEN.write_text(request)
+    assert request == GOLDEN.read_text()
+    assert "nvidia.com/gpu: '1'" in request and "${TORCHX_RANK0_HOST:=localhost}:29400" in request
