@@ -52,11 +52,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     elastic_launch(config=config, entrypoint=worker)(*args.training_script_args)
 
 
+def exit_code(worker_codes: set[int]) -> int:
+    """The agent's exit code from its failed workers', in the trainer's vocabulary: 2 if any
+    configuration error, 143 if every worker stopped after a checkpoint, else 1. Schedulers
+    retry 143 (PyTorchJob's ExitCode policy, Slurm requeue) and never 1 or 2."""
+    if 2 in worker_codes:
+        return 2
+    if worker_codes == {143}:
+        return 143
+    return 1
+
+
 if __name__ == "__main__":
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
         main()
     except ChildFailedError as exc:
         print(exc, file=sys.stderr)
-        sys.exit(1)
+        sys.exit(exit_code({failure.exitcode for failure in exc.failures.values()}))
+    except SignalException as exc:  # told to stop: the workers were asked to checkpoint
+        sys.exit(128 + int(exc.sigval))
