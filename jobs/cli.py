@@ -23,7 +23,8 @@ from jobs.values import UserError
 
 BACKENDS = ("local", "slurm", "k8s", "k8s:trainjob", "docker", "torchx", "torchx:SCHEDULER")
 # What each command can do in this version; the rest exit 2 saying so.
-AVAILABLE: dict[str, tuple[str, ...]] = {"run": ("local",), "render": ("local", "torchx"),
+AVAILABLE: dict[str, tuple[str, ...]] = {"run": ("local",),
+                                         "render": ("local", "torchx", "k8s"),
                                          "submit": ("torchx",), "status": ("torchx",),
                                          "logs": ("torchx",), "cancel": ("torchx",)}
 
@@ -67,6 +68,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     if args.to.startswith("torchx"):
         from jobs.torchx_app import appdef_text, render_appdef
         sys.stdout.write(appdef_text(render_appdef(spec)))
+    elif args.to.startswith("k8s"):
+        from k8s.render import render_manifest
+        sys.stdout.write(render_manifest(spec, args.to.partition(":")[2] or "pytorchjob"))
     else:
         sys.stdout.write(render_text(_plan(spec, port=spec.rdzv.port, run_id=spec.name)))
     return 0
@@ -99,6 +103,24 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise UsageError("say which TorchX scheduler: --to torchx:local_cwd, torchx:slurm, "
                          "torchx:kubernetes, ...")
     return torchx_launch.submit(render_appdef(spec), scheduler, dry_run=args.dry_run)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Check Kubernetes manifests (rendered or hand-written) against the upstream CRDs, the
+    operators' admission rules and Pod Security "restricted"."""
+    from k8s.validate import validate_text
+    failed = 0
+    for name in args.files:
+        try:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text()
+        except OSError as exc:
+            raise UsageError(f"{name}: cannot read it ({exc.strerror})") from None
+        problems = validate_text(text, pod_security=not args.no_pod_security)
+        for problem in problems:
+            print(f"{name}: {problem}", file=sys.stderr)
+        print(f"{name}: {'valid' if not problems else f'{len(problems)} problem(s)'}")
+        failed += bool(problems)
+    return 2 if failed else 0
 
 
 def cmd_job(args: argparse.Namespace) -> int:
@@ -147,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     submit = spec_command("submit", "submit the job to a cluster and return", None)
     submit.add_argument("--dry-run", action="store_true", help="print what would be submitted")
     submit.set_defaults(func=cmd_submit)
+    check = sub.add_parser("validate", help="check Kubernetes manifests against the upstream "
+                           "CRDs, admission rules and Pod Security 'restricted'",
+                           description=cmd_validate.__doc__)
+    check.add_argument("files", nargs="+", metavar="FILE", help="manifest files ('-': stdin)")
+    check.add_argument("--no-pod-security", action="store_true",
+                       help="skip the Pod Security 'restricted' rules")
+    check.set_defaults(func=cmd_validate)
     for name, help in (("status", "show a submitted job's state"),
                        ("logs", "print a submitted job's logs"),
                        ("cancel", "cancel a submitted job (it checkpoints and exits 143)")):

@@ -218,6 +218,12 @@ class Slurm(Section):
     max_requeues: int = spec_field("how often a job stopped by its time limit or preemption "
                                    "is requeued to continue from its checkpoint", 3,
                                    check=at_least(0))
+    container: Literal["none", "pyxis", "apptainer"] = spec_field(
+        "run the agent in a container on each node: pyxis (srun --container-image) or "
+        "apptainer (apptainer exec); none runs the nodes' own python", "none")
+    container_image: str | None = spec_field(
+        "image for slurm.container (e.g. a .sif path or docker://...); default: image", None,
+        check=_optional(_image))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,6 +233,35 @@ class K8s(Section):
     service_account: str | None = spec_field("pod service account", None, check=_dns_name)
     pvc: str | None = spec_field("PersistentVolumeClaim for run_dir and checkpoints", None,
                                  check=_dns_name)
+    pvc_mount_path: str = spec_field("where the pvc is mounted; a relative run_dir and "
+                                     "checkpoint_dir are placed under it", "/mnt/torchjob",
+                                     check=_mount_target)
+    restart_policy: Literal["ExitCode", "OnFailure", "Never"] = spec_field(
+        "PyTorchJob replica restartPolicy; ExitCode recreates a pod only for exit codes >= 128 "
+        "(143: preempted, checkpoint written), never for 1 (failure) or 2 (bad config)",
+        "ExitCode")
+    backoff_limit: int | None = spec_field("runPolicy.backoffLimit: pod retries before the job "
+                                           "fails", 3, check=at_least(0))
+    ttl_seconds_after_finished: int | None = spec_field(
+        "runPolicy.ttlSecondsAfterFinished: delete the finished job after this many seconds",
+        None, check=at_least(0))
+    active_deadline_seconds: int | None = spec_field(
+        "runPolicy.activeDeadlineSeconds: wall-clock limit of the whole job", None,
+        check=at_least(1))
+    clean_pod_policy: Literal["None", "Running", "All"] = spec_field(
+        "runPolicy.cleanPodPolicy: which pods are deleted when the job finishes", "Running")
+    volcano_queue: str | None = spec_field(
+        "Volcano queue: adds runPolicy.schedulingPolicy (gang of nnodes MIN pods)", None,
+        check=_dns_name)
+    priority_class: str | None = spec_field("PriorityClass of the pods (and of the Volcano "
+                                            "gang)", None, check=_dns_name)
+    run_as_user: int = spec_field("non-zero user id the containers run as (Pod Security "
+                                  "restricted)", 1000, check=between(1, 2**31 - 1))
+    fs_group: int | None = spec_field("pod fsGroup, so the pvc is writable by run_as_user",
+                                      1000, check=_optional(between(1, 2**31 - 1)))
+    rdzv_wait_seconds: int = spec_field(
+        "elastic jobs: how long a pod waits for <job>-worker-0 to resolve before it starts "
+        "the agent", 600, check=at_least(1))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -78,7 +78,7 @@ def test_run_dry_run_prints_and_starts_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args, fragments", [
     (["run", "--to", "mars", "x.yaml"], ["unknown backend 'mars'", "local, slurm"]),
     (["run", "--to", "slurm", "x.yaml"], ["'slurm' is not available", "available: local"]),
-    (["render", "--to", "k8s", "x.yaml"], ["'k8s' is not available"]),
+    (["render", "--to", "docker", "x.yaml"], ["'docker' is not available"]),
     (["run", "--to", "torchx:kubernetes", "x.yaml"], ["'torchx:kubernetes' is not available"]),
     (["submit", "--to", "k8s:trainjob", "x.yaml"], ["not available", "available: torchx"]),
     (["submit", "--to", "local", "x.yaml"], ["use 'torchjob run JOB.yaml'"]),

@@ -1,0 +1,62 @@
+"""The rendered example jobs in this folder, and the one command that regenerates them.
+
+    python -m k8s.manifests          # rewrite every *.yaml here from the renderer
+
+Each variant is an example job spec from ``jobs/examples`` plus overrides; a test fails when
+a file here drifts from what the renderer makes of its variant.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from jobs.load import loads
+from jobs.spec import JobSpec
+from k8s.pod import manifest_text
+from k8s.pytorchjob import render_pytorchjob
+from k8s.trainjob import render_trainjob
+
+HERE = Path(__file__).resolve().parent
+EXAMPLES = HERE.parents[1] / "jobs" / "examples"
+Renderer = Callable[[JobSpec], dict[str, Any]]
+GPU = ["nnodes=2", "nproc_per_node=4", "resources.gpus=4", "resources.cpu=16",
+       "resources.memory=64Gi", "resources.shm=16Gi", "env.NCCL_DEBUG=WARN",
+       'secrets=[{env: HF_TOKEN, secret: hf, key: token}]', "k8s.namespace=team-a",
+       "k8s.queue=team-a-gpus", "k8s.priority_class=training"]
+PVC = ["nnodes=2", "k8s.pvc=digits-runs", "k8s.ttl_seconds_after_finished=86400",
+       "k8s.active_deadline_seconds=86400", "k8s.volcano_queue=research",
+       "k8s.clean_pod_policy=All"]
+# file name -> (example, overrides, renderer)
+VARIANTS: dict[str, tuple[str, list[str], Renderer]] = {
+    "pytorchjob-default.yaml": ("default", [], render_pytorchjob),
+    "pytorchjob-elastic.yaml": ("elastic", [], render_pytorchjob),
+    "pytorchjob-gpu.yaml": ("default", GPU, render_pytorchjob),
+    "pytorchjob-pvc.yaml": ("default", PVC, render_pytorchjob),
+    "trainjob.yaml": ("default", ["nnodes=2"], render_trainjob),
+}
+
+
+def variant_spec(name: str) -> JobSpec:
+    example, overrides, _ = VARIANTS[name]
+    path = EXAMPLES / f"{example}.yaml"
+    return loads(path.read_text(), overrides, source=str(path))
+
+
+def render_variant(name: str) -> str:
+    """The text of one example manifest, with a header naming how it was made."""
+    example, overrides, renderer = VARIANTS[name]
+    head = f"# Rendered from jobs/examples/{example}.yaml"
+    head += f" with {' '.join(overrides)}" if overrides else ""
+    head += ".\n# Regenerate with: python -m k8s.manifests (do not edit by hand)\n"
+    return head + manifest_text(renderer(variant_spec(name)))
+
+
+def regenerate_manifests(folder: Path = HERE) -> list[Path]:
+    """Write every variant into ``folder``; returns the files written."""
+    written = []
+    for name in VARIANTS:
+        path = folder / name
+        path.write_text(render_variant(name))
+        written.append(path)
+    return written

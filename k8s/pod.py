@@ -1,0 +1,166 @@
+"""Pod pieces shared by the PyTorchJob and TrainJob renderers. Pure: JobSpec in, dicts out.
+
+Security context (Pod Security "restricted"), env with secrets only by ``secretKeyRef``,
+resources, the in-memory ``/dev/shm`` and the PVC volumes; ``manifest_text`` dumps a
+manifest once with ``yaml.safe_dump``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from typing import Any
+
+import yaml
+
+from jobs.spec import JobSpec
+from jobs.values import DNS_1123_SUBDOMAIN, SpecError, bad
+
+Obj = dict[str, Any]
+GPU = "nvidia.com/gpu"
+SHM_VOLUME = "dshm"
+RUN_VOLUME = "run"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Waits until a host name resolves, then execs the rest of argv: no shell, values stay argv.
+WAIT_FOR_HOST = (
+    "import os, socket, sys, time\n"
+    "host, limit = sys.argv[1], time.monotonic() + float(sys.argv[2])\n"
+    "while True:\n"
+    "    try:\n"
+    "        socket.getaddrinfo(host, None)\n"
+    "        break\n"
+    "    except OSError:\n"
+    "        if time.monotonic() > limit:\n"
+    "            sys.exit(f'{host} did not resolve in {sys.argv[2]} s')\n"
+    "        print(f'waiting for {host} to resolve', flush=True)\n"
+    "        time.sleep(2)\n"
+    "os.execvp(sys.argv[3], sys.argv[3:])\n"
+)
+
+
+class _Dumper(yaml.SafeDumper):
+    """safe_dump, with multi-line strings (the wait script) as readable ``|`` blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def manifest_text(obj: Obj) -> str:
+    """The manifest as YAML for ``kubectl apply -f -`` (keys in the order built)."""
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
+
+
+def on_cluster(spec: JobSpec) -> JobSpec:
+    """The spec as pods see it: a relative run_dir/checkpoint_dir placed on the PVC."""
+    for i, mount in enumerate(spec.mounts):
+        if mount.source.startswith("/"):
+            raise bad(f"mounts[{i}].source", mount.source, "is a host path: Pod Security "
+                      "'restricted' forbids hostPath volumes; name a PersistentVolumeClaim")
+        if not DNS_1123_SUBDOMAIN.fullmatch(mount.source) or len(mount.source) > 253:
+            raise bad(f"mounts[{i}].source", mount.source, "is not a PersistentVolumeClaim "
+                      "name (lower case letters, digits, '-' and '.')")
+    if not spec.k8s.pvc:
+        return spec
+    root = spec.k8s.pvc_mount_path
+    return dataclasses.replace(spec, run_dir=posixpath.join(root, spec.run_dir),
+                               checkpoint_dir=posixpath.join(root, spec.checkpoint_dir))
+
+
+def labels(spec: JobSpec) -> Obj:
+    out: Obj = {"app.kubernetes.io/name": spec.name, "app.kubernetes.io/managed-by": "torchjob"}
+    if spec.k8s.queue:
+        out[QUEUE_LABEL] = spec.k8s.queue
+    return out
+
+
+def metadata(spec: JobSpec) -> Obj:
+    return {"name": spec.name, "namespace": spec.k8s.namespace, "labels": labels(spec)}
+
+
+def container_security(spec: JobSpec) -> Obj:
+    """Pod Security "restricted", stated on every container (init containers too)."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True, "runAsUser": spec.k8s.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def pod_security(spec: JobSpec) -> Obj:
+    out: Obj = {"runAsNonRoot": True, "runAsUser": spec.k8s.run_as_user,
+                "runAsGroup": spec.k8s.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}}
+    if spec.k8s.fs_group is not None:
+        out["fsGroup"] = spec.k8s.fs_group
+    return out
+
+
+def env(spec: JobSpec) -> list[Obj]:
+    """Plain values from ``env``; secrets only as ``valueFrom.secretKeyRef``."""
+    out: list[Obj] = [{"name": name, "value": value} for name, value in spec.env.items()]
+    out += [{"name": ref.env, "valueFrom": {"secretKeyRef": {"name": ref.secret,
+                                                             "key": ref.key}}}
+            for ref in spec.secrets]
+    return out
+
+
+def resources(spec: JobSpec) -> Obj:
+    """Requests for CPU and memory; memory and GPUs also as limits (no CPU limit: throttling)."""
+    res = spec.resources
+    requests: Obj = {}
+    limits: Obj = {}
+    if res.cpu is not None:
+        milli = round(res.cpu * 1000)
+        requests["cpu"] = str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
+    if res.memory is not None:
+        requests["memory"] = limits["memory"] = res.memory.text
+    if res.gpus:
+        requests[GPU] = limits[GPU] = str(res.gpus)
+    out: Obj = {}
+    if limits:
+        out["limits"] = limits
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+def volumes(spec: JobSpec) -> tuple[list[Obj], list[Obj]]:
+    """(pod volumes, container mounts): /dev/shm in memory, the run PVC, further PVCs."""
+    vols: list[Obj] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
+                                                         "sizeLimit": spec.resources.shm.text}}]
+    mounts: list[Obj] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    if spec.k8s.pvc:
+        vols.append({"name": RUN_VOLUME, "persistentVolumeClaim": {"claimName": spec.k8s.pvc}})
+        mounts.append({"name": RUN_VOLUME, "mountPath": spec.k8s.pvc_mount_path})
+    for i, mount in enumerate(spec.mounts):
+        name = f"mount-{i}"
+        vols.append({"name": name, "persistentVolumeClaim": {"claimName": mount.source,
+                                                             "readOnly": mount.read_only}})
+        mounts.append({"name": name, "mountPath": mount.target, "readOnly": mount.read_only})
+    targets = [m["mountPath"] for m in mounts]
+    if len(set(targets)) != len(targets):
+        raise SpecError("mounts", f"two volumes are mounted at the same path ({targets}); "
+                        "move k8s.pvc_mount_path or the mount target")
+    return vols, mounts
+
+
+def pod_spec(spec: JobSpec, container: Obj) -> Obj:
+    """The pod around one container: security, volumes, service account, priority."""
+    vols, mounts = volumes(spec)
+    container = {**container, "env": env(spec), "resources": resources(spec),
+                 "volumeMounts": mounts, "securityContext": container_security(spec)}
+    for key in ("env", "resources"):
+        if not container[key]:
+            del container[key]
+    pod: Obj = {"securityContext": pod_security(spec)}
+    if spec.k8s.service_account:
+        pod["serviceAccountName"] = spec.k8s.service_account
+    else:  # the trainer needs no API access: no token in the pod
+        pod["automountServiceAccountToken"] = False
+    if spec.k8s.priority_class:
+        pod["priorityClassName"] = spec.k8s.priority_class
+    pod["containers"] = [container]
+    pod["volumes"] = vols
+    return pod

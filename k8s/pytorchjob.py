@@ -1,0 +1,88 @@
+"""The PyTorchJob renderer (``kubeflow.org/v1``): a JobSpec -> one manifest dict. Pure.
+
+Every pod runs, in the container ``pytorch``, the same agent command every backend runs
+(``jobs.command``), with all of torchrun's flags written out: the spec is the one source of
+the topology, and a flag wins over the ``PET_*`` variable the operator injects. The operator
+fields are set so that its ``PET_*`` agree anyway (``nprocPerNode``, ``elasticPolicy``).
+
+- Fixed size: Master (node of the c10d store, ``<job>-master-0:<rdzv.port>``) + Worker;
+  the operator's init container makes Workers wait until the Master resolves. c10d rather
+  than the operator's ``static`` PET_MASTER_ADDR/PET_NODE_RANK: with c10d a failure on one
+  node restarts the whole worker group (``max_restarts``), and torchrun ignores
+  ``PET_MASTER_ADDR``/``PET_NODE_RANK`` for it (its workers get rank 0's address from the
+  rendezvous).
+- Elastic (``nnodes: MIN:MAX``): Worker-only with ``elasticPolicy``; c10d at
+  ``<job>-worker-0:<rdzv.port>`` (the endpoint the operator also puts in
+  ``PET_RDZV_ENDPOINT``, as ``rdzvPort`` is set to it). The command first waits until
+  ``<job>-worker-0`` resolves (an init container could not: worker-0's own Service publishes
+  no address before its pod runs), so pods do not crash-loop on DNS.
+"""
+
+from __future__ import annotations
+
+from jobs.command import agent_command
+from jobs.spec import JobSpec
+from k8s.pod import WAIT_FOR_HOST, Obj, metadata, on_cluster, pod_spec
+
+API_VERSION = "kubeflow.org/v1"
+KIND = "PyTorchJob"
+CONTAINER = "pytorch"
+
+
+def rdzv_host(spec: JobSpec) -> str:
+    """The pod whose agent hosts the c10d store: the Master, or Worker 0 of an elastic job."""
+    return f"{spec.name}-worker-0" if spec.nnodes.is_elastic else f"{spec.name}-master-0"
+
+
+def command(spec: JobSpec, python: str = "python") -> list[str]:
+    """The ``pytorch`` container's command (spec already placed on the cluster)."""
+    host = rdzv_host(spec)
+    agent = agent_command(spec, python=python, rdzv_endpoint=f"{host}:{spec.rdzv.port}",
+                          run_id=spec.name)
+    if not spec.nnodes.is_elastic:
+        return list(agent)
+    return [python, "-c", WAIT_FOR_HOST, host, str(spec.k8s.rdzv_wait_seconds), *agent]
+
+
+def replica(spec: JobSpec, replicas: int) -> Obj:
+    container: Obj = {"name": CONTAINER, "image": spec.image, "command": command(spec),
+                      "ports": [{"name": "c10d", "containerPort": spec.rdzv.port}]}
+    return {"replicas": replicas, "restartPolicy": spec.k8s.restart_policy,
+            "template": {"metadata": {"labels": {"app.kubernetes.io/name": spec.name}},
+                         "spec": pod_spec(spec, container)}}
+
+
+def run_policy(spec: JobSpec) -> Obj:
+    k8s = spec.k8s
+    out: Obj = {"cleanPodPolicy": k8s.clean_pod_policy}
+    if k8s.backoff_limit is not None:
+        out["backoffLimit"] = k8s.backoff_limit
+    if k8s.ttl_seconds_after_finished is not None:
+        out["ttlSecondsAfterFinished"] = k8s.ttl_seconds_after_finished
+    if k8s.active_deadline_seconds is not None:
+        out["activeDeadlineSeconds"] = k8s.active_deadline_seconds
+    if k8s.volcano_queue:
+        scheduling: Obj = {"minAvailable": spec.nnodes.min, "queue": k8s.volcano_queue}
+        if k8s.priority_class:
+            scheduling["priorityClass"] = k8s.priority_class
+        out["schedulingPolicy"] = scheduling
+    return out
+
+
+def render_pytorchjob(spec: JobSpec) -> Obj:
+    """The PyTorchJob for ``spec``: Master + Worker, or Worker-only with elasticPolicy."""
+    spec = on_cluster(spec)
+    nnodes = spec.nnodes
+    body: Obj = {"nprocPerNode": str(spec.nproc_per_node)}
+    if nnodes.is_elastic:
+        body["elasticPolicy"] = {"minReplicas": nnodes.min, "maxReplicas": nnodes.max,
+                                 "rdzvBackend": spec.rdzv.backend, "rdzvPort": spec.rdzv.port,
+                                 "rdzvId": spec.name, "maxRestarts": spec.max_restarts}
+        replicas = {"Worker": replica(spec, nnodes.max)}
+    else:
+        replicas = {"Master": replica(spec, 1)}
+        if nnodes.max > 1:
+            replicas["Worker"] = replica(spec, nnodes.max - 1)
+    body["pytorchReplicaSpecs"] = replicas
+    body["runPolicy"] = run_policy(spec)
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(spec), "spec": body}

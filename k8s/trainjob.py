@@ -1,0 +1,66 @@
+"""The TrainJob renderer (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer v2). Pure.
+
+Fixed-size jobs only (v2 has no elastic training). The controller does not wrap the command
+and requires it to start with ``torchrun``; its torch plugin injects only ``PET_NNODES``,
+``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` (which
+users may not set), so the command is the agent command without the topology and
+rendezvous flags: torchrun's static rendezvous reads those five.
+"""
+
+from __future__ import annotations
+
+from jobs.command import agent_command
+from jobs.spec import JobSpec
+from jobs.values import SpecError
+from k8s.pod import Obj, env, metadata, on_cluster, resources
+
+API_VERSION = "trainer.kubeflow.org/v1alpha1"
+KIND = "TrainJob"
+RUNTIME = "torch-distributed"
+# Agent flags left to the PET_* the torch plugin injects (static rendezvous at node 0).
+PET_FLAGS = ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
+             "--rdzv-conf")
+
+
+def without_flags(command: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
+    """``command`` with each ``--flag value`` pair in ``flags`` removed, up to ``-m MODULE``."""
+    out: list[str] = []
+    i = 0
+    while i < len(command):
+        word = command[i]
+        if word == "-m" and i > 2:  # the trainer module: the rest belongs to the trainer
+            return out + list(command[i:])
+        if word in flags:
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
+def render_trainjob(spec: JobSpec) -> Obj:
+    """The TrainJob for a fixed-size ``spec``; an elastic one is a SpecError naming the fix."""
+    if spec.nnodes.is_elastic:
+        raise SpecError("nnodes", f"{str(spec.nnodes)!r} is elastic, but TrainJob (Kubeflow "
+                        "Trainer v2) has no elastic training: use --to k8s (a PyTorchJob with "
+                        "elasticPolicy) or a fixed nnodes such as "
+                        f"{spec.nnodes.max}")
+    for field in ("pvc", "volcano_queue", "priority_class", "service_account"):
+        if getattr(spec.k8s, field):
+            raise SpecError(f"k8s.{field}", "is not supported by TrainJob, whose pods come "
+                            "from the ClusterTrainingRuntime: set it there, or use --to k8s")
+    if spec.mounts:
+        raise SpecError("mounts", "TrainJob takes volumes from its runtime; use --to k8s")
+    spec = on_cluster(spec)
+    agent = agent_command(spec, python="python", rdzv_endpoint="", run_id=spec.name)
+    command = ["torchrun", *without_flags(agent, PET_FLAGS)[3:]]
+    trainer: Obj = {"image": spec.image, "command": command, "numNodes": spec.nnodes.max,
+                    "numProcPerNode": spec.nproc_per_node}
+    variables = env(spec)
+    if variables:
+        trainer["env"] = variables
+    res = resources(spec)
+    if res:
+        trainer["resourcesPerNode"] = res
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(spec),
+            "spec": {"runtimeRef": {"name": RUNTIME}, "trainer": trainer}}

@@ -1,0 +1,211 @@
+"""The PyTorchJob and TrainJob renderers: whole manifests, shapes, and hostile input.
+
+The rendered examples in k8s/manifests/ are this renderer's golden files. After an intended
+change, regenerate them with one flag (or ``python -m k8s.manifests``) and review the diff:
+
+    TORCHJOB_REGEN_GOLDEN=1 .venv/bin/python -m pytest tests/k8s
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from jobs.command import agent_command
+from jobs.load import loads
+from jobs.values import SpecError, UserError
+from k8s.manifests import HERE as MANIFESTS
+from k8s.manifests import VARIANTS, render_variant, variant_spec
+from k8s.pod import QUEUE_LABEL, WAIT_FOR_HOST, manifest_text
+from k8s.pytorchjob import render_pytorchjob
+from k8s.render import render_manifest
+from k8s.trainjob import render_trainjob
+from k8s.validate import validate
+
+ROOT = Path(__file__).resolve().parents[2]
+HOSTILE = ["a'; touch /tmp/pwned", 'b"; x; "', "$(touch /tmp/pwned)", "`id`", "two words",
+           "new\nline", "tab\there", "caf\u00e9 \u65e5\u672c \U0001f600", "", "--x", "*",
+           "${HOME}", "key: value", "- item", "# not a comment", "{a: 1}", "null", "true",
+           "0x10", "'", "|", ">"]
+
+
+def replicas(obj: dict[str, Any]) -> dict[str, Any]:
+    return dict(obj["spec"]["pytorchReplicaSpecs"])
+
+
+def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    pods = [rs["template"]["spec"] for rs in replicas(obj).values()]
+    return [c for pod in pods for c in pod.get("initContainers", []) + pod["containers"]]
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_manifests_match_the_renderer(name: str) -> None:
+    """k8s/manifests/ is the golden set: whole files compared."""
+    text = render_variant(name)
+    path = MANIFESTS / name
+    if os.environ.get("TORCHJOB_REGEN_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.read_text() == text, f"{path} drifted: run python -m k8s.manifests"
+
+
+def test_no_stray_manifests() -> None:
+    assert sorted(p.name for p in MANIFESTS.glob("*.yaml")) == sorted(VARIANTS)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_variant_validates_and_round_trips(name: str) -> None:
+    obj = VARIANTS[name][2](variant_spec(name))
+    assert validate(obj) == []
+    assert yaml.safe_load(manifest_text(obj)) == obj
+
+
+def test_fixed_size_is_master_plus_workers_meeting_at_the_master() -> None:
+    spec = loads("name: job\nnnodes: 3\nnproc_per_node: 2")
+    obj = render_pytorchjob(spec)
+    rs = replicas(obj)
+    assert list(rs) == ["Master", "Worker"]
+    assert rs["Master"]["replicas"] == 1 and rs["Worker"]["replicas"] == 2
+    assert {r["restartPolicy"] for r in rs.values()} == {"ExitCode"}
+    assert obj["spec"]["nprocPerNode"] == "2" and "elasticPolicy" not in obj["spec"]
+    for r in rs.values():  # the one agent command every backend runs, unchanged
+        assert r["template"]["spec"]["containers"][0]["command"] == list(agent_command(
+            spec, python="python", rdzv_endpoint="job-master-0:29400", run_id="job"))
+    one = render_pytorchjob(loads("name: job"))
+    assert list(replicas(one)) == ["Master"]
+
+
+def test_elastic_is_worker_only_with_policy_and_a_wait_for_worker_0() -> None:
+    spec = loads("name: job\nnnodes: 2:4\nnproc_per_node: 3\nmax_restarts: 5\n"
+                 "rdzv: {port: 29999}")
+    obj = render_pytorchjob(spec)
+    assert list(replicas(obj)) == ["Worker"] and replicas(obj)["Worker"]["replicas"] == 4
+    assert obj["spec"]["elasticPolicy"] == {
+        "minReplicas": 2, "maxReplicas": 4, "rdzvBackend": "c10d", "rdzvPort": 29999,
+        "rdzvId": "job", "maxRestarts": 5}
+    assert obj["spec"]["nprocPerNode"] == "3"
+    command = containers(obj)[0]["command"]
+    assert command[:5] == ["python", "-c", WAIT_FOR_HOST, "job-worker-0", "600"]
+    assert command[command.index("--rdzv-endpoint") + 1] == "job-worker-0:29999"
+    assert command[command.index("--nnodes") + 1] == "2:4"
+
+
+def test_wait_for_host_waits_then_execs_with_argv_intact(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", WAIT_FOR_HOST, "localhost", "5",
+                          sys.executable, "-c", "import sys; print(sys.argv[1:])", "a b", "$x"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "['a b', '$x']"
+    out = subprocess.run([sys.executable, "-c", WAIT_FOR_HOST, "no-such-host.invalid", "0",
+                          "true"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "did not resolve" in out.stderr
+
+
+def test_pod_contents_resources_shm_pvc_secrets_and_security() -> None:
+    spec = variant_spec("pytorchjob-gpu.yaml")
+    obj = render_pytorchjob(spec)
+    pod = replicas(obj)["Master"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["name"] == "pytorch" and c["image"] == spec.image
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} \
+        in pod["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} \
+        in c["env"]
+    assert obj["metadata"]["labels"][QUEUE_LABEL] == "team-a-gpus"
+    for each in containers(obj):
+        sc = each["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 0
+    pvc = render_pytorchjob(variant_spec("pytorchjob-pvc.yaml"))
+    pod = replicas(pvc)["Master"]["template"]["spec"]
+    assert {"name": "run", "persistentVolumeClaim": {"claimName": "digits-runs"}} in pod["volumes"]
+    command = pod["containers"][0]["command"]
+    assert command[command.index("--run-dir") + 1] == "/mnt/torchjob/runs/digits"
+    policy = pvc["spec"]["runPolicy"]
+    assert policy["schedulingPolicy"] == {"minAvailable": 2, "queue": "research"}
+    assert policy["ttlSecondsAfterFinished"] == 86400 and policy["cleanPodPolicy"] == "All"
+
+
+def test_trainjob_starts_with_torchrun_and_leaves_topology_to_pet() -> None:
+    obj = render_trainjob(loads("name: job\nnnodes: 2\nnproc_per_node: 3\nresources: {gpus: 1}"))
+    trainer = obj["spec"]["trainer"]
+    assert obj["spec"]["runtimeRef"] == {"name": "torch-distributed"}
+    assert trainer["command"][0] == "torchrun"
+    assert trainer["numNodes"] == 2 and trainer["numProcPerNode"] == 3
+    for flag in ("--nnodes", "--nproc-per-node", "--rdzv-endpoint", "--rdzv-backend"):
+        assert flag not in trainer["command"]
+    assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_trainjob_refuses_elastic_and_pod_settings() -> None:
+    with pytest.raises(SpecError, match=r"^nnodes: .*elastic.*--to k8s"):
+        render_trainjob(loads("name: job\nnnodes: 1:2"))
+    with pytest.raises(SpecError, match=r"^k8s\.pvc:"):
+        render_trainjob(loads("name: job\nk8s: {pvc: data}"))
+
+
+def test_host_path_mounts_are_refused_on_kubernetes() -> None:
+    with pytest.raises(SpecError, match=r"^mounts\[0\]\.source: .*hostPath"):
+        render_pytorchjob(loads("name: job\nmounts: [{source: /data, target: /data}]"))
+    obj = render_pytorchjob(loads("name: job\nmounts: [{source: data, target: /data, "
+                                  "read_only: true}]"))
+    assert validate(obj) == []
+
+
+@pytest.mark.parametrize("field, value", [
+    ("name", "a'; rm -rf /"), ("name", "Digits"), ("name", "x" * 64), ("name", "a\nb"),
+    ("k8s.namespace", "ns; x"), ("k8s.pvc", "data/../x"), ("k8s.queue", "$(id)"),
+    ("image", "img\nname"), ("k8s.service_account", "A B"), ("k8s.run_as_user", 0)])
+def test_hostile_names_are_rejected_at_the_spec(field: str, value: object) -> None:
+    with pytest.raises(SpecError) as caught:
+        loads("name: job", [f"{field}={json.dumps(value)}"])
+    assert caught.value.path == field
+
+
+def test_hostile_values_are_escaped_and_survive_yaml_exactly() -> None:
+    quoted = [json.dumps(v, ensure_ascii=False) for v in HOSTILE]
+    spec = loads("name: job\nnnodes: 1:2\ntrainer: {module: tool}",
+                 [f"env.V{i}={q}" for i, q in enumerate(quoted)]
+                 + [f"trainer.args.a{i}={q}" for i, q in enumerate(quoted)])
+    for obj in (render_pytorchjob(spec), render_trainjob(loads(
+            "name: job\nnnodes: 2\ntrainer: {module: tool}",
+            [f"env.V{i}={q}" for i, q in enumerate(quoted)]))):
+        text = manifest_text(obj)
+        assert yaml.safe_load(text) == obj
+        assert validate(obj) == []
+    c = containers(render_pytorchjob(spec))[0]
+    assert [e["value"] for e in c["env"]] == HOSTILE
+    tail = c["command"][-2 * len(HOSTILE):]
+    assert tail[1::2] == HOSTILE  # every value one argv word, never through a shell
+
+
+def test_renderers_do_no_io() -> None:
+    """k8s renderers are pure (validation and the manifests command read files; they are not)."""
+    io = {"subprocess", "socket", "time", "urllib", "http", "requests", "shutil", "kubernetes",
+          "multiprocessing", "asyncio", "datetime", "random", "os", "pathlib"}
+    for name in ("pod.py", "pytorchjob.py", "trainjob.py"):
+        tree = ast.parse((ROOT / "k8s" / name).read_text())
+        roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                 for a in n.names}
+        roots |= {n.module.split(".")[0] for n in ast.walk(tree)
+                  if isinstance(n, ast.ImportFrom) and n.module}
+        assert not roots & io, f"k8s/{name} imports {sorted(roots & io)}"
+        assert not {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} & {"open"}
+
+
+def test_render_manifest_validates_before_it_prints() -> None:
+    spec = loads("name: job\nnnodes: 2")
+    assert yaml.safe_load(render_manifest(spec, "trainjob"))["kind"] == "TrainJob"
+    assert render_manifest(spec) == manifest_text(render_pytorchjob(spec))
+    with pytest.raises(UserError, match=r"secret-literal"):
+        render_manifest(loads("name: job\nenv: {HF_TOKEN: hf_abcdefghijkl}"))
+    with pytest.raises(UserError, match=r"valid: pytorchjob, trainjob"):
+        render_manifest(spec, "mpijob")

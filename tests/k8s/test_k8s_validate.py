@@ -1,0 +1,315 @@
+"""Validation of hand-written manifests: the Kubeflow documentation's shapes pass, broken ones
+are rejected with the rule and field path named. No API server: the upstream CRDs in
+../shared/k8s-schemas/ and the admission rules of K8S-CONTRACT.md are the reference."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from k8s.schema import check
+from k8s.validate import Problem, looks_secret, validate, validate_text
+
+RESTRICTED = """
+          securityContext:
+            runAsNonRoot: true
+            runAsUser: 1000
+            seccompProfile: {type: RuntimeDefault}
+"""
+CONTAINER_SC = """
+              securityContext:
+                allowPrivilegeEscalation: false
+                capabilities: {drop: [ALL]}
+"""
+# The shape of kubeflow's examples/pytorch/simple.yaml (static, with a Master).
+STATIC = """
+apiVersion: kubeflow.org/v1
+kind: PyTorchJob
+metadata:
+  name: pytorch-simple
+  namespace: kubeflow
+spec:
+  pytorchReplicaSpecs:
+    Master:
+      replicas: 1
+      restartPolicy: OnFailure
+      template:
+        spec:%(pod)s
+          containers:
+            - name: pytorch
+              image: docker.io/kubeflowkatib/pytorch-mnist:v1beta1-45c5727
+              imagePullPolicy: Always
+              command: ["python3", "/opt/pytorch-mnist/mnist.py", "--epochs=1"]%(c)s
+    Worker:
+      replicas: 1
+      restartPolicy: OnFailure
+      template:
+        spec:%(pod)s
+          containers:
+            - name: pytorch
+              image: docker.io/kubeflowkatib/pytorch-mnist:v1beta1-45c5727
+              imagePullPolicy: Always
+              command: ["python3", "/opt/pytorch-mnist/mnist.py", "--epochs=1"]%(c)s
+"""
+# The shape of the elastic echo / imagenet examples (Worker-only with elasticPolicy).
+ELASTIC = """
+apiVersion: kubeflow.org/v1
+kind: PyTorchJob
+metadata:
+  name: elastic-example-imagenet
+spec:%(nproc)s
+  elasticPolicy:
+    rdzvBackend: c10d
+    minReplicas: 1
+    maxReplicas: 2
+    maxRestarts: 100
+  pytorchReplicaSpecs:
+    Worker:
+      replicas: 2
+      restartPolicy: OnFailure
+      template:
+        spec:%(pod)s
+          containers:
+            - name: pytorch
+              image: kubeflow/pytorch-elastic-example-imagenet:latest
+              imagePullPolicy: IfNotPresent
+              env:
+                - name: LOGLEVEL
+                  value: DEBUG
+              command: ["python", "-m", "torch.distributed.run", "/workspace/examples/imagenet.py",
+                        "--arch=resnet18", "--epochs=20", "--batch-size=32"]
+              resources:
+                limits: {nvidia.com/gpu: 1}%(c)s
+"""
+TRAINJOB = """
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata:
+  name: pytorch-distributed
+spec:
+  runtimeRef:
+    name: torch-distributed
+  trainer:
+    image: docker.io/kubeflow/pytorch-mnist:latest
+    command: [torchrun, /workspace/mnist.py]
+    numNodes: 2
+    resourcesPerNode:
+      limits: {nvidia.com/gpu: 1}
+"""
+
+
+def static(restricted: bool = True) -> dict[str, Any]:
+    return dict(yaml.safe_load(STATIC % {"pod": RESTRICTED if restricted else "",
+                                         "c": CONTAINER_SC if restricted else ""}))
+
+
+def elastic(nproc: str = "", restricted: bool = True) -> dict[str, Any]:
+    text = ELASTIC % {"nproc": nproc, "pod": RESTRICTED if restricted else "",
+                      "c": CONTAINER_SC if restricted else ""}
+    return dict(yaml.safe_load(text))
+
+
+def rules(problems: list[Problem]) -> set[tuple[str, str]]:
+    return {(p.rule, p.path) for p in problems}
+
+
+@pytest.mark.parametrize("make", [
+    static, elastic, lambda: elastic('\n  nprocPerNode: "4"'),
+    lambda: yaml.safe_load(TRAINJOB)], ids=["static", "elastic", "elastic-nproc", "trainjob"])
+def test_documented_shapes_validate(make: Callable[[], dict[str, Any]]) -> None:
+    assert validate(make()) == []
+
+
+def test_documented_shapes_without_security_context_fail_only_pod_security() -> None:
+    for obj in (static(restricted=False), elastic(restricted=False)):
+        assert validate(obj, pod_security=False) == []
+        problems = validate(obj)
+        assert problems and {p.rule for p in problems} == {"pod-security"}
+        assert ("pod-security", "spec.pytorchReplicaSpecs.Worker.template.spec.containers[0]"
+                ".securityContext.allowPrivilegeEscalation") in rules(problems)
+
+
+def broken(edit: Callable[[dict[str, Any]], object], base: Callable[[], dict[str, Any]] = static,
+           ) -> list[Problem]:
+    obj = copy.deepcopy(base())
+    edit(obj)
+    return validate(obj)
+
+
+W = "spec.pytorchReplicaSpecs.Worker"
+M = "spec.pytorchReplicaSpecs.Master"
+
+
+def _rs(obj: dict[str, Any]) -> dict[str, Any]:
+    return dict(obj["spec"]["pytorchReplicaSpecs"])
+
+
+def _c(obj: dict[str, Any], kind: str = "Worker") -> dict[str, Any]:
+    return dict(obj["spec"]["pytorchReplicaSpecs"][kind]["template"]["spec"]["containers"][0])
+
+
+@pytest.mark.parametrize("edit, rule, path", [
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+     .update(name="main"), "pytorch-container", f"{W}.template.spec.containers"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=2),
+     "master-replicas", f"{M}.replicas"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Master"].pop("replicas"),
+     "master-replicas", f"{M}.replicas"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"].update(
+        worker=o["spec"]["pytorchReplicaSpecs"].pop("Worker")),
+     "replica-type", "spec.pytorchReplicaSpecs.worker"),
+    (lambda o: o["metadata"].update(name="Pytorch_Simple"), "name", "metadata.name"),
+    (lambda o: o["metadata"].update(name="1job"), "name", "metadata.name"),
+    (lambda o: o["metadata"].update(name="j" * 64), "name", "metadata.name"),
+    (lambda o: o["metadata"].update(name="job\n- x"), "name", "metadata.name"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+     .update(env=[{"name": "HF_TOKEN", "value": "hf_abcdefghijklmnop"}]),
+     "secret-literal", f"{W}.template.spec.containers[0].env[0].value"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+     .update(env=[{"name": "DB_PASSWORD", "value": "hunter2"}]),
+     "secret-literal", f"{W}.template.spec.containers[0].env[0].value"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+     .pop("image"), "image", f"{W}.template.spec.containers[0].image"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"].update(replicas="1"),
+     "schema", f"{W}.replicas"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"].update(replicas=0),
+     "worker-replicas", f"{W}.replicas"),
+    (lambda o: o["spec"].update(nprocPerNode=4), "schema", "spec.nprocPerNode"),
+    (lambda o: o["spec"].update(nprocPerNode="four"), "nproc-per-node", "spec.nprocPerNode"),
+    (lambda o: o["spec"].update(runPolicy={"backoffLimit": "3"}),
+     "schema", "spec.runPolicy.backoffLimit"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"].update(restartPolicy="Sometimes"),
+     "restart-policy", f"{W}.restartPolicy"),
+    (lambda o: o["spec"].update(runPolicy={"cleanPodPolicy": "Some"}),
+     "enum", "spec.runPolicy.cleanPodPolicy"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+     .update(imagePullPolicy=["Always"]), "schema",
+     f"{W}.template.spec.containers[0].imagePullPolicy"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"].update(
+        hostNetwork=True), "pod-security", f"{W}.template.spec.hostNetwork"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+     ["securityContext"].update(privileged=True), "pod-security",
+     f"{W}.template.spec.containers[0].securityContext.privileged"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["securityContext"]
+     .update(runAsUser=0), "pod-security", f"{W}.template.spec.securityContext.runAsUser"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"].update(
+        volumes=[{"name": "h", "hostPath": {"path": "/"}}]), "pod-security",
+     f"{W}.template.spec.volumes[0]"),
+    (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"].update(
+        initContainers=[{"name": "wait", "image": "busybox"}]), "pod-security",
+     f"{W}.template.spec.initContainers[0].securityContext.allowPrivilegeEscalation"),
+])
+def test_broken_manifests_are_rejected_with_the_rule_named(
+        edit: Callable[[dict[str, Any]], object], rule: str, path: str) -> None:
+    problems = broken(edit)
+    assert (rule, path) in rules(problems), problems
+    assert all(str(p).endswith(f"[{p.rule}]") for p in problems)
+
+
+def test_elastic_rules() -> None:
+    def no_worker(o: dict[str, Any]) -> None:
+        o["spec"]["pytorchReplicaSpecs"] = {"Master": {
+            "replicas": 1, "template": o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]}}
+    assert ("elastic-worker", "spec.elasticPolicy") in rules(broken(no_worker, elastic))
+
+    def both(o: dict[str, Any]) -> None:
+        o["spec"]["nprocPerNode"] = "2"
+        o["spec"]["elasticPolicy"]["nProcPerNode"] = 2
+    assert ("nproc-conflict", "spec.elasticPolicy.nProcPerNode") in rules(broken(both, elastic))
+    standalone = broken(lambda o: o["spec"]["elasticPolicy"].update(standalone=True), elastic)
+    assert ("elastic-standalone", "spec.elasticPolicy.standalone") in rules(standalone)
+    unknown = broken(lambda o: o["spec"]["elasticPolicy"].update(rdzvbackend="c10d"), elastic)
+    assert any(p.rule == "schema" and "did you mean 'rdzvBackend'" in p.message
+               for p in unknown)
+
+
+def test_trainjob_rules() -> None:
+    obj = yaml.safe_load(TRAINJOB)
+    obj["spec"]["trainer"]["command"] = ["python", "train.py"]
+    obj["spec"]["trainer"]["env"] = [{"name": "PET_NNODES", "value": "3"},
+                                     {"name": "API_KEY", "value": "abc123"}]
+    assert rules(validate(obj)) >= {
+        ("torchrun-command", "spec.trainer.command[0]"),
+        ("reserved-env", "spec.trainer.env[0].name"),
+        ("secret-literal", "spec.trainer.env[1].value")}
+    del obj["spec"]["runtimeRef"]
+    assert ("schema", "spec.runtimeRef") in rules(validate(obj))
+
+
+def test_secret_heuristic() -> None:
+    assert looks_secret("HF_TOKEN", "x") and looks_secret("AWS_SECRET_ACCESS_KEY", "x")
+    assert looks_secret("ANYTHING", "ghp_0123456789abcdef0123")
+    assert not looks_secret("HF_TOKEN", "") and not looks_secret("MONKEY", "banana")
+    assert not looks_secret("NCCL_DEBUG", "WARN") and not looks_secret("TOKENIZERS_X", "1")
+
+
+def test_schema_keywords() -> None:
+    int_or_string = {"x-kubernetes-int-or-string": True}
+    assert not list(check(3, int_or_string, "p")) and not list(check("50%", int_or_string, "p"))
+    assert list(check([1], int_or_string, "p"))
+    free = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    assert not list(check({"any": {"thing": 1}}, free, "p"))
+    strict = {"type": "object", "properties": {"a": {"type": "integer", "format": "int32"}},
+              "required": ["a"]}
+    assert [p for p, _ in check({"b": 1}, strict, "x")] == ["x.a", "x.b"]
+    assert list(check({"a": 2**31}, strict, "x")) and list(check({"a": True}, strict, "x"))
+    assert not list(check({"k": "v"}, {"type": "object", "additionalProperties":
+                                       {"type": "string"}}, "m"))
+
+
+def test_validate_text_and_non_manifests() -> None:
+    text = yaml.safe_dump(static()) + "---\n" + yaml.safe_dump(elastic())
+    assert validate_text(text) == []
+    assert [p.rule for p in validate_text("a: [")] == ["yaml"]
+    assert [p.rule for p in validate(["x"])] == ["manifest"]
+    assert [p.rule for p in validate({"apiVersion": "v1", "kind": "Pod"})] == ["schema"]
+    bad = yaml.safe_dump(static()) + "---\n" + yaml.safe_dump({**static(), "metadata": {}})
+    assert rules(validate_text(bad)) == {("name", "[1].metadata.name")}
+
+
+def test_rendered_trainjob_fits_the_newest_trainjob_crd_too() -> None:
+    """k8s.schema checks the latest release (v2.3.0); master's CRD must accept it as well."""
+    from k8s.manifests import variant_spec
+    from k8s.schema import SCHEMA_DIR
+    from k8s.trainjob import render_trainjob
+
+    crd = yaml.load((SCHEMA_DIR / "trainer.kubeflow.org_trainjobs.yaml").read_text(),
+                    Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    obj = render_trainjob(variant_spec("trainjob.yaml"))
+    assert list(check(obj["spec"], schema["properties"]["spec"], "spec")) == []
+
+
+@pytest.mark.parametrize("text", [
+    "apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: a}\nspec: []",
+    "apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: a}\nspec: {}",
+    "apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: a}\n"
+    "spec: {pytorchReplicaSpecs: {Master: null, Worker: [1]}}",
+    "apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: a}\n"
+    "spec: {pytorchReplicaSpecs: {Master: {replicas: 1, template: {spec: {containers: [x, null],"
+    " volumes: [v], securityContext: []}}}}}",
+    "apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: a}\n"
+    "spec: {pytorchReplicaSpecs: {Master: {replicas: 1, template: {spec: {containers: "
+    "[{name: pytorch, image: i, env: [x, {name: K_TOKEN, value: 1}], securityContext: "
+    "{capabilities: []}}]}}}}, elasticPolicy: []}",
+    "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata: {name: a}\n"
+    "spec: {runtimeRef: {name: x}, trainer: {command: [], env: [null]}}",
+    "apiVersion: kubeflow.org/v1\nkind: PyTorchJob\n{1: 2}: x", "metadata: 3", "[]", "7",
+])
+def test_malformed_manifests_give_problems_not_crashes(text: str) -> None:
+    problems = validate_text(text)
+    assert problems and all(isinstance(p, Problem) for p in problems)
+
+
+def test_vendored_crds_are_the_upstream_bytes() -> None:
+    """k8s/schemas/ ships the CRDs with the package; they must equal the shared originals."""
+    from pathlib import Path
+
+    from k8s.schema import SCHEMA_DIR
+    shared = Path(__file__).resolve().parents[3] / "shared" / "k8s-schemas"
+    assert shared.is_dir(), "the project's shared/k8s-schemas should sit beside the repository"
+    for copy in SCHEMA_DIR.iterdir():
+        assert copy.read_bytes() == (shared / copy.name).read_bytes(), copy.name
