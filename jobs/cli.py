@@ -25,8 +25,8 @@ BACKENDS = ("local", "slurm", "k8s", "k8s:trainjob", "docker", "torchx", "torchx
 # What each command can do in this version; the rest exit 2 saying so.
 AVAILABLE: dict[str, tuple[str, ...]] = {"run": ("local",),
                                          "render": ("local", "torchx", "k8s"),
-                                         "submit": ("torchx",), "status": ("torchx",),
-                                         "logs": ("torchx",), "cancel": ("torchx",)}
+                                         "submit": ("torchx", "k8s"), "status": ("torchx", "k8s"),
+                                         "logs": ("torchx", "k8s"), "cancel": ("torchx", "k8s")}
 
 
 class UsageError(Exception):
@@ -94,15 +94,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    kind, _, scheduler = args.to.partition(":")
+    kind, _, target = args.to.partition(":")
     _check_backend("submit", kind)
     spec = load(Path(args.job), args.set)
+    if kind == "k8s":
+        from k8s.render import render_object
+        obj = render_object(spec, target or "pytorchjob")
+        if args.dry_run:
+            from k8s.pod import manifest_text
+            sys.stdout.write(manifest_text(obj))
+            return 0
+        from k8s.client import Cluster
+        ref = Cluster().submit(obj)
+        print(f"{ref.namespace}/{ref.name}")
+        return 0
     from jobs import torchx_launch
     from jobs.torchx_app import render_appdef
-    if not scheduler:
+    if not target:
         raise UsageError("say which TorchX scheduler: --to torchx:local_cwd, torchx:slurm, "
                          "torchx:kubernetes, ...")
-    return torchx_launch.submit(render_appdef(spec), scheduler, dry_run=args.dry_run)
+    return torchx_launch.submit(render_appdef(spec), target, dry_run=args.dry_run)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -124,8 +135,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_job(args: argparse.Namespace) -> int:
-    """status / logs / cancel of a submitted job, by the handle submit printed."""
-    _check_backend(args.command, args.to.partition(":")[0])
+    """status / logs / cancel of a submitted job, by the id submit printed."""
+    kind, _, target = args.to.partition(":")
+    _check_backend(args.command, kind)
+    if kind == "k8s":
+        from k8s.client import Cluster, JobRef
+        ref = JobRef.parse(args.job_id, "TrainJob" if target == "trainjob" else "PyTorchJob")
+        cluster = Cluster()
+        if args.command == "status":
+            state, conditions = cluster.status(ref)
+            print(f"{ref.namespace}/{ref.name}: {state}")
+            for cond in conditions:
+                print(f"  {cond.get('type')}={cond.get('status')} {cond.get('reason', '')} "
+                      f"{cond.get('message', '')}".rstrip())
+        elif args.command == "logs":
+            for line in cluster.logs(ref):
+                print(line)
+        else:
+            cluster.cancel(ref)
+            print(f"deleted {ref.kind} {ref.namespace}/{ref.name}")
+        return 0
     from jobs import torchx_launch
     action = {"status": torchx_launch.status, "logs": torchx_launch.logs,
               "cancel": torchx_launch.cancel}[args.command]

@@ -21,8 +21,8 @@ TARGETS: dict[str, Callable[[JobSpec], dict[str, Any]]] = {
 }
 
 
-def render_manifest(spec: JobSpec, target: str = "pytorchjob") -> str:
-    """The validated manifest of ``spec`` as YAML (``target``: pytorchjob or trainjob)."""
+def render_object(spec: JobSpec, target: str = "pytorchjob") -> dict[str, Any]:
+    """The validated object of ``spec`` (``target``: pytorchjob or trainjob)."""
     if target not in TARGETS:
         raise UserError(f"unknown Kubernetes target {target!r}; valid: {', '.join(TARGETS)}")
     obj = TARGETS[target](spec)
@@ -30,4 +30,9 @@ def render_manifest(spec: JobSpec, target: str = "pytorchjob") -> str:
     if problems:
         raise UserError(f"the rendered {obj['kind']} breaks {len(problems)} rule(s): "
                         + "; ".join(str(p) for p in problems))
-    return manifest_text(obj)
+    return obj
+
+
+def render_manifest(spec: JobSpec, target: str = "pytorchjob") -> str:
+    """The validated manifest of ``spec`` as YAML, ready for ``kubectl apply -f -``."""
+    return manifest_text(render_object(spec, target))

@@ -1,0 +1,134 @@
+"""Submits, watches, reads and deletes jobs on a Kubernetes cluster (the only I/O in k8s/).
+
+Jobs are custom objects (PyTorchJob, TrainJob); their pods are found by the operators'
+labels, and each log line is prefixed with the pod's replica (``master-0``, ``worker-1``), which
+is the node rank. API errors become one-line ``K8sError``s that say what to do (exit 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from jobs.values import UserError
+
+KINDS = {  # kind -> (group, version, plural, pod label naming the job, replica labels)
+    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs", "training.kubeflow.org/job-name",
+                   ("training.kubeflow.org/replica-type", "training.kubeflow.org/replica-index")),
+    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "jobset.sigs.k8s.io/jobset-name",
+                 ("jobset.sigs.k8s.io/replicatedjob-name", "batch.kubernetes.io/job-completion-index")),
+}
+
+
+class K8sError(UserError):
+    """A cluster that cannot be reached or refuses the request: one line, exit 2."""
+
+
+@dataclass(frozen=True)
+class JobRef:
+    kind: str
+    namespace: str
+    name: str
+
+    @classmethod
+    def parse(cls, text: str, kind: str = "PyTorchJob") -> "JobRef":
+        """``NAME`` or ``NAMESPACE/NAME``."""
+        namespace, _, name = text.rpartition("/")
+        return cls(kind, namespace or "default", name)
+
+
+class Cluster:
+    """A connection from kubeconfig (``KUBECONFIG``, ~/.kube/config) or the in-cluster account."""
+
+    def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
+        from kubernetes import client, config
+        try:
+            try:
+                config.load_kube_config(config_file=kubeconfig, context=context)
+            except config.ConfigException:
+                if kubeconfig:
+                    raise
+                config.load_incluster_config()
+        except config.ConfigException as exc:
+            raise K8sError(f"no Kubernetes cluster configured ({exc}); set KUBECONFIG or "
+                           "run inside a pod with a service account") from None
+        self.custom = client.CustomObjectsApi()
+        self.core = client.CoreV1Api()
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            raise K8sError(_explain(what, exc.status, exc.reason, exc.body)) from None
+        except (HTTPError, OSError) as exc:
+            raise K8sError(f"{what}: the Kubernetes API server cannot be reached ({exc}); "
+                           "check KUBECONFIG and the cluster") from None
+
+    def submit(self, obj: dict[str, Any]) -> JobRef:
+        ref = JobRef(obj["kind"], obj["metadata"].get("namespace", "default"),
+                     obj["metadata"]["name"])
+        group, version, plural, *_ = KINDS[ref.kind]
+        self._call(f"create {ref.kind} {ref.namespace}/{ref.name}",
+                   self.custom.create_namespaced_custom_object, group, version, ref.namespace,
+                   plural, obj)
+        return ref
+
+    def get(self, ref: JobRef) -> dict[str, Any]:
+        group, version, plural, *_ = KINDS[ref.kind]
+        found: dict[str, Any] = self._call(
+            f"read {ref.kind} {ref.namespace}/{ref.name}",
+            self.custom.get_namespaced_custom_object, group, version, ref.namespace, plural,
+            ref.name)
+        return found
+
+    def status(self, ref: JobRef) -> tuple[str, list[dict[str, Any]]]:
+        """The newest true condition's type (Created, Running, Restarting, Succeeded, Failed,
+        Suspended) and all conditions."""
+        conditions = self.get(ref).get("status", {}).get("conditions", []) or []
+        true = [c for c in conditions if str(c.get("status")) == "True"]
+        return (true[-1]["type"] if true else "Pending"), conditions
+
+    def logs(self, ref: JobRef) -> Iterator[str]:
+        """Every line of every pod of the job, each prefixed with the pod's replica."""
+        *_, job_label, (type_label, index_label) = KINDS[ref.kind]
+        pods = self._call(f"list pods of {ref.namespace}/{ref.name}",
+                          self.core.list_namespaced_pod, ref.namespace,
+                          label_selector=f"{job_label}={ref.name}").items
+        if not pods:
+            raise K8sError(f"{ref.kind} {ref.namespace}/{ref.name} has no pods (yet): see "
+                           "torchjob status")
+        def order(pod: Any) -> tuple[bool, int]:
+            labels = pod.metadata.labels or {}
+            return (str(labels.get(type_label, "")).lower() != "master",
+                    int(labels.get(index_label, 0)))
+        for pod in sorted(pods, key=order):
+            labels = pod.metadata.labels or {}
+            replica = f"{str(labels.get(type_label, 'pod')).lower()}-{labels.get(index_label, 0)}"
+            container = "pytorch" if ref.kind == "PyTorchJob" else "node"
+            # raw bytes: kubernetes-client 36 turns a preloaded log into "b'...'"
+            raw = self._call(f"read the log of {pod.metadata.name}",
+                             self.core.read_namespaced_pod_log, pod.metadata.name,
+                             ref.namespace, container=container, _preload_content=False)
+            for line in raw.data.decode("utf-8", errors="replace").splitlines():
+                yield f"[{replica}] {line}"
+
+    def cancel(self, ref: JobRef) -> None:
+        group, version, plural, *_ = KINDS[ref.kind]
+        self._call(f"delete {ref.kind} {ref.namespace}/{ref.name}",
+                   self.custom.delete_namespaced_custom_object, group, version, ref.namespace,
+                   plural, ref.name)
+
+
+def _explain(what: str, status: int | None, reason: str | None, body: Any) -> str:
+    fixes = {
+        409: "it already exists: delete it (torchjob cancel --to k8s NAMESPACE/NAME) or give "
+             "the job another name (--set name=...)",
+        403: "forbidden: your account may not do this; ask for RBAC rights on this resource",
+        401: "not authenticated: refresh your kubeconfig credentials",
+        404: "not found: check the name and namespace (NAMESPACE/NAME), and that the operator's "
+             "CRD is installed",
+        422: "the API server rejected the object as invalid; run torchjob validate on it",
+    }
+    return f"{what}: HTTP {status} {reason or ''}".rstrip() + f": {fixes.get(status or 0, body)}"

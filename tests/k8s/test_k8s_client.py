@@ -1,0 +1,82 @@
+"""The Kubernetes client over real HTTP, against an API EMULATOR (tests/k8s/emulator.py):
+no API server can run on these machines. create, status, logs, delete, and the API errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.k8s.emulator import Emulator
+
+ROOT = Path(__file__).resolve().parents[2]
+PODS = "pytorchjobs"
+
+
+def torchjob(kubeconfig: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": kubeconfig}
+    return subprocess.run([sys.executable, "-m", "jobs", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def emulator(tmp_path: Path) -> Emulator:
+    with Emulator() as emu:
+        emu.config = emu.kubeconfig(tmp_path / "kubeconfig")  # type: ignore[attr-defined]
+        yield emu
+
+
+def test_submit_status_logs_cancel(emulator: Emulator) -> None:
+    config = emulator.config  # type: ignore[attr-defined]
+    sub = torchjob(config, "submit", "--to", "k8s", "jobs/examples/default.yaml")
+    assert sub.returncode == 0, sub.stderr
+    assert sub.stdout.strip() == "default/digits"
+    created = emulator.objects[(PODS, "default", "digits")]
+    assert created["kind"] == "PyTorchJob" and created["spec"]["pytorchReplicaSpecs"]
+
+    # what the operator would do: conditions and pods
+    created["status"] = {"conditions": [
+        {"type": "Created", "status": "True", "reason": "PyTorchJobCreated"},
+        {"type": "Running", "status": "True", "reason": "PyTorchJobRunning"}]}
+    for kind, index, line in (("Worker", "0", "step 10 from worker"),
+                              ("Master", "0", "step 10 from master")):
+        emulator.add_pod("default", f"digits-{kind.lower()}-{index}",
+                         {"training.kubeflow.org/job-name": "digits",
+                          "training.kubeflow.org/replica-type": kind.lower(),
+                          "training.kubeflow.org/replica-index": index}, line + "\n")
+    status = torchjob(config, "status", "--to", "k8s", "default/digits")
+    assert status.returncode == 0 and status.stdout.startswith("default/digits: Running")
+    logs = torchjob(config, "logs", "--to", "k8s", "digits")
+    assert logs.stdout.splitlines() == ["[master-0] step 10 from master",
+                                        "[worker-0] step 10 from worker"]
+    cancel = torchjob(config, "cancel", "--to", "k8s", "default/digits")
+    assert cancel.returncode == 0 and (PODS, "default", "digits") not in emulator.objects
+
+
+def test_api_errors_are_one_clear_line_and_exit_2(emulator: Emulator, tmp_path: Path) -> None:
+    config = emulator.config  # type: ignore[attr-defined]
+    assert torchjob(config, "submit", "--to", "k8s", "jobs/examples/default.yaml").returncode == 0
+    again = torchjob(config, "submit", "--to", "k8s", "jobs/examples/default.yaml")
+    assert again.returncode == 2 and "HTTP 409" in again.stderr and "already exists" in again.stderr
+    missing = torchjob(config, "status", "--to", "k8s", "default/nope")
+    assert missing.returncode == 2 and "HTTP 404" in missing.stderr
+    emulator.forbidden = True
+    denied = torchjob(config, "cancel", "--to", "k8s", "default/digits")
+    assert denied.returncode == 2 and "HTTP 403" in denied.stderr and "RBAC" in denied.stderr
+    for proc in (again, missing, denied):
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_unreachable_server_and_no_config(tmp_path: Path) -> None:
+    dead = tmp_path / "dead"
+    dead.write_text("apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+                    "clusters: [{name: x, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+                    "users: [{name: x, user: {token: t}}]\n"
+                    "contexts: [{name: x, context: {cluster: x, user: x}}]\n")
+    proc = torchjob(str(dead), "status", "--to", "k8s", "digits")
+    assert proc.returncode == 2 and "cannot be reached" in proc.stderr, proc.stderr
+    none = torchjob(str(tmp_path / "absent"), "status", "--to", "k8s", "digits")
+    assert none.returncode == 2 and "no Kubernetes cluster configured" in none.stderr
