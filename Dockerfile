@@ -1,0 +1,64 @@
+# The trainer's image: `python -m trainer` and everything it needs (torch, numpy, scikit-learn's
+# digits data, matplotlib, tqdm), a non-root user, nothing else running.
+#
+#   docker build -t torchjob .                                  # CPU, from python:3.11-slim
+#   docker build --build-arg BASE_IMAGE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime -t torchjob .
+#                                      # GPU: a PyTorch CUDA image already carries torch, used as is
+#   scripts/container-setup            # here: podman, a debootstrap base, the local CPU wheel
+#
+# No ENTRYPOINT: the command is exactly what the caller gives, so one image serves every launcher.
+#   docker run IMAGE                                    # trains the default job, one process
+#   docker run --shm-size 1g IMAGE python -m trainer.agent --standalone --nproc-per-node 2 \
+#       -m trainer --epochs 12                          # torchrun (same arguments), 2 processes
+#   PyTorchJob pod: command [python, -m, trainer.agent, ...]; torchrun reads the PET_* variables
+#       the operator injects (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, ...).
+#   srun ... podman run --rm --network host --env 'SLURM_*' IMAGE python -m trainer
+#       (one container per task; the trainer reads SLURM_PROCID etc.), or with pyxis:
+#   srun --container-image=IMAGE python -m trainer      (pyxis runs as the calling user, not
+#       uid 1000: nothing is kept in $HOME; give --run-dir a path that user can write)
+# Run directories go to /workspace/runs: mount a volume there to keep them.
+
+# CPU default for users with a registry. Any image with Python >= 3.10 works.
+ARG BASE_IMAGE=python:3.11-slim
+
+# --- wheels: build/wheels if present (scripts/container-setup puts the local CPU torch wheel
+# there; the glob lets the build go on without it). Only mounted below, never in the image.
+FROM ${BASE_IMAGE} AS wheels
+COPY pyproject.toml build/wheel[s] /wheels/
+
+# --- the image ----------------------------------------------------------------------------------
+FROM ${BASE_IMAGE}
+ARG TORCH_PIN=torch==2.13.0
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH \
+    MPLCONFIGDIR=/tmp/matplotlib
+# uid 1000 (numeric USER below: Kubernetes' runAsNonRoot can check it); some bases have one.
+RUN (getent passwd 1000 >/dev/null || useradd --uid 1000 --create-home --shell /bin/bash trainer) \
+    && mkdir -p /workspace && chown 1000:0 /workspace && chmod 0775 /workspace
+# --system-site-packages: a torch that the base image carries (the CUDA images) stays visible.
+RUN python3 -m venv --system-site-packages /opt/venv
+# torch, in order: the wheel from build/wheels, the base image's own torch, or PyTorch's CPU
+# index (PyPI's Linux torch is the multi-GB CUDA build).
+RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
+    if ls /wheels/torch-*.whl >/dev/null 2>&1; then \
+        pip install --find-links /wheels "$TORCH_PIN"; \
+    elif python -c "import torch" 2>/dev/null; then \
+        python -c "import torch; print('torch from the base image:', torch.__version__)"; \
+    else \
+        pip install --index-url https://download.pytorch.org/whl/cpu \
+            --extra-index-url https://pypi.org/simple "$TORCH_PIN"; \
+    fi
+# What trainer/ imports besides torch (pyproject.toml lists the same), and pyyaml for jobs/.
+RUN pip install "numpy>=1.24" "scikit-learn>=1.3" "matplotlib>=3.7" "tqdm>=4.60" "pyyaml>=6"
+# The project without its launcher dependencies (torchx, submitit, kubernetes): the image only
+# trains. `--no-build-isolation`: the venv's setuptools builds it, nothing is downloaded.
+COPY pyproject.toml README.md /src/
+COPY trainer /src/trainer
+COPY jobs /src/jobs
+COPY k8s /src/k8s
+COPY slurm /src/slurm
+RUN pip install --no-deps --no-build-isolation /src && rm -rf /src
+USER 1000
+WORKDIR /workspace
+ENTRYPOINT []
+CMD ["python", "-m", "trainer"]
