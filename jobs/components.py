@@ -55,20 +55,24 @@ def train(
         "name": name, "image": image, "nnodes": f"{low}:{high}" if low else int(high),
         "nproc_per_node": int(nproc), "max_restarts": max_restarts,
         "resources": {"cpu": cpu, "memory": f"{memMB}Mi", "gpus": gpu},
-        "env": dict(env or {}), "mounts": [parse_mount(text) for text in mounts or []],
+        "env": dict(env or {}), "mounts": spec_mounts(mounts or []),
         "rdzv": {"port": rdzv_port}, "trainer": {"module": m},
     }
     return render_appdef(build(data, source="torchx component"), extra_args=script_args,
                          max_retries=max_retries, named_resource=h)
 
 
-def parse_mount(text: str) -> Dict[str, object]:
-    """``type=bind,src=/a,dst=/b,readonly`` -> a job spec mount."""
-    fields: Dict[str, str] = {}
-    for part in text.split(","):
-        key, _, value = part.partition("=")
-        fields[key] = value if value else "true"
-    if not {"src", "dst"} <= fields.keys():
-        raise ValueError(f"mount {text!r}: write type=bind,src=/host,dst=/job[,readonly]")
-    return {"source": fields["src"], "target": fields["dst"],
-            "read_only": fields.get("readonly", "false") == "true"}
+def spec_mounts(words: List[str]) -> List[Dict[str, object]]:
+    """TorchX's mount words (its CLI splits ``type=bind,src=/a,dst=/b`` at commas) -> job
+    spec mounts, parsed by TorchX's own ``parse_mounts``."""
+    out: List[Dict[str, object]] = []
+    for mount in specs.parse_mounts(words):
+        if isinstance(mount, specs.BindMount):
+            out.append({"source": mount.src_path, "target": mount.dst_path,
+                        "read_only": mount.read_only})
+        elif isinstance(mount, specs.VolumeMount):
+            out.append({"source": mount.src, "target": mount.dst_path,
+                        "read_only": mount.read_only})
+        else:
+            raise ValueError(f"mount {mount}: only type=bind and type=volume are supported")
+    return out

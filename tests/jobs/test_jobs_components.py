@@ -41,7 +41,7 @@ def test_help_shows_every_option() -> None:
 
 def test_appdef_shape() -> None:
     app = train("--epochs", "3", j="1:2x2", env={"A": "b"},
-                mounts=["type=bind,src=/data,dst=/data,readonly"])
+                mounts=["type=bind", "src=/data", "dst=/data", "readonly"])
     role = app.roles[0]
     assert (role.min_replicas, role.num_replicas) == (1, 2)
     assert role.env["A"] == "b" and role.mounts[0].read_only
