@@ -25,8 +25,10 @@ BACKENDS = ("local", "slurm", "k8s", "k8s:trainjob", "docker", "torchx", "torchx
 # What each command can do in this version; the rest exit 2 saying so.
 AVAILABLE: dict[str, tuple[str, ...]] = {"run": ("local",),
                                          "render": ("local", "torchx", "k8s"),
-                                         "submit": ("torchx", "k8s"), "status": ("torchx", "k8s"),
-                                         "logs": ("torchx", "k8s"), "cancel": ("torchx", "k8s")}
+                                         "submit": ("torchx", "k8s", "slurm"),
+                                         "status": ("torchx", "k8s", "slurm"),
+                                         "logs": ("torchx", "k8s", "slurm"),
+                                         "cancel": ("torchx", "k8s", "slurm")}
 
 
 class UsageError(Exception):
@@ -97,6 +99,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     kind, _, target = args.to.partition(":")
     _check_backend("submit", kind)
     spec = load(Path(args.job), args.set)
+    if kind == "slurm":
+        return submit_slurm(spec, args)
     if kind == "k8s":
         from k8s.render import render_object
         obj = render_object(spec, target or "pytorchjob")
@@ -114,6 +118,54 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise UsageError("say which TorchX scheduler: --to torchx:local_cwd, torchx:slurm, "
                          "torchx:kubernetes, ...")
     return torchx_launch.submit(render_appdef(spec), target, dry_run=args.dry_run)
+
+
+def submit_slurm(spec: JobSpec, args: argparse.Namespace) -> int:
+    """sbatch through submitit: one job, or a job array for ``--sweep key=v1,v2``."""
+    from slurm import submitit_job
+    sweep = {}
+    for text in args.sweep:
+        key, eq, values = text.partition("=")
+        if not eq or not values:
+            raise UsageError(f"--sweep {text!r}: write trainer_arg=v1,v2,... e.g. lr=1e-3,3e-3")
+        sweep[key] = values.split(",")
+    if args.dry_run:
+        print(yaml_dump({"sbatch (through submitit)": submitit_job.submitit_parameters(spec),
+                         "each task runs": submitit_job.trainer_command(spec),
+                         "sweep": sweep or None}))
+        return 0
+    ids = submitit_job.submit_sweep(spec, sweep) if sweep else [submitit_job.submit(spec)]
+    print("\n".join(ids))
+    return 0
+
+
+def yaml_dump(data: object) -> str:
+    import yaml
+    return str(yaml.safe_dump(data, sort_keys=False, width=100))
+
+
+def slurm_job(args: argparse.Namespace) -> int:
+    from slurm import slurm_cli
+    if args.command == "status":
+        print(f"{args.job_id}: {slurm_cli.state(args.job_id) or 'unknown to accounting'}")
+    elif args.command == "cancel":
+        slurm_cli.cancel(args.job_id)
+        print(f"cancelled {args.job_id} (its tasks checkpoint and stop)")
+    else:
+        folder = args.log_dir or slurm_cli.log_folder_of(args.job_id)
+        if folder is None:
+            raise UsageError(f"Slurm no longer knows where job {args.job_id} wrote its logs: "
+                             "pass --log-dir RUN_DIR/submitit/JOB_ID")
+        logs = slurm_cli.task_logs(folder, args.job_id)
+        if not logs:
+            raise UsageError(f"no task logs of job {args.job_id} in {folder}")
+        for rank, text in logs.items():
+            for line in text.splitlines():
+                print(f"[rank {rank}] {line}")
+        failing = [rank for rank, text in logs.items() if "Traceback" in text]
+        if failing:
+            print(f"first failing rank: {failing[0]}", file=sys.stderr)
+    return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -138,6 +190,8 @@ def cmd_job(args: argparse.Namespace) -> int:
     """status / logs / cancel of a submitted job, by the id submit printed."""
     kind, _, target = args.to.partition(":")
     _check_backend(args.command, kind)
+    if kind == "slurm":
+        return slurm_job(args)
     if kind == "k8s":
         from k8s.client import Cluster, JobRef
         ref = JobRef.parse(args.job_id, "TrainJob" if target == "trainjob" else "PyTorchJob")
@@ -197,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "local").set_defaults(func=cmd_render)
     submit = spec_command("submit", "submit the job to a cluster and return", None)
     submit.add_argument("--dry-run", action="store_true", help="print what would be submitted")
+    submit.add_argument("--sweep", action="append", default=[], metavar="ARG=V1,V2",
+                        help="slurm: a job array over trainer argument values (repeatable: "
+                             "the grid of all)")
     submit.set_defaults(func=cmd_submit)
     check = sub.add_parser("validate", help="check Kubernetes manifests against the upstream "
                            "CRDs, admission rules and Pod Security 'restricted'",
@@ -211,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help, description=help)
         cmd.add_argument("job_id", metavar="JOB_ID", help="the id printed by torchjob submit")
         cmd.add_argument("--to", type=backend, required=True, metavar="BACKEND", help=to_help)
+        if name == "logs":
+            cmd.add_argument("--log-dir", metavar="DIR", help="slurm: the job's submitit log "
+                             "folder, once Slurm has forgotten the job")
         cmd.set_defaults(func=cmd_job)
     return parser
 
