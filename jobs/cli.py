@@ -147,7 +147,11 @@ def yaml_dump(data: object) -> str:
 def slurm_job(args: argparse.Namespace) -> int:
     from slurm import slurm_cli
     if args.command == "status":
-        print(f"{args.job_id}: {slurm_cli.state(args.job_id) or 'unknown to accounting'}")
+        state = slurm_cli.state(args.job_id)
+        if not state:
+            raise UsageError(f"Slurm's accounting knows no job {args.job_id!r}: check the id "
+                             "that torchjob submit printed (sacct -X lists recent jobs)")
+        print(f"{args.job_id}: {state}")
     elif args.command == "cancel":
         slurm_cli.cancel(args.job_id)
         print(f"cancelled {args.job_id} (its tasks checkpoint and stop)")

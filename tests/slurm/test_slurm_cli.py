@@ -60,3 +60,8 @@ def test_submit_to_a_missing_partition_exits_2(slurm_cluster: None) -> None:
     proc = torchjob("submit", "--to", "slurm", "jobs/examples/default.yaml", "--set",
                     "slurm.partition=nope")
     assert proc.returncode == 2 and "nope" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_status_of_an_unknown_job_exits_2(slurm_cluster: None) -> None:
+    proc = torchjob("status", "--to", "slurm", "999999")
+    assert proc.returncode == 2 and "knows no job '999999'" in proc.stderr
