@@ -24,7 +24,7 @@ from jobs.values import UserError
 BACKENDS = ("local", "slurm", "k8s", "k8s:trainjob", "docker", "torchx", "torchx:SCHEDULER")
 # What each command can do in this version; the rest exit 2 saying so.
 AVAILABLE: dict[str, tuple[str, ...]] = {"run": ("local",),
-                                         "render": ("local", "torchx", "k8s"),
+                                         "render": ("local", "torchx", "k8s", "slurm"),
                                          "submit": ("torchx", "k8s", "slurm"),
                                          "status": ("torchx", "k8s", "slurm"),
                                          "logs": ("torchx", "k8s", "slurm"),
@@ -70,6 +70,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     if args.to.startswith("torchx"):
         from jobs.torchx_app import appdef_text, render_appdef
         sys.stdout.write(appdef_text(render_appdef(spec)))
+    elif args.to == "slurm":
+        from slurm.sbatch import render_sbatch
+        try:
+            sys.stdout.write(render_sbatch(spec, python=sys.executable, workdir=os.getcwd()))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     elif args.to.startswith("k8s"):
         from k8s.render import render_manifest
         sys.stdout.write(render_manifest(spec, args.to.partition(":")[2] or "pytorchjob"))

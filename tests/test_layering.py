@@ -10,7 +10,8 @@ LAUNCHER_SIDE = {"jobs", "k8s", "slurm"}
 # modules a pure renderer may not import: processes, network, clocks, environment
 IO_MODULES = {"subprocess", "socket", "time", "urllib", "http", "requests", "shutil",
               "kubernetes", "submitit", "multiprocessing", "asyncio", "datetime", "random"}
-RENDERERS = [ROOT / "jobs" / "local.py", ROOT / "jobs" / "command.py"]
+RENDERERS = [ROOT / "jobs" / "local.py", ROOT / "jobs" / "command.py", ROOT / "slurm" / "sbatch.py",
+             ROOT / "k8s" / "pytorchjob.py", ROOT / "k8s" / "trainjob.py"]
 
 
 def imported_roots(path: Path) -> set[str]:
