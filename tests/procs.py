@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -128,3 +129,30 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
     assert not different, f"parameters differ: {different}"
+
+
+def require_setup(argv: list[str], *, timeout: float, what: str,
+                  env: dict[str, str] | None = None) -> str:
+    """Run a set-up script (cluster, image) and return its output. When it fails, the test is
+    skipped with the reason, so a user sees what did not run; under CI (``CI=true``) it fails
+    instead, since a skip there would hide a broken set-up."""
+    import pytest
+
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, env=env, check=False)
+        code: int | None = proc.returncode
+        output = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        code = None
+        output = "".join(s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
+                         for s in (exc.stdout, exc.stderr))
+        output += f"\n(timed out after {timeout:g} s)"
+    if code != 0:
+        why = "cannot run here" if code == 2 else f"exit code {code}"
+        tail = "\n".join(output.rstrip().splitlines()[-40:])
+        reason = f"{what} failed ({why}):\n{tail}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return output

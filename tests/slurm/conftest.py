@@ -8,7 +8,6 @@ would hide a broken cluster.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT, env_for_tests
+from tests.procs import ROOT, env_for_tests, require_setup
 
 DEVCLUSTER = ROOT / "slurm" / "devcluster"
 UP_TIMEOUT_S = 900  # first run installs packages with apt-get
@@ -40,27 +39,9 @@ def devcluster(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
         stdin=subprocess.DEVNULL, env=env_for_tests(), check=False)
 
 
-def _tail(text: str, lines: int = 40) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
     """Bring the dev cluster up once per session (fast when it already runs) and yield it."""
-    try:
-        proc = devcluster("up", timeout=UP_TIMEOUT_S)
-        code: int | None = proc.returncode
-        output = proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        code = None
-        output = "".join(
-            s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
-            for s in (exc.stdout, exc.stderr))
-        output += f"\n(timed out after {UP_TIMEOUT_S} s)"
-    if code != 0:
-        why = "cannot run here" if code == 2 else f"exit code {code}"
-        reason = f"slurm/devcluster up failed ({why}):\n{_tail(output)}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+    output = require_setup(["bash", str(DEVCLUSTER), "up"], timeout=UP_TIMEOUT_S,
+                           what="slurm/devcluster up", env=env_for_tests())
     yield SlurmCluster(up_output=output)
