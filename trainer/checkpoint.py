@@ -247,9 +247,20 @@ class Checkpointer:
             fh.flush()
             os.fsync(fh.fileno())
         fsync_dir(tmp)
-        os.rename(tmp, self.root / name)
+        target = self.root / name
+        replaced = None
+        if target.exists():  # one we fell back past (damaged): this run has rewritten its step
+            replaced = tmp.with_name(f"{tmp.name}-replaced")  # a .tmp-* name: cleaned if we die
+            os.rename(target, replaced)
+            self.say(f"replacing {name}, which did not verify, with this run's checkpoint")
+        os.rename(tmp, target)
         fsync_dir(self.root)
-        for old in sorted(self.root.glob("step_*"), reverse=True)[self.keep:]:
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
+        # keep the newest N up to this step; newer ones are damaged ones we fell back past,
+        # left for the user to inspect until this run writes their step again
+        mine = [p for p in self.root.glob("step_*") if p.name <= name]
+        for old in sorted(mine, reverse=True)[self.keep:]:
             shutil.rmtree(old, ignore_errors=True)
 
 

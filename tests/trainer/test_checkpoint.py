@@ -99,6 +99,26 @@ def test_damaged_newest_falls_back_with_a_reason(tmp_path: Path, damage: str) ->
     assert any("skipping checkpoint step_00000002" in m for m in said), said
 
 
+def test_resuming_past_a_damaged_one_rewrites_its_step(tmp_path: Path) -> None:
+    """Fell back from damaged step 2 to step 1: the run's own step 2 replaces the damaged one,
+    and pruning with keep=1 never removes the fresh checkpoint for the damaged newer one."""
+    model, opt = model_and_optimizer(0)
+    ck = make(tmp_path, keep=3)
+    for step in (1, 2, 3):
+        ck.save(Position(step, 0, step), model, opt)
+    for name in ("step_00000002", "step_00000003"):
+        (tmp_path / "ck" / name / "state.pt").write_bytes(b"damaged")
+    said: list[str] = []
+    again = make(tmp_path, keep=1, messages=said)
+    assert again.restore(*model_and_optimizer(1), torch.device("cpu")).step == 1
+    again.save(Position(2, 0, 2), model, opt)
+    again.close()
+    verify(tmp_path / "ck" / "step_00000002")
+    names = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert names == ["step_00000002", "step_00000003"], names
+    assert any("replacing step_00000002" in m for m in said), said
+
+
 def test_unfinished_save_is_ignored_and_cleaned(tmp_path: Path) -> None:
     model, opt = model_and_optimizer(0)
     make(tmp_path).save(Position(1, 0, 1), model, opt)
