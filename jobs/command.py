@@ -12,7 +12,8 @@ from jobs.spec import JobSpec, trainer_argv
 
 def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str,
                   extra_args: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """argv of one node's agent: c10d rendezvous at ``rdzv_endpoint``, then the trainer."""
+    """argv of one node's agent: c10d rendezvous at ``rdzv_endpoint``, then the trainer
+    (``-m MODULE`` or a script) and its arguments."""
     rdzv_conf = (f"join_timeout={spec.rdzv.join_timeout},"
                  f"last_call_timeout={spec.rdzv.last_call_timeout}")
     return (
@@ -25,7 +26,7 @@ def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str
         "--rdzv-conf", rdzv_conf,
         "--max-restarts", str(spec.max_restarts),
         "--monitor-interval", "0.1",
-        "-m", spec.trainer.module,
+        *spec.trainer.entry,
         "--run-dir", spec.run_dir,
         "--checkpoint-dir", spec.checkpoint_dir,
         *trainer_argv(spec.trainer.args),

@@ -16,7 +16,8 @@ from jobs.torchx_app import render_appdef
 def train(
     *script_args: str,
     j: str = "1x2",
-    m: str = "trainer",
+    m: Optional[str] = None,
+    script: Optional[str] = None,
     image: str = "localhost/torchjob:latest",
     name: str = "torchjob",
     cpu: int = 2,
@@ -29,12 +30,13 @@ def train(
     max_restarts: int = 3,
     rdzv_port: int = 29400,
 ) -> specs.AppDef:
-    """Train with torchjob's trainer (or another module) on every node, elastic-ready.
+    """Train with torchjob's trainer (or your module or script) on every node, elastic-ready.
 
     Args:
         script_args: arguments for the module, e.g. --epochs 12 (python -m trainer --help)
         j: [MIN:]MAXxNPROC: nodes (a MIN:MAX range for an elastic job) x processes per node
-        m: the Python module every worker runs
+        m: the Python module every worker runs (default: trainer, torchjob's trainer)
+        script: a Python script every worker runs instead of a module (path where it runs)
         image: container image (ignored by local_cwd)
         name: job name: lower case letters, digits and '-', starting with a letter
         cpu: CPUs per node
@@ -51,12 +53,16 @@ def train(
     if not match:
         raise ValueError(f"-j {j!r}: write [MIN:]MAXxNPROC, e.g. 2x2 or 1:4x8")
     low, high, nproc = match.groups()
+    if m is not None and script is not None:
+        raise ValueError(f"-m {m} and --script {script}: a worker runs one of them, give one")
+    trainer: Dict[str, object] = {"script": script} if script is not None else \
+        {"module": m or "trainer"}
     data = {
         "name": name, "image": image, "nnodes": f"{low}:{high}" if low else int(high),
         "nproc_per_node": int(nproc), "max_restarts": max_restarts,
         "resources": {"cpu": cpu, "memory": f"{memMB}Mi", "gpus": gpu},
         "env": dict(env or {}), "mounts": spec_mounts(mounts or []),
-        "rdzv": {"port": rdzv_port}, "trainer": {"module": m},
+        "rdzv": {"port": rdzv_port}, "trainer": trainer,
     }
     return render_appdef(build(data, source="torchx component"), extra_args=script_args,
                          max_retries=max_retries, named_resource=h)

@@ -149,6 +149,10 @@ def run_local(plan: LocalPlan, *, grace: float = GRACE_SECONDS,
         print(f"torchjob: secret variable(s) not set: {', '.join(missing)}; local runs read "
               f"secrets from your environment (export {missing[0]}=... first)", file=err)
         return 2
+    if plan.script is not None and not os.path.isfile(plan.script):
+        print(f"torchjob: trainer.script {plan.script!r} is not a file (relative paths start "
+              f"at {os.getcwd()}): fix the path in the job spec", file=err)
+        return 2
     out = out or sys.stdout.buffer
     env = {**os.environ, **plan.env}
     many = len(plan.commands) > 1

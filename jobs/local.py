@@ -26,6 +26,8 @@ class LocalPlan:
     env: Mapping[str, str]
     # Variables the caller's environment must provide (secrets: never in the plan itself).
     secrets: tuple[str, ...] = ()
+    # The user's script (trainer.script), which must exist here before anything starts.
+    script: str | None = None
 
 
 def omp_threads(cpu_count: int, nodes: int, nproc_per_node: int) -> int:
@@ -45,7 +47,7 @@ def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
         **spec.env,
     }
     return LocalPlan(commands=(command,) * nodes, env=FrozenMap(env),
-                     secrets=tuple(ref.env for ref in spec.secrets))
+                     secrets=tuple(ref.env for ref in spec.secrets), script=spec.trainer.script)
 
 
 def render_text(plan: LocalPlan) -> str:

@@ -87,6 +87,13 @@ def _image(value: str, path: str) -> None:
         raise bad(path, value, "is not an image reference (e.g. localhost/torchjob:latest)")
 
 
+def _script(value: str, path: str) -> None:
+    one_line(value, path)
+    if value.startswith("-"):
+        raise bad(path, value, "starts with '-', so torchrun would read it as an option: "
+                  "write ./" + value)
+
+
 _dns_label = pattern(DNS_1123_LABEL, "a Kubernetes name (lower case letters, digits, '-')",
                      "team-a", 63)
 _dns_name = _optional(pattern(DNS_1123_SUBDOMAIN, "a Kubernetes object name (lower case "
@@ -128,16 +135,28 @@ class Mount(Section):
 class TrainerSection(Section):
     module: str = spec_field("Python module run with -m on every worker", "trainer",
                              check=pattern(MODULE, "a dotted Python module name", "trainer"))
+    script: str | None = spec_field(
+        "a Python script every worker runs instead of module (a path where the job runs: "
+        "relative to the working directory, or inside the image)", None, check=_optional(_script))
     args: Mapping[str, Scalar] = spec_field(
-        "arguments for the module: grad_accum: 2 becomes --grad-accum 2", factory=FrozenMap)
+        "arguments for the module or script: grad_accum: 2 becomes --grad-accum 2",
+        factory=FrozenMap)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.script is not None and self.module != "trainer":
+            raise bad("script", self.script, f"and module {self.module!r} are both set: a "
+                      "worker runs one of them, so remove one")
         for key in self.args:
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,99}", key):
                 raise bad(f"args.{key}", key, "is not an argument name (e.g. grad_accum)")
-        if self.module == "trainer":
+        if self.script is None and self.module == "trainer":
             _check_trainer_args(self.args)
+
+    @property
+    def entry(self) -> tuple[str, ...]:
+        """What follows the agent's own flags: ``-m MODULE`` or ``SCRIPT`` (as torchrun)."""
+        return (self.script,) if self.script is not None else ("-m", self.module)
 
 
 def trainer_argv(args: Mapping[str, Scalar]) -> list[str]:

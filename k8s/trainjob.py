@@ -23,19 +23,15 @@ PET_FLAGS = ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint"
 
 
 def without_flags(command: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
-    """``command`` with each ``--flag value`` pair in ``flags`` removed, up to ``-m MODULE``."""
-    out: list[str] = []
-    i = 0
-    while i < len(command):
-        word = command[i]
-        if word == "-m" and i > 2:  # the trainer module: the rest belongs to the trainer
-            return out + list(command[i:])
-        if word in flags:
-            i += 2
-            continue
-        out.append(word)
-        i += 1
-    return out
+    """``command`` (``python -m trainer.agent`` and ``--flag value`` pairs, then the trainer
+    entry and its arguments) with each pair in ``flags`` removed; the entry on is kept."""
+    out = list(command[:3])
+    i = 3
+    while i < len(command) and command[i].startswith("--"):  # the agent's own flags
+        if command[i] not in flags:
+            out += command[i:i + 2]
+        i += 2
+    return out + list(command[i:])
 
 
 def render_trainjob(spec: JobSpec) -> Obj:

@@ -153,6 +153,7 @@ class TrainTask(Checkpointable):
     checkpoint_dir: str
     max_requeues: int
     module: str = "trainer"
+    script: str | None = None
     requeues: int = 0
     last_step: int | None = None
 
@@ -160,7 +161,7 @@ class TrainTask(Checkpointable):
     def from_spec(cls, spec: JobSpec) -> TrainTask:
         return cls(argv=tuple(trainer_command(spec)), env=dict(spec.env),
                    checkpoint_dir=spec.checkpoint_dir, max_requeues=spec.slurm.max_requeues,
-                   module=spec.trainer.module)
+                   module=spec.trainer.module, script=spec.trainer.script)
 
     def __call__(self) -> int:
         os.environ.update(self.env)
@@ -173,14 +174,20 @@ class TrainTask(Checkpointable):
         raise SystemExit(code)  # the trainer's exit code is the task's: 2 config, 1 failure
 
     def _run(self) -> int:
-        if self.module == "trainer":
+        if self.module == "trainer" and self.script is None:
             from trainer.train import main
             return main(list(self.argv))
         import runpy
+
+        from trainer.env import DistEnv
+        os.environ.update(DistEnv.from_environ().export())  # the contract, for env:// users
         saved = sys.argv
-        sys.argv = [self.module, *self.argv]
+        sys.argv = [self.script or self.module, *self.argv]
         try:
-            runpy.run_module(self.module, run_name="__main__", alter_sys=True)
+            if self.script is not None:
+                runpy.run_path(self.script, run_name="__main__")
+            else:
+                runpy.run_module(self.module, run_name="__main__", alter_sys=True)
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         finally:

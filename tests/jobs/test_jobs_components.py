@@ -34,7 +34,7 @@ def test_help_shows_every_option() -> None:
     out = subprocess.run([str(Path(sys.executable).parent / "torchx"), "run", "-s", "local_cwd",
                           COMPONENT, "--help"], capture_output=True, text=True, timeout=60,
                          env=torchx_env()).stdout
-    for option in ("-j", "-m", "--image", "--name", "--cpu", "--gpu", "--memMB", "-h",
+    for option in ("-j", "-m", "--script", "--image", "--name", "--cpu", "--gpu", "--memMB", "-h",
                    "--env", "--mounts", "--max_retries", "--max_restarts", "--rdzv_port"):
         assert f"{option} " in out, option
 
