@@ -42,6 +42,20 @@ class Position:
     epoch: int = 0
     micro: int = 0
 
+    def resized(self, *, old_world: int, new_world: int, grad_accum: int,
+                micro_per_epoch: int) -> Position:
+        """The same point of the epoch for another world size (an elastic job grew or shrank):
+        the samples done so far (micro-batches x world size) in the new world's micro-batches,
+        rounded down to an optimizer step (a few samples seen twice rather than skipped); past
+        the new epoch's end, the next epoch. ``step`` stays: it only ever grows."""
+        if old_world == new_world or self.micro == 0:
+            return self
+        micro = self.micro * old_world // new_world
+        micro -= micro % grad_accum
+        if micro >= micro_per_epoch:
+            return Position(self.step, self.epoch + 1, 0)
+        return Position(self.step, self.epoch, micro)
+
 
 class CheckpointError(RuntimeError):
     pass
@@ -94,6 +108,7 @@ class Checkpointer:
         self.config = config
         self.say = say  # rank-0 logging helper
         self.last_step = -1
+        self.restored_world_size = world_size  # world size of the checkpoint resumed from
         self._pending: concurrent.futures.Future[None] | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "checkpoint")
         self._group: Any = None
@@ -126,13 +141,17 @@ class Checkpointer:
             unwrap(model).load_state_dict(state["model"])
             optimizer.load_state_dict(state["optim"])
         rng = path / f"rng-rank{self.rank}.pt"
-        if manifest["world_size"] == self.world_size and rng.exists():
+        if manifest["world_size"] != self.world_size:  # an elastic job grew or shrank
+            self.say(f"world size changed from {manifest['world_size']} to {self.world_size}: "
+                     f"continuing from {path.name}; random streams restart from the seed, so "
+                     "this run will not match an uninterrupted one bit for bit")
+        elif rng.exists():
             set_rng_state(torch.load(rng, weights_only=False))
         else:
-            self.say(f"checkpoint was written by {manifest['world_size']} ranks, now "
-                     f"{self.world_size}: random streams restart from the seed, so this run "
-                     "will not match an uninterrupted one bit for bit")
+            self.say(f"{rng.name} is missing from {path.name}: random streams restart from the "
+                     "seed, so this run will not match an uninterrupted one bit for bit")
         pos = manifest["position"]
+        self.restored_world_size = int(manifest["world_size"])
         self.last_step = pos["step"]
         self.say(f"resumed from {path.name} (step {pos['step']}, epoch {pos['epoch']}, "
                  f"micro-batch {pos['micro']})")

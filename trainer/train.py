@@ -79,6 +79,13 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                         config=dataclasses.asdict(cfg), say=rep.say)
     torch.manual_seed(cfg.seed * 1000 + group.rank)  # dropout stream; a checkpoint restores it
     pos = ckpt.restore(model, optimizer, group.device) if cfg.resume else Position()
+    if ckpt.restored_world_size != group.world_size and pos.micro:
+        before, pos = pos, pos.resized(old_world=ckpt.restored_world_size,
+                                       new_world=group.world_size, grad_accum=cfg.grad_accum,
+                                       micro_per_epoch=steps_per_epoch * cfg.grad_accum)
+        rep.say(f"epoch {before.epoch} was {before.micro} micro-batches in at world size "
+                f"{ckpt.restored_world_size}: continuing at epoch {pos.epoch} micro-batch "
+                f"{pos.micro} of world size {group.world_size}")
 
     autocast = autocast_context(cfg.precision, group.device, fsdp=cfg.parallel == "fsdp")
     global_batch = cfg.batch_size * cfg.grad_accum * group.world_size

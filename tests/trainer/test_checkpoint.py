@@ -143,3 +143,18 @@ def test_layout_mismatch_is_a_config_error(tmp_path: Path) -> None:
     assert manifest["layout"] == "replicated"
     with pytest.raises(ConfigError, match="--parallel"):
         sharded.restore(model, opt, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("old, new, micro, accum, per_epoch, want", [
+    (2, 4, 16, 1, 11, (0, 8)),    # half the samples per micro-batch: half the micro-batches
+    (4, 2, 8, 1, 22, (0, 16)),
+    (2, 4, 20, 1, 11, (0, 10)),
+    (2, 4, 22, 1, 11, (1, 0)),    # the epoch is done in the new world: the next one
+    (2, 3, 7, 2, 20, (0, 4)),     # 14 // 3 = 4: rounded down to an optimizer step
+    (2, 2, 7, 1, 20, (0, 7)),     # same world: unchanged
+])
+def test_position_resized_for_another_world(old: int, new: int, micro: int, accum: int,
+                                            per_epoch: int, want: tuple[int, int]) -> None:
+    pos = Position(40, 0, micro).resized(old_world=old, new_world=new, grad_accum=accum,
+                                         micro_per_epoch=per_epoch)
+    assert (pos.step, (pos.epoch, pos.micro)) == (40, want)

@@ -1,0 +1,55 @@
+"""An elastic job resumed at another world size continues from the same point of its epoch.
+
+World 2 writes a checkpoint 16 micro-batches into epoch 0 (of 22 at world 2); world 4 has
+only 11 per epoch, so the position must be counted in samples, not reused as it is (it used to
+crash every worker with ``__len__() should return >= 0`` until the restarts ran out).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.procs import PYTHON, ROOT, env_for_tests
+
+pytestmark = pytest.mark.integration
+JOB = ROOT / "jobs" / "examples" / "default.yaml"
+
+
+def run(run_dir: Path, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
+    sets = [f"run_dir={run_dir}", f"nproc_per_node={nproc}", "max_restarts=0",
+            "trainer.args.epochs=2", "trainer.args.eval_every=0",
+            "trainer.args.progress=lines", *args]
+    return subprocess.run([PYTHON, "-m", "jobs", "run", str(JOB),
+                           *[a for s in sets for a in ("--set", s)]],
+                          env=env_for_tests(), capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("before, after, expect", [(2, 4, "epoch 0 micro-batch 8 of world "
+                                                          "size 4"),
+                                                   (4, 2, "epoch 0 micro-batch 16 of world "
+                                                          "size 2")])
+def test_resumed_at_another_world_size_continues_the_epoch(tmp_path: Path, before: int,
+                                                           after: int, expect: str) -> None:
+    at = {2: 16, 4: 8}[before]  # 8/11 of an epoch: past the end of the half-as-long one
+    first = run(tmp_path, before, f"trainer.args.checkpoint_every={at}",
+                f"trainer.args.max_steps={at + 1}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    # keep the mid-epoch checkpoint only, as if the job had been stopped right after it
+    checkpoints = sorted((tmp_path / "checkpoints").glob("step_*"))
+    mid = [p for p in checkpoints
+           if json.loads((p / "manifest.json").read_text())["position"]["micro"]]
+    assert mid, [p.name for p in checkpoints]
+    for path in checkpoints:
+        if path not in mid:
+            shutil.rmtree(path)
+    second = run(tmp_path, after)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"world size changed from {before} to {after}" in second.stderr
+    assert expect in second.stderr, second.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == after and summary["accuracy"] > 0.8, summary
