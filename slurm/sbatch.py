@@ -7,6 +7,12 @@ so the text is deterministic and golden-tested whole.
 
 Stopping (time limit or ``scancel --batch --signal=USR2``) goes batch shell -> per-node wrapper
 -> agent -> workers, one signal per process; see ``STOP_NOTES`` in the script for why.
+
+A lost node: each wrapper writes its agent's exit code to a status directory in the run dir; a
+node that never wrote one was lost. An elastic job whose other agents finished (torchrun
+restarted them at the smaller size) then ends 0, and the script says which nodes were lost
+and that it carried on; a fixed-size job fails, saying why. Worker lines carry ``[attempt A
+rank R]: `` (torchrun's ``--tee``) for ``torchjob logs`` (``slurm.slurm_logs``).
 """
 
 from __future__ import annotations
@@ -49,7 +55,9 @@ while [ "$code" -gt 128 ] && [ "$pending" = 1 ]; do  # the URG trap cut wait sho
   [ "$next" = 127 ] || code=$next  # 127: the agent had already been collected
 done
 # torchrun's agent exits 1 after a forwarded stop; its workers exited 143 after a checkpoint
-if [ "$stopping" = 1 ] && [ "$code" != 0 ]; then exit 143; fi
+if [ "$stopping" = 1 ] && [ "$code" != 0 ]; then code=143; fi
+# report how this node ended; a node that never reports was lost (killed, or the node failed)
+echo "$code" > "$TORCHJOB_NODE_STATUS/${SLURMD_NODENAME:-$(hostname)}" 2>/dev/null || true
 exit "$code"
 """
 
@@ -85,7 +93,10 @@ def directives(spec: JobSpec, *, workdir: str) -> list[str]:
     run_dir = posixpath.join(workdir, spec.run_dir)  # Slurm opens these before the script runs
     nodes = str(spec.nnodes.min) if not spec.nnodes.is_elastic \
         else f"{spec.nnodes.min}-{spec.nnodes.max}"
-    opts = [f"--job-name={spec.name}", f"--nodes={nodes}", "--ntasks-per-node=1",
+    # a node range with --ntasks-per-node gets MIN nodes (the task count follows MIN); without
+    # it, Slurm gives as many nodes as are free, up to MAX (srun below sets the tasks)
+    per_node = [] if spec.nnodes.is_elastic else ["--ntasks-per-node=1"]
+    opts = [f"--job-name={spec.name}", f"--nodes={nodes}", *per_node,
             f"--cpus-per-task={cpus_per_node(spec)}"]
     if spec.resources.memory is not None:
         opts.append(f"--mem={spec.resources.memory.mib}M")
@@ -147,6 +158,40 @@ def srun_command(spec: JobSpec, *, python: str, workdir: str) -> list[str]:
             *agent_command(spec, python=python)]
 
 
+def lost_nodes(spec: JobSpec) -> list[str]:
+    """After a failed step: name the nodes whose task never reported (lost), and say whether
+    the job carried on without them (elastic, some node finished) or had to fail."""
+    nnodes = spec.nnodes
+    out = ['# a failed step: which nodes never reported how their agent ended (lost: killed, or '
+           'the node failed)?',
+           'if [ "$code" != 0 ] && [ "$stop" = 0 ]; then',
+           '  lost="" finished=0',
+           '  for host in $hosts; do',
+           '    if [ ! -f "$TORCHJOB_NODE_STATUS/$host" ]; then lost="$lost $host"',
+           '    elif [ "$(cat "$TORCHJOB_NODE_STATUS/$host")" = 0 ]; then finished=1; fi',
+           '  done',
+           '  if [ -n "$lost" ]; then',
+           '    echo "torchjob: lost node(s):$lost: the task there ended without reporting '
+           '(killed, or the node failed); step exit $code" >&2']
+    if nnodes.is_elastic:
+        out += [
+           '    if [ "$finished" = 1 ]; then',
+           f'      echo "torchjob: the job continued without them at a smaller size (nnodes '
+           f'{nnodes}: at least {nnodes.min}) and finished"',
+           '      code=0',
+           '    else',
+           '      echo "torchjob: the remaining node(s) did not finish either: failed" >&2',
+           '    fi']
+    else:
+        out += [
+           f'    echo "torchjob: nnodes is {nnodes} (fixed): the job cannot continue without '
+           f'every node, so it failed (the other agents gave up after rdzv.join_timeout='
+           f'{spec.rdzv.join_timeout}s or max_restarts={spec.max_restarts}). Submit again to '
+           'resume from the last checkpoint, or use nnodes MIN:MAX to carry on with fewer '
+           'nodes" >&2']
+    return out + ['  fi', 'fi']
+
+
 def render_sbatch(spec: JobSpec, *, python: str, workdir: str) -> str:
     """The whole batch script: ``#SBATCH`` options, then a body that runs, stops and requeues.
 
@@ -176,8 +221,19 @@ def render_sbatch(spec: JobSpec, *, python: str, workdir: str) -> str:
         "rdzv_host=${hosts%%$'\\n'*}",
         "port=$((12000 + SLURM_JOB_ID % 20000))",
         'attempt=${SLURM_RESTART_COUNT:-0}',
-        f'echo "torchjob: {spec.name} job $SLURM_JOB_ID attempt $attempt on '
+        "# each worker's lines carry \"[attempt A rank R]: \" (torchrun's --tee with a line "
+        "prefix), so that",
+        "# `torchjob logs --to slurm JOB_ID` can show them per attempt and per rank",
+        "export PET_TEE=3 TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=\"[attempt $attempt rank "
+        "\\${rank}]: \"",
+        "# each node's wrapper writes its exit code here (on the shared file system)",
+        "export TORCHJOB_NODE_STATUS="
+        + shlex.quote(posixpath.join(workdir, spec.run_dir, ".torchjob-nodes"))
+        + '/"$SLURM_JOB_ID.$attempt"',
+        'mkdir -p "$TORCHJOB_NODE_STATUS"',
+        f'header="torchjob: {spec.name} job $SLURM_JOB_ID attempt $attempt on '
         '$SLURM_JOB_NUM_NODES node(s), rendezvous $rdzv_host:$port"',
+        'echo "$header"; echo "$header" >&2  # where this attempt starts, in both logs',
         "",
         STOP_NOTES,
         "stop=0 pending=0",
@@ -195,6 +251,7 @@ def render_sbatch(spec: JobSpec, *, python: str, workdir: str) -> str:
         '  pending=0; next=0; wait "$step" || next=$?',
         '  [ "$next" = 127 ] || code=$next  # 127: the step had already been collected',
         "done",
+        *lost_nodes(spec),
         "# 0: done; 143: stopped after a checkpoint (requeue); anything else: a failure",
         'if [ "$stop" = 0 ] || [ "$code" != 143 ]; then exit "$code"; fi',
         f'if [ "$attempt" -lt {s.max_requeues} ]; then',

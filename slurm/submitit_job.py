@@ -165,6 +165,7 @@ class TrainTask(Checkpointable):
 
     def __call__(self) -> int:
         os.environ.update(self.env)
+        self._mark_attempt()
         code = self._run()
         if code == EXIT_OK:
             return code
@@ -193,6 +194,15 @@ class TrainTask(Checkpointable):
         finally:
             sys.argv = saved
         return EXIT_OK
+
+    @staticmethod
+    def _mark_attempt() -> None:
+        """Where this attempt starts in the rank's appended log files (slurm.slurm_logs)."""
+        line = (f"torchjob: job {os.environ.get('SLURM_JOB_ID', '?')} attempt "
+                f"{os.environ.get('SLURM_RESTART_COUNT', '0')} rank "
+                f"{os.environ.get('SLURM_PROCID', '0')}")
+        for stream in (sys.stdout, sys.stderr):
+            print(line, file=stream, flush=True)
 
     def _hand_over_to_submitit(self) -> None:
         """Stopped after a checkpoint: let submitit's own signal handler requeue (rank 0)."""

@@ -8,17 +8,22 @@ would hide a broken cluster.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT, env_for_tests, require_setup
+from tests.procs import PYTHON, ROOT, env_for_tests, require_setup
 
 DEVCLUSTER = ROOT / "slurm" / "devcluster"
 UP_TIMEOUT_S = 900  # first run installs packages with apt-get
+REQUEUE_SETTLE_S = 5.0  # see requeued_at_once
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,3 +50,62 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     output = require_setup(["bash", str(DEVCLUSTER), "up"], timeout=UP_TIMEOUT_S,
                            what="slurm/devcluster up", env=env_for_tests())
     yield SlurmCluster(up_output=output)
+
+
+@contextlib.contextmanager
+def requeued_at_once(job_id: str) -> Iterator[None]:
+    """While inside: a requeued ``job_id`` starts again at once. Slurm holds a requeued job for
+    ~2 minutes (reason BeginTime); ``scontrol update StartTime=now`` lifts that, a few seconds
+    after the requeue: started at once, the nodes may still hold the revoked credential of the
+    attempt that just ended, and Slurm kills the new one ("Job credential revoked")."""
+    stop = threading.Event()
+
+    def lift() -> None:
+        held_since = None
+        while not stop.wait(0.5):
+            out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], text=True,
+                                 capture_output=True, env=env_for_tests(), check=False).stdout
+            if out.split() != ["PENDING", "BeginTime"]:
+                held_since = None
+            elif held_since is None:
+                held_since = time.monotonic()
+            elif time.monotonic() - held_since > REQUEUE_SETTLE_S:
+                subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                               capture_output=True, env=env_for_tests(), check=False)
+
+    helper = threading.Thread(target=lift, daemon=True)
+    helper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        helper.join()
+
+
+# The default job's trainer arguments at world size 4 (2 nodes x 2 processes): batch 16 per rank
+# is torchjob run's global batch of 64 (2 processes x 32). Same seed everywhere (the default).
+TWO_BY_TWO_SETS = ("nnodes=2", "nproc_per_node=2", "trainer.args.batch_size=16",
+                   "trainer.args.epochs=12")
+
+
+@pytest.fixture(scope="session")
+def local_two_by_two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
+    """``torchjob run`` of the default job on 2 emulated nodes x 2 processes, here: its
+    summary.json, the reference each Slurm path must match exactly."""
+    run_dir = tmp_path_factory.mktemp("local-2x2")
+    sets = [*TWO_BY_TWO_SETS, "local.nodes=2", f"run_dir={run_dir}"]
+    proc = subprocess.run([PYTHON, "-m", "jobs", "run", str(ROOT / "jobs/examples/default.yaml"),
+                           *[w for s in sets for w in ("--set", s)]], capture_output=True,
+                          text=True, timeout=600, cwd=ROOT, env=env_for_tests(),
+                          stdin=subprocess.DEVNULL, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary: dict[str, float] = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 4
+    return summary
+
+
+def assert_same_result(ours: dict[str, float], local: dict[str, float]) -> None:
+    """Equal world size, seed and global batch: the same data order and the same sums, so the
+    same model: accuracy and loss equal to the last bit."""
+    keys = ("world_size", "steps", "accuracy", "final_loss")
+    assert {k: ours[k] for k in keys} == {k: local[k] for k in keys}, (ours, local)

@@ -1,4 +1,7 @@
-"""Rendered sbatch scripts on the real local cluster: 2 nodes x 2 workers, and a stop + requeue.
+"""Rendered sbatch scripts on the real local cluster: the default job on 2 nodes x 2 workers
+(equal to `torchjob run`), a USR2 stop, `scontrol requeue` and a real time limit (each
+checkpoints, requeues and resumes with no step lost), a node lost mid-run (elastic and fixed),
+and `torchjob logs` per attempt and rank with the first failing rank.
 
 Each job is named ``sbatch-test-...`` so that it can be told apart from other tests' jobs on
 the shared cluster; a test cancels only the job it submitted.
@@ -7,7 +10,11 @@ the shared cluster; a test cancels only the job it submitted.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
+import os
+import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +25,8 @@ import pytest
 from jobs.load import loads
 from slurm.sbatch import render_sbatch
 from tests.procs import PYTHON, ROOT, env_for_tests, last_step, wait_for
+from tests.slurm.conftest import assert_same_result, requeued_at_once
+from trainer.env import slurm_port
 
 if TYPE_CHECKING:
     from tests.slurm.conftest import SlurmCluster
@@ -26,7 +35,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
 # torchjob run's default: 2 processes x batch 32 = 64 samples per step; here 4 ranks x 16.
 TWO_BY_TWO = "nnodes: 2\nnproc_per_node: 2\ntrainer: {args: {batch_size: 16, %s}}\n"
-REQUEUE_WAIT_S = 400  # Slurm holds a requeued job ~2 min (credential expiry) before it restarts
+REQUEUE_WAIT_S = 400  # generous: the machine is shared; requeued_at_once lifts Slurm's hold
 
 
 def submit(tmp_path: Path, name: str, yaml: str) -> tuple[Path, Path]:
@@ -71,7 +80,10 @@ def train_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in map(json.loads, lines) if r.get("kind") == "train"]
 
 
-def test_default_job_on_two_nodes_by_two(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_default_job_on_two_nodes_by_two(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                         local_two_by_two: dict[str, float]) -> None:
+    """The default job through the rendered script ends exactly where ``torchjob run`` of the
+    same job (2 nodes x 2, same seed and global batch) ends."""
     script, run_dir = submit(tmp_path, "sbatch-test-default", TWO_BY_TWO % "epochs: 12")
     proc = sbatch_wait(script, 300)
     job_id = job_id_of(proc)
@@ -80,6 +92,7 @@ def test_default_job_on_two_nodes_by_two(slurm_cluster: SlurmCluster, tmp_path: 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["accuracy"] >= 0.95, summary
     assert f"rendezvous n1:{12000 + int(job_id) % 20000}" in logs(run_dir)
+    assert_same_result(summary, local_two_by_two)
 
 
 def test_usr2_checkpoints_requeues_and_loses_no_step(slurm_cluster: SlurmCluster,
@@ -98,7 +111,8 @@ def test_usr2_checkpoints_requeues_and_loses_no_step(slurm_cluster: SlurmCluster
         raise
     subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
     started = time.monotonic()
-    code, output = finish(proc, job_id, run_dir, REQUEUE_WAIT_S)
+    with requeued_at_once(job_id):
+        code, output = finish(proc, job_id, run_dir, REQUEUE_WAIT_S)
     text = logs(run_dir)
     assert code == 0, f"{output}\n{text[-3000:]}"
     assert "attempt 1 on 2 node(s)" in text and "requeueing, attempt 1 of 1" in text, text
@@ -112,6 +126,53 @@ def test_usr2_checkpoints_requeues_and_loses_no_step(slurm_cluster: SlurmCluster
     assert [s for s, n in counts.items() if n > 1] == [], "a step ran twice"
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 4
     assert time.monotonic() - started < REQUEUE_WAIT_S
+    # `torchjob logs`: every line labelled with its attempt and rank (or the job's own)
+    shown = torchjob_logs(job_id, run_dir)
+    assert shown.returncode == 0 and "first failing rank" not in shown.stderr, shown.stderr
+    lines = shown.stdout.splitlines()
+    for rank in range(4):
+        assert any(line.startswith(f"[attempt 0 rank {rank}] ") and
+                   f"stopped by SIGTERM after step {step}" in line for line in lines), rank
+        assert any(line.startswith(f"[attempt 1 rank {rank}] ") and "joined: rank" in line
+                   for line in lines), rank
+    assert any(line.startswith("[attempt 1 rank 0] ") and f"resumed from step_{step:08d}"
+               in line for line in lines), shown.stdout[-3000:]
+    assert any(line.startswith("[attempt 0 job] torchjob: ") and "requeueing, attempt 1 of 1"
+               in line for line in lines)
+    assert any(line.startswith("[attempt 1 job] torchjob: ") and "attempt 1 on 2 node(s)"
+               in line for line in lines)
+    starts = [i for i, line in enumerate(lines) if line.startswith("[attempt 1 ")]
+    assert all(line.startswith("[attempt 0 ") for line in lines[:starts[0]])
+    assert all(line.startswith("[attempt 1 ") for line in lines[starts[0]:])
+
+
+def test_a_failing_job_names_its_first_failing_rank(slurm_cluster: SlurmCluster,
+                                                    tmp_path: Path) -> None:
+    """A batch too big for a rank's share of the data: every rank stops with a configuration
+    error (exit 2, never retried); ``torchjob logs`` shows each rank's message and names the
+    rank torchrun saw fail first."""
+    script, run_dir = submit(tmp_path, "sbatch-test-failing", TWO_BY_TWO.replace(
+        "batch_size: 16", "batch_size: 1000") % "epochs: 1")
+    proc = sbatch_wait(script, 300)
+    job_id = job_id_of(proc)
+    code, output = finish(proc, job_id, run_dir, 300)
+    assert code == 2, f"{output}\n{logs(run_dir)[-3000:]}"
+    shown = torchjob_logs(job_id, run_dir)
+    assert shown.returncode == 0, shown.stderr
+    failing = re.fullmatch(r"attempt 0: first failing rank: ([0-3])\n", shown.stderr)
+    assert failing, shown.stderr
+    rank = int(failing.group(1))
+    for r in range(4):
+        assert any(line.startswith(f"[attempt 0 rank {r}] ") and f"trainer [rank {r}]: one "
+                   "optimizer step needs 1000 samples per rank" in line
+                   for line in shown.stdout.splitlines()), (r, shown.stdout[-3000:])
+    assert f"rank      : {rank} (local_rank: {rank % 2})" in shown.stdout
+
+
+def torchjob_logs(job_id: str, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "jobs", "logs", "--to", "slurm", job_id, "--log-dir",
+                           str(run_dir)], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env=env_for_tests())
 
 
 def test_scontrol_requeue_mid_run_resumes_from_the_last_checkpoint(
@@ -130,7 +191,8 @@ def test_scontrol_requeue_mid_run_resumes_from_the_last_checkpoint(
         subprocess.run(["scancel", job_id], check=False)
         raise
     subprocess.run(["scontrol", "requeue", job_id], check=True, env=env_for_tests())
-    code, output = finish(proc, job_id, run_dir, REQUEUE_WAIT_S)
+    with requeued_at_once(job_id):
+        code, output = finish(proc, job_id, run_dir, REQUEUE_WAIT_S)
     text = logs(run_dir)
     assert code == 0, f"{output}\n{text[-3000:]}"
     resumed = [line for line in text.splitlines() if "training 440 steps" in line]
@@ -141,3 +203,126 @@ def test_scontrol_requeue_mid_run_resumes_from_the_last_checkpoint(
     assert sorted(counts) == list(range(1, 441)), "a step is missing"
     assert all(s > start for s, n in counts.items() if n > 1), \
         "a step before the checkpoint ran twice"
+
+
+# -- a node lost mid-run: its task's processes killed at once, as when the node dies ----------
+
+def step_processes(job_id: str, node: str) -> list[int]:
+    """The processes of ``job_id``'s job step on ``node`` (wrapper, agent, workers), told by the
+    environment Slurm gave them; the batch shell (no SLURM_STEP_ID) is not one of them."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        env = dict(v.split(b"=", 1) for v in raw.split(b"\0") if b"=" in v)
+        if (env.get(b"SLURM_JOB_ID") == job_id.encode() and env.get(b"SLURMD_NODENAME")
+                == node.encode() and env.get(b"SLURM_STEP_ID", b"batch").isdigit()):
+            found.append(int(entry.name))
+    return found
+
+
+def listening_inodes(port: int) -> set[str]:
+    """Socket inodes listening on ``port`` (from /proc/net/tcp and tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(fields[9])
+    return found
+
+
+def store_node(job_id: str) -> str:
+    """The node whose agent hosts the c10d rendezvous store. On a real cluster that is the
+    first node (which also runs the batch shell, so losing it ends the job); here both nodes
+    are this host and either agent may have bound the port first."""
+    inodes = {f"socket:[{inode}]" for inode in listening_inodes(slurm_port(int(job_id)))}
+    for node in ("n1", "n2"):
+        for pid in step_processes(job_id, node):
+            with contextlib.suppress(OSError):
+                if {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()} & inodes:
+                    return node
+    raise AssertionError(f"no agent of job {job_id} listens on its rendezvous port")
+
+
+def lose_node(job_id: str, node: str) -> list[int]:
+    """Stop every process of the step on ``node``, then kill them all: nothing there gets to
+    react (no agent restarts its workers, no wrapper reports an exit code)."""
+    pids = step_processes(job_id, node)
+    assert len(pids) >= 4, pids  # wrapper, agent, 2 workers (and the forkserver)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    return pids
+
+
+ELASTIC = ("nnodes: '1:2'\nnproc_per_node: 2\nmax_restarts: 2\nrdzv: {join_timeout: 60}\n"
+           "trainer: {args: {batch_size: 16, %s}}\n")
+
+
+@pytest.mark.parametrize("nnodes", ["1:2", "2"])
+def test_a_lost_node(slurm_cluster: SlurmCluster, tmp_path: Path, nnodes: str) -> None:
+    """Kill the step's processes on n2 mid-run. Elastic (1:2): the agent on n1 restarts its
+    workers at world size 2 from the last checkpoint and finishes, and the log says so. Fixed
+    (2): the agent on n1 waits rdzv.join_timeout for n2, gives up, and the job fails naming
+    the lost node (never hangs)."""
+    yaml = ELASTIC.replace("'1:2'", f"'{nnodes}'") % \
+        "epochs: 12, log_every: 1, checkpoint_every: 20"
+    script, run_dir = submit(tmp_path, f"sbatch-test-lost-{nnodes.replace(':', '-')}", yaml)
+    proc = sbatch_wait(script, 600)
+    job_id = job_id_of(proc)
+    try:
+        wait_for(lambda: last_step(run_dir) >= 45, 180, "step 45")
+        lost = {"n1": "n2", "n2": "n1"}[store_node(job_id)]
+        lose_node(job_id, lost)
+    except AssertionError:
+        subprocess.run(["scancel", job_id], check=False)
+        raise
+    code, output = finish(proc, job_id, run_dir, 600)
+    text = logs(run_dir)
+    assert f"torchjob: lost node(s): {lost}: the task there ended without reporting" in text, text
+    if nnodes == "2":
+        assert code != 0, text
+        assert "nnodes is 2 (fixed): the job cannot continue without every node" in text, text
+        assert not (run_dir / "summary.json").exists()
+        shown = torchjob_logs(job_id, run_dir)  # the failure, by attempt and rank
+        assert shown.returncode == 0, shown.stderr
+        assert f"[attempt 0 job] torchjob: lost node(s): {lost}" in shown.stdout
+        return
+    assert code == 0, f"{output}\n{text[-3000:]}"
+    assert "the job continued without them at a smaller size (nnodes 1:2" in text, text
+    changed = [line for line in text.splitlines() if "world size changed from 4 to 2" in line]
+    assert len(changed) == 1 and "continuing from step_000000" in changed[0], text
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["accuracy"] >= 0.9, summary
+
+
+def test_time_limit_shorter_than_the_work(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A 1-minute limit for more than a minute of work: Slurm's own USR2 to the batch shell
+    (``--signal=B:USR2@15``; Slurm may send it up to ~30 s early) stops each attempt after a
+    checkpoint, the script requeues the job, and the next attempt resumes until the work is
+    done. Nothing is sent by the test; only the requeue hold is lifted."""
+    script, run_dir = submit(tmp_path, "sbatch-test-time-limit",
+                             "slurm: {time: '1', signal_delay: 15, max_requeues: 8}\n"
+                             + TWO_BY_TWO % "epochs: 80, log_every: 1, checkpoint_every: 0")
+    proc = sbatch_wait(script, 900)
+    job_id = job_id_of(proc)
+    with requeued_at_once(job_id):
+        code, output = finish(proc, job_id, run_dir, 900)
+    text = logs(run_dir)
+    assert code == 0, f"{output}\n{text[-3000:]}"
+    assert "torchjob: USR2: asking the training step to checkpoint" in text, text
+    assert "requeueing, attempt 1 of 8 requeues" in text, text
+    stops = [int(line.split("after step ")[1].split(":")[0]) for line in text.splitlines()
+             if "[rank 0/4] stopped by SIGTERM after step" in line]
+    starts = [int(line.rsplit("from step ", 1)[1]) for line in text.splitlines()
+              if "training 1760 steps" in line]
+    assert stops and starts[1:] == stops, (stops, starts)  # each attempt resumes where one stopped
+    counts = collections.Counter(train_steps(run_dir))
+    assert sorted(counts) == list(range(1, 1761)), "a step is missing"
+    assert [s for s, n in counts.items() if n > 1] == [], "a step ran twice"

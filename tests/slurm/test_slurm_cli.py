@@ -41,7 +41,8 @@ def test_submit_status_logs_and_torchx_agree(slurm_cluster: None, tmp_path: Path
     logs = torchjob("logs", "--to", "slurm", job_id, "--log-dir",
                     f"{tmp_path}/submitit/submitit/{job_id}")
     assert logs.returncode == 0, logs.stderr
-    assert {f"[rank {r}]" for r in range(4)} <= {line[:8] for line in logs.stdout.splitlines()}
+    assert {f"[attempt 0 rank {r}]" for r in range(4)} <= \
+        {line[:18] for line in logs.stdout.splitlines()}
 
     torchx = subprocess.run(
         [str(Path(sys.executable).parent / "torchx"), "run", "-s", "slurm", "--wait",

@@ -23,9 +23,11 @@ from jobs.load import load
 from jobs.spec import JobSpec
 from slurm import slurm_cli
 from slurm.slurm_cli import SlurmError
+from slurm.slurm_logs import job_logs
 from slurm.submitit_job import (RequeueRefused, TrainTask, extra_parameters, submit,
                                 submit_sweep, submitit_parameters, timeout_minutes)
 from tests.procs import PYTHON, ROOT, env_for_tests, last_step, wait_for
+from tests.slurm.conftest import TWO_BY_TWO_SETS, assert_same_result
 
 if TYPE_CHECKING:
     from tests.slurm.conftest import SlurmCluster
@@ -84,10 +86,12 @@ def test_parameters_follow_the_spec(tmp_path: Path) -> None:
 
 # -- running jobs -------------------------------------------------------------------------------
 
-def test_default_job_on_two_nodes_by_two_tasks(slurm_cluster: SlurmCluster,
-                                               tmp_path: Path) -> None:
+def test_default_job_on_two_nodes_by_two_tasks(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                               local_two_by_two: dict[str, float]) -> None:
+    """The default job through submitit (one Slurm task per rank, no torchrun) ends exactly
+    where ``torchjob run`` of the same job (2 nodes x 2, same seed and global batch) ends."""
     run_dir = tmp_path / "run"
-    job_id = submit(job_spec(run_dir))
+    job_id = submit(job_spec(run_dir, *TWO_BY_TWO_SETS))
     assert slurm_cli.wait(job_id, timeout=300) == "COMPLETED", task_logs(run_dir, job_id)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 4
@@ -95,6 +99,7 @@ def test_default_job_on_two_nodes_by_two_tasks(slurm_cluster: SlurmCluster,
     logs = slurm_cli.task_logs(run_dir / "submitit" / "%j", job_id)
     assert sorted(logs) == [0, 1, 2, 3]
     assert "from slurm" in logs[3]  # each rank reads SLURM_* itself: no torchrun
+    assert_same_result(summary, local_two_by_two)
 
 
 @pytest.mark.parametrize("interrupt", [
@@ -124,6 +129,16 @@ def test_interrupted_job_checkpoints_requeues_and_resumes(
     assert "resumed from step_" in log and "RequeueRefused" not in log, log
     assert train_steps(run_dir) == list(range(1, 661)), "a step was lost or repeated"
     assert json.loads((run_dir / "summary.json").read_text())["accuracy"] >= 0.95
+    # every rank's appended files, split into the two attempts
+    shown = job_logs(run_dir / "submitit" / "%j", job_id)
+    assert shown.attempts() == [0, 1] and not shown.first_failing, shown.first_failing
+    assert sorted(source for _, source in shown.lines) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert any(f"stopped by {signal} after step" in line for line in shown.lines[(0, 0)])
+    assert not any("resumed from" in line for line in shown.lines[(0, 0)])
+    for (attempt, rank), lines in shown.lines.items():  # submitit's start line included
+        assert sum("Starting with JobEnvironment" in line for line in lines) == 1, lines[:5]
+        assert f"torchjob: job {job_id} attempt {attempt} rank {rank}" in lines
+    assert any("resumed from step_" in line for line in shown.lines[(1, 0)])
 
 
 def test_time_limit_shorter_than_the_work(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -146,6 +161,20 @@ def test_time_limit_shorter_than_the_work(slurm_cluster: SlurmCluster, tmp_path:
     log = task_logs(run_dir, job_id)
     assert "stopped by SIGUSR2" in log and "Requeued job" in log, log
     assert train_steps(run_dir) == list(range(1, 60 * 22 + 1)), "a step was lost or repeated"
+
+
+def test_a_failing_job_names_its_first_failing_rank(slurm_cluster: SlurmCluster,
+                                                    tmp_path: Path) -> None:
+    """A batch too big for a rank's share of the data: every rank stops with a configuration
+    error (exit 2, not requeued), and the logs name a failing rank."""
+    run_dir = tmp_path / "run"
+    job_id = submit(job_spec(run_dir, "trainer.args.batch_size=1000"))
+    assert slurm_cli.wait(job_id, timeout=300) == "FAILED"
+    shown = job_logs(run_dir / "submitit" / "%j", job_id)
+    assert shown.attempts() == [0] and shown.first_failing == {0: 0}, shown.first_failing
+    for rank in range(4):
+        assert any(f"trainer [rank {rank}]: one optimizer step needs 1000 samples" in line
+                   for line in shown.lines[(0, rank)]), shown.lines[(0, rank)]
 
 
 # -- requeue decisions (in-process, on a real checkpoint) ---------------------------------------
