@@ -49,7 +49,11 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
             --extra-index-url https://pypi.org/simple "$TORCH_PIN"; \
     fi
 # What trainer/ imports besides torch (pyproject.toml lists the same), and pyyaml for jobs/.
-RUN pip install "numpy>=1.24" "scikit-learn>=1.3" "matplotlib>=3.7" "tqdm>=4.60" "pyyaml>=6"
+# scikit-learn without its dependencies: the trainer never imports it, it only reads the digits
+# file the wheel carries (trainer/tasks.py), so scipy & co. (~150 MB) stay out of the image.
+# A task of your own that imports sklearn: add `pip install scipy joblib threadpoolctl`.
+RUN pip install "numpy>=1.24" "matplotlib>=3.7" "tqdm>=4.60" "pyyaml>=6" \
+    && pip install --no-deps "scikit-learn>=1.3"
 # The project without its launcher dependencies (torchx, submitit, kubernetes): the image only
 # trains. `--no-build-isolation`: the venv's setuptools builds it, nothing is downloaded.
 COPY pyproject.toml README.md /src/

@@ -23,8 +23,9 @@ from jobs.values import UserError
 
 BACKENDS = ("local", "slurm", "k8s", "k8s:trainjob", "docker", "torchx", "torchx:SCHEDULER")
 # What each command can do in this version; the rest exit 2 saying so.
-AVAILABLE: dict[str, tuple[str, ...]] = {"run": ("local",),
-                                         "render": ("local", "torchx", "k8s", "slurm"),
+AVAILABLE: dict[str, tuple[str, ...]] = {"run": ("local", "docker"),
+                                         "render": ("local", "torchx", "k8s", "slurm",
+                                                    "docker"),
                                          "submit": ("torchx", "k8s", "slurm"),
                                          "status": ("torchx", "k8s", "slurm"),
                                          "logs": ("torchx", "k8s", "slurm"),
@@ -76,6 +77,9 @@ def cmd_render(args: argparse.Namespace) -> int:
             sys.stdout.write(render_sbatch(spec, python=sys.executable, workdir=os.getcwd()))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    elif args.to == "docker":
+        from jobs.compose import compose_text, render_compose
+        sys.stdout.write(compose_text(render_compose(spec), source=args.job))
     elif args.to.startswith("k8s"):
         from k8s.render import render_manifest
         sys.stdout.write(render_manifest(spec, args.to.partition(":")[2] or "pytorchjob"))
@@ -87,6 +91,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     _check_backend("run", args.to)
     spec = load(Path(args.job), args.set)
+    if args.to == "docker":
+        return run_docker(spec, args)
     port, run_id = find_free_port(), f"{spec.name}-{token_hex(3)}"
     plan = _plan(spec, port=port, run_id=run_id)
     if args.dry_run:
@@ -99,6 +105,17 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"process(es), rendezvous 127.0.0.1:{port} id {run_id}, run dir {spec.run_dir}",
           file=sys.stderr, flush=True)
     return run_local(plan, grace=args.grace)
+
+
+def run_docker(spec: JobSpec, args: argparse.Namespace) -> int:
+    """One container per node through docker compose or podman-compose."""
+    from jobs import compose, docker_launch
+    if args.dry_run:
+        sys.stdout.write(compose.compose_text(compose.render_compose(spec, host_dir=os.getcwd()),
+                                              source=args.job))
+        return 0
+    engine = docker_launch.find_engine(spec.docker.engine)
+    return docker_launch.run_docker(spec, engine=engine, grace=args.grace)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -162,19 +179,19 @@ def slurm_job(args: argparse.Namespace) -> int:
         slurm_cli.cancel(args.job_id)
         print(f"cancelled {args.job_id} (its tasks checkpoint and stop)")
     else:
+        from slurm.slurm_logs import job_logs
         folder = args.log_dir or slurm_cli.log_folder_of(args.job_id)
         if folder is None:
             raise UsageError(f"Slurm no longer knows where job {args.job_id} wrote its logs: "
-                             "pass --log-dir RUN_DIR/submitit/JOB_ID")
-        logs = slurm_cli.task_logs(folder, args.job_id)
-        if not logs:
-            raise UsageError(f"no task logs of job {args.job_id} in {folder}")
-        for rank, text in logs.items():
-            for line in text.splitlines():
-                print(f"[rank {rank}] {line}")
-        failing = [rank for rank, text in logs.items() if "Traceback" in text]
-        if failing:
-            print(f"first failing rank: {failing[0]}", file=sys.stderr)
+                             "pass --log-dir RUN_DIR/submitit/JOB_ID (submit) or RUN_DIR "
+                             "(a rendered sbatch script)")
+        logs = job_logs(folder, args.job_id)
+        if not logs.lines:
+            raise UsageError(f"no logs of job {args.job_id} in {folder}")
+        for line in logs.formatted():
+            print(line)
+        for attempt, rank in sorted(logs.first_failing.items()):
+            print(f"attempt {attempt}: first failing rank: {rank}", file=sys.stderr)
     return 0
 
 
@@ -232,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "  torchjob run jobs/examples/default.yaml\n"
                      "  torchjob run jobs/examples/default.yaml --set trainer.args.epochs=3\n"
                      "  torchjob render --to local jobs/examples/elastic.yaml\n\n"
-                     "available in this version: run and render --to local\n"
+                     "backends: run --to local|docker; render --to local|docker|slurm|k8s|"
+                     "torchx;\nsubmit, status, logs, cancel --to slurm|k8s|torchx:SCHEDULER\n"
                      "exit codes: 0 done, 1 training failed, 2 bad configuration, "
                      "143 stopped\n(run again to resume from the last checkpoint)",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -280,7 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--to", type=backend, required=True, metavar="BACKEND", help=to_help)
         if name == "logs":
             cmd.add_argument("--log-dir", metavar="DIR", help="slurm: the job's submitit log "
-                             "folder, once Slurm has forgotten the job")
+                             "folder (RUN_DIR/submitit/JOB_ID), or the run directory of a "
+                             "rendered sbatch script, once Slurm has forgotten the job")
         cmd.set_defaults(func=cmd_job)
     return parser
 

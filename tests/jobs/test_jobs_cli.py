@@ -78,7 +78,8 @@ def test_run_dry_run_prints_and_starts_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args, fragments", [
     (["run", "--to", "mars", "x.yaml"], ["unknown backend 'mars'", "local, slurm"]),
     (["run", "--to", "slurm", "x.yaml"], ["'slurm' is not available", "available: local"]),
-    (["render", "--to", "docker", "x.yaml"], ["'docker' is not available"]),
+    (["render", "--to", "docker", "x.yaml"], ["x.yaml: no such file"]),
+    (["run", "--to", "docker", "x.yaml"], ["x.yaml: no such file"]),
     (["run", "--to", "torchx:kubernetes", "x.yaml"], ["'torchx:kubernetes' is not available"]),
     (["submit", "--to", "docker", "x.yaml"], ["not available", "available: torchx, k8s, slurm"]),
     (["submit", "--to", "local", "x.yaml"], ["use 'torchjob run JOB.yaml'"]),

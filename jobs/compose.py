@@ -1,0 +1,197 @@
+"""The docker backend's renderer: a JobSpec -> a compose file (docker compose, podman-compose).
+
+One service per node (``node0`` .. ``node{MAX-1}``; for ``MIN:MAX`` the spare nodes are services
+too), each running the one agent command of ``jobs.command`` with c10d rendezvous on
+``node0``. The run and checkpoint directories are bind mounts of host directories, mounted
+at the same path in every service, so results are on the host after the run. Pure: the host
+directory that relative paths resolve against is passed in (``.``: the compose file's own
+directory), so the output is deterministic and ``--dry-run`` prints what would run.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Any
+
+import yaml
+
+from jobs.command import agent_command
+from jobs.spec import JobSpec
+from jobs.values import SpecError
+
+WORKDIR = "/workspace"  # the image's WORKDIR: a relative run_dir lands under it
+RDZV_HOST = "node0"
+HEADER = ("# Rendered by torchjob from {source}; do not edit by hand. Regenerate with\n"
+          "#   torchjob render --to docker {source} > compose.yaml\n"
+          "# Run: docker compose up (or podman-compose up), or torchjob run --to docker {source}\n")
+
+Obj = dict[str, Any]
+
+
+def service_name(node: int) -> str:
+    """The compose service (and hostname) of node ``node``."""
+    return f"node{node}"
+
+
+def restart_policy(spec: JobSpec) -> str:
+    """Compose ``restart:``. ``on-failure`` is bounded by ``max_restarts`` so that a node that
+    keeps failing (exit 1 or 2: never worth retrying) stops being restarted."""
+    if spec.docker.restart == "no" or spec.max_restarts == 0:
+        return "no"
+    return f"on-failure:{spec.max_restarts}"
+
+
+def omp_threads(spec: JobSpec) -> int:
+    """CPU threads per worker: the node's ``resources.cpu`` shared by its processes (1 when
+    unset, as on a laptop where several node containers share the cores)."""
+    cpu = spec.resources.cpu
+    return max(1, int(cpu // spec.nproc_per_node)) if cpu else 1
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _host_path(host_dir: str, path: str) -> str:
+    """``path`` on the host: relative ones under ``host_dir``, kept looking like a path
+    (``./x``: compose reads a bare ``x`` as a volume name)."""
+    joined = posixpath.normpath(posixpath.join(host_dir, path))
+    return joined if joined.startswith(("/", "./", "../")) or joined in (".", "..") \
+        else f"./{joined}"
+
+
+def run_mounts(spec: JobSpec, host_dir: str) -> list[Obj]:
+    """Bind mounts that put run_dir and checkpoint_dir on the host, at the same path in every
+    service: a relative path is resolved under the container's WORKDIR and its first component
+    is mounted from ``host_dir`` (``runs/x`` -> ``HOST_DIR/runs`` at ``/workspace/runs``); an
+    absolute path is mounted from the same host path. Paths already under a spec mount are
+    left to it."""
+    targets: list[tuple[str, str]] = []
+    for field in ("run_dir", "checkpoint_dir"):
+        path = posixpath.normpath(getattr(spec, field))
+        if path == ".." or path.startswith("../"):
+            raise SpecError(field, f"{getattr(spec, field)!r} leaves the container's working "
+                            f"directory ({WORKDIR}): write a path below it or an absolute path")
+        if path.startswith("/"):
+            source, target = path, path
+        else:
+            top = path.split("/")[0]
+            source = _host_path(host_dir, top)
+            target = WORKDIR if top == "." else f"{WORKDIR}/{top}"
+        container_path = path if path.startswith("/") else posixpath.join(WORKDIR, path)
+        if any(_inside(container_path, m.target) for m in spec.mounts):
+            continue
+        targets.append((source, target))
+    mounts: list[Obj] = []
+    for source, target in sorted(set(targets), key=lambda st: st[1]):
+        if not any(_inside(target, m["target"]) for m in mounts):
+            mounts.append({"type": "bind", "source": source, "target": target})
+    return mounts
+
+
+def spec_mounts(spec: JobSpec, host_dir: str) -> tuple[list[Obj], Obj]:
+    """(service volumes, top-level named volumes) for ``spec.mounts``: a path (``/...``,
+    ``./...``) is a bind mount, any other source a named volume shared by all services."""
+    mounts: list[Obj] = []
+    named: Obj = {}
+    for mount in spec.mounts:
+        if mount.source.startswith(("/", "./", "../")) or mount.source in (".", ".."):
+            mounts.append({"type": "bind", "source": _host_path(host_dir, mount.source),
+                           "target": mount.target, "read_only": mount.read_only})
+        else:
+            mounts.append({"type": "volume", "source": mount.source, "target": mount.target,
+                           "read_only": mount.read_only})
+            named[mount.source] = {"name": mount.source}
+    return mounts, named
+
+
+def environment(spec: JobSpec) -> Obj:
+    """Plain values from ``env``; each secret by name only (``NAME:`` with no value: compose
+    passes it through from the environment compose runs in)."""
+    env: Obj = {"OMP_NUM_THREADS": str(omp_threads(spec)), "PYTHONUNBUFFERED": "1",
+                **spec.env}
+    env.update({ref.env: None for ref in spec.secrets})
+    return env
+
+
+def limits(spec: JobSpec) -> Obj:
+    """``deploy.resources.limits`` from ``resources`` (cpu count, memory in whole MiB)."""
+    out: Obj = {}
+    if spec.resources.cpu is not None:
+        out["cpus"] = format(spec.resources.cpu, "g")
+    if spec.resources.memory is not None:
+        out["memory"] = f"{spec.resources.memory.mib}M"
+    return out
+
+
+def resources(spec: JobSpec) -> Obj:
+    """``deploy.resources``: the limits, and ``resources.gpus`` NVIDIA GPUs reserved the
+    compose-spec way (docker compose with the NVIDIA container toolkit)."""
+    out: Obj = {}
+    if res := limits(spec):
+        out["limits"] = res
+    if spec.resources.gpus:
+        out["reservations"] = {"devices": [{"driver": "nvidia", "count": spec.resources.gpus,
+                                            "capabilities": ["gpu"]}]}
+    return out
+
+
+def escape(value: Any) -> Any:
+    """Compose interpolates ``$VAR`` in every string value: ``$$`` is a literal ``$``."""
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, dict):
+        return {key: escape(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [escape(item) for item in value]
+    return value
+
+
+def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python") -> Obj:
+    """The compose document: one service per node (nnodes MAX), a shared run directory."""
+    command = list(agent_command(spec, python=python,
+                                 rdzv_endpoint=f"{RDZV_HOST}:{spec.rdzv.port}",
+                                 run_id=spec.name))
+    mounts, named = spec_mounts(spec, host_dir)
+    volumes = run_mounts(spec, host_dir) + mounts
+    services: Obj = {}
+    for node in range(spec.nnodes.max):
+        name = service_name(node)
+        service: Obj = {"image": spec.image, "hostname": name, "command": command,
+                        "environment": environment(spec), "volumes": volumes,
+                        "shm_size": f"{spec.resources.shm.mib}m",
+                        "restart": restart_policy(spec)}
+        if deploy := resources(spec):
+            service["deploy"] = {"resources": deploy}
+        if node:  # node0 hosts the rendezvous: start it first so that its name resolves
+            service["depends_on"] = [service_name(0)]
+        services[name] = service
+    doc: Obj = {"name": spec.name, "services": escape(services)}
+    if named:
+        doc["volumes"] = named
+    return doc
+
+
+# Plain scalars that YAML 1.2 (docker compose's parser) reads as numbers, though PyYAML's
+# YAML 1.1 leaves them unquoted: 1e3, 0o17, 1_000, .5e1. They are quoted.
+_YAML12_NUMBER = re.compile(r"[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?"
+                            r"|0o[0-7]+|0x[0-9a-fA-F]+|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
+
+
+class _Dumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` that also quotes strings a YAML 1.2 parser would take as numbers."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "'" if _YAML12_NUMBER.fullmatch(value) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def compose_text(doc: Obj, *, source: str | None = None) -> str:
+    """The document as YAML, dumped once (every string quoted where YAML 1.1 or 1.2 needs)."""
+    body = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    return (HEADER.format(source=source) if source else "") + str(body)

@@ -1,0 +1,328 @@
+"""The docker launcher: runs a compose file (``jobs.compose``) with podman-compose or
+``docker compose``, streams each node's log with its name in front, and always tears down.
+
+The engine's restart policy brings back a node whose agent crashed; a node stopped or killed
+from outside (``podman stop``/``kill``) stays down, and an elastic job carries on without it.
+The job ends when every node has ended (or, once one node finished its training, the others
+had a grace period to finish too). Ctrl-C/SIGTERM stops the containers with a grace period
+(their workers checkpoint and exit 143); a second Ctrl-C kills them. Whatever way this ends,
+``compose down`` removes the containers and the network.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from secrets import token_hex
+from typing import IO, Any, Callable
+
+from jobs.compose import compose_text, render_compose, service_name
+from jobs.spec import JobSpec
+from jobs.values import UserError
+from trainer.agent import exit_code
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGE_UID = 1000  # the Dockerfile's USER: it must be able to write the run directory
+STOPPED = 143
+PROJECT_LABEL = "com.docker.compose.project"  # set by docker compose and podman-compose
+SERVICE_LABEL = "com.docker.compose.service"
+INSTALL_HINT = ("install podman and podman-compose (Debian/Ubuntu: apt-get install podman "
+                "podman-compose, or scripts/container-setup engine) or Docker with its compose "
+                "plugin (docker compose version must work)")
+FINISH_GRACE_S = 60.0  # once a node finished training, the others' time to finish too
+SETTLE_S = 15.0  # an exited node that the restart policy has not restarted by then stays down
+_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A container engine and the compose command that drives it."""
+
+    name: str  # podman | docker
+    compose: tuple[str, ...]  # ("podman-compose",) or ("docker", "compose")
+
+    def compose_argv(self, project: str, file: Path, *args: str) -> list[str]:
+        return [*self.compose, "-p", project, "-f", str(file), *args]
+
+
+def find_engine(choice: str, which: Callable[[str], str | None] = shutil.which) -> Engine:
+    """The engine for ``docker.engine``: ``auto`` prefers podman + podman-compose, then
+    ``docker compose``. None usable: a UserError that says how to install one."""
+    if choice in ("auto", "podman") and which("podman") and which("podman-compose"):
+        return Engine("podman", ("podman-compose",))
+    if choice in ("auto", "docker") and which("docker") and _run(
+            ["docker", "compose", "version"], timeout=30).returncode == 0:
+        return Engine("docker", ("docker", "compose"))
+    wanted = {"auto": "no container engine with compose found",
+              "podman": "docker.engine is podman, but podman and podman-compose are not both "
+                        "on PATH",
+              "docker": "docker.engine is docker, but 'docker compose' does not work"}[choice]
+    raise UserError(f"{wanted}: {INSTALL_HINT}")
+
+
+def _run(argv: list[str], timeout: float = 600, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """Run an engine command to the end, output captured; shielded from the terminal's Ctrl-C
+    (its own session) so that a stop reaches the containers only through this launcher."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, start_new_session=True, check=False,
+                              **kw)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess(argv, 127, "", str(exc))
+
+
+def _is_registry_image(image: str) -> bool:
+    """True for ``registry.example/x``; False for ``localhost/x`` and bare names."""
+    first, slash, _ = image.partition("/")
+    return bool(slash) and first != "localhost" and ("." in first or ":" in first)
+
+
+def ensure_image(engine: Engine, image: str, err: IO[str]) -> None:
+    """Build ``image`` from this checkout's Dockerfile when it is missing locally (a registry
+    image is left to compose to pull). With podman as root on Debian the repo's own recipe
+    (scripts/container-setup: a debootstrap base, the local torch wheel) builds it."""
+    check = (["podman", "image", "exists", image] if engine.name == "podman"
+             else ["docker", "image", "inspect", image])
+    if _run(check, timeout=60).returncode == 0 or _is_registry_image(image):
+        return
+    if not (ROOT / "Dockerfile").is_file():
+        raise UserError(f"image {image!r} does not exist and there is no Dockerfile to build "
+                        f"it: build it (docker build -t {image} .) or set image: in the spec")
+    setup = ROOT / "scripts" / "container-setup"
+    if engine.name == "podman" and setup.is_file() and os.geteuid() == 0:
+        argv = ["bash", str(setup), "all"]
+    else:
+        argv = [engine.name, "build", "-t", image, str(ROOT)]
+    print(f"torchjob: image {image} is missing; building it: {' '.join(argv)}", file=err,
+          flush=True)
+    proc = _run(argv, timeout=3600, env={**os.environ, "IMAGE": image}, cwd=ROOT)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
+        raise UserError(f"building image {image} failed:\n{tail}")
+
+
+def host_dirs(spec: JobSpec, cwd: Path) -> list[Path]:
+    """The run and checkpoint directories as host paths (relative ones under ``cwd``)."""
+    return [cwd / path for path in (spec.run_dir, spec.checkpoint_dir)]
+
+
+def prepare_dirs(spec: JobSpec, cwd: Path) -> Path:
+    """Create the run and checkpoint directories, writable by the image's user; the run dir."""
+    for path in host_dirs(spec, cwd):
+        path.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:  # give the tree (earlier runs' checkpoints too) to uid 1000
+            for sub in [path, *path.rglob("*")]:
+                os.chown(sub, IMAGE_UID, IMAGE_UID, follow_symlinks=False)
+        elif os.getuid() != IMAGE_UID:
+            path.chmod(0o777)
+    return host_dirs(spec, cwd)[0]
+
+
+@dataclass
+class _Node:
+    name: str
+    cid: str
+    status: str = "created"
+    code: int = 0
+    restarts: int = 0
+    exited_at: float | None = None
+    printed: int = 0
+    pump: threading.Thread | None = None
+
+
+@dataclass
+class _Run:
+    engine: Engine
+    project: str
+    file: Path
+    max_restarts: int
+    nodes: list[_Node] = field(default_factory=list)
+    signals: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ids(self) -> list[str]:
+        return [node.cid for node in self.nodes]
+
+    def refresh(self) -> None:
+        """Status, exit code and restart count of every node (one inspect call)."""
+        proc = _run([self.engine.name, "inspect", "--format",
+                     "{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}", *self.ids()],
+                    timeout=60)
+        lines = proc.stdout.split("\n")
+        now = time.monotonic()
+        for node, line in zip(self.nodes, lines):
+            words = line.split()
+            if len(words) != 3:
+                continue
+            node.status, node.code, node.restarts = words[0], int(words[1]), int(words[2])
+            if node.status in ("running", "restarting"):
+                node.exited_at = None
+            elif node.status in ("exited", "stopped", "dead") and node.exited_at is None:
+                node.exited_at = now
+
+    def final(self, node: _Node) -> bool:
+        """The node has ended and its restart policy will not bring it back."""
+        if node.exited_at is None:
+            return False
+        return (node.code == 0 or self.max_restarts == 0 or node.restarts >= self.max_restarts
+                or self.signals > 0 or time.monotonic() - node.exited_at > SETTLE_S)
+
+
+def _follow(run: _Run, node: _Node, out: IO[bytes]) -> None:
+    """Print the node's log, ``[nodeI] `` in front of every line, across restarts: the
+    engine keeps a container's log over its restarts, so lines already printed are skipped."""
+    prefix = f"[{node.name}] ".encode()
+    while True:
+        follow = [] if run.done.is_set() else ["-f"]
+        seen_restarts = node.restarts
+        try:
+            proc = subprocess.Popen([run.engine.name, "logs", *follow, node.cid],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            return
+        assert proc.stdout is not None
+        count = 0
+        for line in iter(proc.stdout.readline, b""):
+            count += 1
+            if count > node.printed:
+                node.printed = count
+                with run.lock:
+                    try:
+                        out.write(prefix + line)
+                        out.flush()
+                    except (OSError, ValueError):
+                        pass
+        proc.wait()
+        if not follow:
+            return
+        while not run.done.is_set() and not (node.status == "running"
+                                             and node.restarts != seen_restarts):
+            time.sleep(0.2)
+
+
+def _containers(run: _Run, nnodes: int) -> list[_Node]:
+    nodes = []
+    for i in range(nnodes):
+        name = service_name(i)
+        proc = _run([run.engine.name, "ps", "-a", "-q", "--filter",
+                     f"label={PROJECT_LABEL}={run.project}", "--filter",
+                     f"label={SERVICE_LABEL}={name}"], timeout=60)
+        ids = proc.stdout.split()
+        if ids:
+            nodes.append(_Node(name, ids[0]))
+    return nodes
+
+
+def down(engine: Engine, project: str, file: Path) -> None:
+    """Remove the project's containers and network (podman-compose 1.0 leaves the network)."""
+    _run(engine.compose_argv(project, file, "down", "-t", "1"), timeout=300)
+    if engine.name == "podman":
+        nets = _run(["podman", "network", "ls", "-q", "--filter",
+                     f"label=io.podman.compose.project={project}"], timeout=60).stdout.split()
+        if nets:
+            _run(["podman", "network", "rm", "-f", *nets], timeout=60)
+
+
+def result(spec: JobSpec, nodes: list[_Node], signalled: bool) -> int:
+    """0 when at least nnodes MIN nodes finished the training; else the trainer's codes."""
+    if signalled:
+        return STOPPED
+    done = sum(node.code == 0 and node.status != "created" for node in nodes)
+    if nodes and done >= spec.nnodes.min:
+        return 0
+    return exit_code({node.code for node in nodes if node.code != 0} or {1})
+
+
+def run_docker(spec: JobSpec, *, engine: Engine, grace: float, cwd: Path | None = None,
+               out: IO[bytes] | None = None, err: IO[str] | None = None) -> int:
+    """Run the job as one container per node to the end; the exit code as for local runs."""
+    err = err or sys.stderr
+    out = out or sys.stdout.buffer
+    cwd = cwd or Path.cwd()
+    missing = [ref.env for ref in spec.secrets if ref.env not in os.environ]
+    if missing:
+        raise UserError(f"secret variable(s) not set: {', '.join(missing)}; the containers "
+                        f"read secrets from your environment (export {missing[0]}=... first)")
+    ensure_image(engine, spec.image, err)
+    run_dir = prepare_dirs(spec, cwd)
+    file = run_dir / "compose.yaml"
+    file.write_text(compose_text(render_compose(spec, host_dir=str(cwd))))
+    run = _Run(engine, f"{spec.name}-{token_hex(3)}", file,
+               0 if spec.docker.restart == "no" else spec.max_restarts)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        run.signals += 1
+
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    print(f"torchjob: {spec.name}: {spec.nnodes.max} node container(s) x "
+          f"{spec.nproc_per_node} process(es) with {engine.name}, project {run.project}, "
+          f"compose file {file}", file=err, flush=True)
+    try:
+        up = _run(engine.compose_argv(run.project, file, "up", "-d"), timeout=600)
+        run.nodes = _containers(run, spec.nnodes.max)
+        if up.returncode != 0 or len(run.nodes) != spec.nnodes.max:
+            tail = "\n".join((up.stdout + up.stderr).splitlines()[-20:])
+            print(f"torchjob: compose up failed (exit {up.returncode}):\n{tail}", file=err)
+            return 2
+        for node in run.nodes:
+            node.pump = threading.Thread(target=_follow, args=(run, node, out), daemon=True)
+            node.pump.start()
+        _wait(run, spec, grace, err)
+    finally:
+        run.done.set()
+        if run.nodes:
+            _run([engine.name, "kill", *run.ids()], timeout=60)
+            for node in run.nodes:
+                if node.pump is not None:
+                    node.pump.join(timeout=30)
+        down(engine, run.project, file)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    code = result(spec, run.nodes, run.signals > 0)
+    for node in run.nodes:
+        if node.code != 0 and code != 0:
+            print(f"torchjob: {node.name} ended with exit code {node.code} (its output is "
+                  f"above)", file=err)
+    return code
+
+
+def _wait(run: _Run, spec: JobSpec, grace: float, err: IO[str]) -> None:
+    """Poll the nodes until the job has ended; on a signal stop them, on a second kill them."""
+    stopper: subprocess.Popen[bytes] | None = None
+    killed = False
+    finished_at: float | None = None
+    while True:
+        run.refresh()
+        if all(run.final(node) for node in run.nodes):
+            return
+        if run.signals and stopper is None:
+            print(f"torchjob: stopping: SIGTERM to {len(run.nodes)} container(s); workers "
+                  f"checkpoint and exit (up to {grace:g} s; Ctrl-C again kills now)",
+                  file=err, flush=True)
+            stopper = subprocess.Popen([run.engine.name, "stop", "-t", str(int(grace)),
+                                        *run.ids()], stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL, start_new_session=True)
+        if run.signals > 1 and not killed:
+            print("torchjob: killing every container now", file=err, flush=True)
+            _run([run.engine.name, "kill", *run.ids()], timeout=60)
+            killed = True
+        if finished_at is None and any(n.code == 0 and n.exited_at for n in run.nodes):
+            finished_at = time.monotonic()
+        if finished_at is not None and time.monotonic() - finished_at > FINISH_GRACE_S:
+            print(f"torchjob: training finished; stopping the node(s) still running after "
+                  f"{FINISH_GRACE_S:g} s", file=err, flush=True)
+            _run([run.engine.name, "stop", "-t", "10", *run.ids()], timeout=120)
+            run.refresh()
+            return
+        time.sleep(_POLL_S)

@@ -1,0 +1,306 @@
+"""``torchjob run --to docker``: one container per node under podman-compose, for real.
+
+Two node containers train like two local nodes (same world size, seed and data order: the
+same numbers); an elastic job loses a node and gets it back; a node killed again and again
+never stops the job; and every run leaves no container or network behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import IO
+
+import pytest
+import yaml
+
+from jobs.compose import compose_text, render_compose
+from jobs.load import loads
+from tests.procs import (PYTHON, ROOT, assert_bitwise_equal, env_for_tests, final_params,
+                         last_step, wait_for)
+
+pytestmark = [pytest.mark.integration, pytest.mark.containers]
+EXAMPLES = ROOT / "jobs" / "examples"
+KILL_TRIALS = int(os.environ.get("TORCHJOB_CONTAINER_KILL_TRIALS", "10"))
+PROJECT = re.compile(r"project (\S+), compose file")
+
+
+def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, check=False)
+
+
+def torchjob_argv(job: str, *sets: str, to: str = "docker") -> list[str]:
+    return [PYTHON, "-m", "jobs", "run", "--to", to, str(EXAMPLES / job),
+            *[a for s in sets for a in ("--set", s)]]
+
+
+def start(argv: list[str], cwd: Path, log: IO[str]) -> subprocess.Popen[str]:
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(argv, cwd=cwd, env=env_for_tests(), stdout=log,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def project_of(log: Path) -> str:
+    """The compose project the launcher announced (its containers carry it as a label)."""
+    def find() -> str | None:
+        match = PROJECT.search(log.read_text())
+        return match.group(1) if match else None
+    return str(wait_for(find, 120, "the launcher's project line"))
+
+
+def container(project: str, service: str) -> str:
+    proc = podman("ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={project}",
+                  "--filter", f"label=com.docker.compose.service={service}")
+    ids = proc.stdout.split()
+    assert ids, f"no container for {service} of {project}"
+    return ids[0]
+
+
+def assert_nothing_left(project: str) -> None:
+    """compose down removed every container and the network of the project."""
+    left = podman("ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={project}")
+    assert left.stdout.split() == [], f"containers left behind: {left.stdout}"
+    nets = podman("network", "ls", "-q", "--filter", f"label=io.podman.compose.project={project}")
+    assert nets.stdout.split() == [], f"networks left behind: {nets.stdout}"
+
+
+def world_sizes(out: str) -> list[int]:
+    """World size of each process group formed, in order (rank 0's ``joined`` line)."""
+    return [int(m) for m in re.findall(r"\[rank 0/(\d+)\] joined:", out)]
+
+
+def test_two_node_containers_train_like_two_local_nodes(container_image: str,
+                                                        tmp_path: Path) -> None:
+    """2 containers x 2 processes and 2 local agents x 2 processes: same world size, seed and
+    data order, so the same result to the last bit (accuracy and loss compared exactly)."""
+    results = {}
+    for to in ("local", "docker"):
+        cwd = tmp_path / to
+        with open(tmp_path / f"{to}.log", "w+") as log:
+            proc = start(torchjob_argv("default.yaml", "nnodes=2", to=to), cwd, log)
+            code = proc.wait(timeout=900)
+            log.seek(0)
+            out = log.read()
+        assert code == 0, out[-4000:]
+        results[to] = json.loads((cwd / "runs" / "digits" / "summary.json").read_text())
+        if to == "docker":
+            assert "[node0] " in out and "[node1] " in out  # every line names its node
+            assert all(line.startswith(("[node0] ", "[node1] ", "torchjob: "))
+                       for line in out.splitlines()), out[-3000:]
+            assert (cwd / "runs" / "digits" / "compose.yaml").is_file()
+            assert_nothing_left(PROJECT.search(out).group(1))  # type: ignore[union-attr]
+    local, docker = results["local"], results["docker"]
+    assert docker["world_size"] == local["world_size"] == 4
+    assert docker["steps"] == local["steps"]
+    assert docker["accuracy"] == local["accuracy"] >= 0.95
+    assert docker["final_loss"] == local["final_loss"]
+
+
+def test_hostile_values_reach_the_container_unchanged(container_image: str,
+                                                      tmp_path: Path) -> None:
+    """Through YAML, compose's $-interpolation and podman: env values and arguments arrive
+    exactly as written in the spec."""
+    values = ["a'; touch /tmp/x", "${HOME} $USER $$", "$(id) `id`", "new\nline", "1e3",
+              "caf\u00e9 \u65e5\u672c", "- dash", "key: value", " spaced "]
+    spec = loads(yaml.safe_dump({"name": "hostile", "nnodes": 1,
+                                 "env": {f"V{i}": v for i, v in enumerate(values)},
+                                 "trainer": {"module": "x", "args": {"note": values[1]}}},
+                                default_style='"'))
+    doc = render_compose(spec, host_dir=str(tmp_path))
+    service = doc["services"]["node0"]
+    code = ("import json, os, sys; print(json.dumps([[os.environ.get(f'V{i}') for i in "
+            f"range({len(values)})], sys.argv[1:]]))")
+    service["command"] = ["python", "-c", code, *service["command"][-2:]]
+    (tmp_path / "runs").mkdir()
+    file = tmp_path / "compose.yaml"
+    file.write_text(compose_text(doc))
+    project = f"hostile-{os.getpid()}"
+    try:
+        up = subprocess.run(["podman-compose", "-p", project, "-f", str(file), "up", "-d"],
+                            capture_output=True, text=True, timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr
+        cid = container(project, "node0")
+        wait_for(lambda: podman("inspect", "-f", "{{.State.Status}}", cid).stdout.strip()
+                 == "exited", 120, "the container to exit")
+        logs = podman("logs", cid)
+    finally:
+        subprocess.run(["podman-compose", "-p", project, "-f", str(file), "down", "-t", "1"],
+                       capture_output=True, timeout=300)
+        nets = podman("network", "ls", "-q", "--filter",
+                      f"label=io.podman.compose.project={project}").stdout.split()
+        if nets:
+            podman("network", "rm", "-f", *nets)
+    env, argv = json.loads(logs.stdout.strip().splitlines()[-1])
+    assert env == values
+    assert argv == ["--note", values[1]]
+    assert_nothing_left(project)
+
+
+ELASTIC = ["trainer.args.task=synthetic", "trainer.args.synthetic_samples=32000",
+           "trainer.args.synthetic_dim=32", "trainer.args.synthetic_hidden=64",
+           "trainer.args.synthetic_layers=2", "trainer.args.batch_size=8",
+           "trainer.args.epochs=2", "trainer.args.checkpoint_every=50",
+           "trainer.args.log_every=10", "trainer.args.progress=lines",
+           "trainer.args.eval_every=0", "trainer.args.pg_timeout=30"]
+
+
+def test_elastic_node_stopped_and_started_again(container_image: str, tmp_path: Path) -> None:
+    """nnodes 1:2: podman stop node1 mid-run: node0 goes on alone from the checkpoint (world
+    4 -> 2); podman start node1: it joins the next rendezvous (2 -> 4); the job completes."""
+    logfile = tmp_path / "run.log"
+    run_dir = tmp_path / "runs" / "digits-elastic"
+    with open(logfile, "w+") as log:
+        proc = start(torchjob_argv("elastic.yaml", *ELASTIC), tmp_path, log)
+        try:
+            project = project_of(logfile)
+            wait_for(lambda: last_step(run_dir) >= 50 or proc.poll() is not None, 300,
+                     "training at world size 4")
+            node1 = container(project, "node1")
+            stop = podman("stop", "-t", "30", node1)
+            assert stop.returncode == 0, stop.stderr
+            # node0's workers lose their peers; its agent re-forms the group alone
+            wait_for(lambda: world_sizes(logfile.read_text())[-1:] == [2]
+                     or proc.poll() is not None, 300, "node0 going on alone")
+            started = podman("start", node1)
+            assert started.returncode == 0, started.stderr
+            code = proc.wait(timeout=900)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=120)
+    out = logfile.read_text()
+    assert code == 0, out[-5000:]
+    sizes = world_sizes(out)
+    print(f"world sizes of the groups formed: {sizes}")
+    assert sizes[:2] == [4, 2] and sizes[-1] == 4, (sizes, out[-5000:])
+    assert "world size changed from 4 to 2" in out and "world size changed from 2 to 4" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 4
+    assert_nothing_left(project)
+
+
+def test_node_container_killed_repeatedly_every_run_completes(container_image: str,
+                                                              tmp_path: Path) -> None:
+    """nnodes 1:2, podman kill of node1 at a random step, KILL_TRIALS times: every run ends
+    with exit 0 and a summary; node0 finishes alone from the newest checkpoint."""
+    rng = random.Random(5)
+    failures = []
+    for trial in range(KILL_TRIALS):
+        cwd = tmp_path / f"trial{trial}"
+        logfile = tmp_path / f"trial{trial}.log"
+        run_dir = cwd / "runs" / "digits-elastic"
+        kill_at = rng.randint(3, 80)
+        began = time.monotonic()
+        with open(logfile, "w+") as log:
+            proc = start(torchjob_argv("elastic.yaml", "trainer.args.epochs=3",
+                                       "trainer.args.batch_size=8",
+                                       "trainer.args.checkpoint_every=10",
+                                       "trainer.args.log_every=1",
+                                       "trainer.args.progress=lines",
+                                       # a peer killed with its network may send no reset:
+                                       # the survivors' collective then fails at this timeout
+                                       "trainer.args.pg_timeout=30"), cwd, log)
+            try:
+                project = project_of(logfile)
+                wait_for(lambda: last_step(run_dir) >= kill_at or proc.poll() is not None,
+                         300, f"step {kill_at}")
+                killed = podman("kill", container(project, "node1"))
+                code = proc.wait(timeout=600)
+            finally:
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait(timeout=120)
+        out = logfile.read_text()
+        problem = None
+        if killed.returncode != 0:
+            problem = f"podman kill failed: {killed.stderr}"
+        elif code != 0:
+            problem = f"exit {code}"
+        elif not (run_dir / "summary.json").is_file():
+            problem = "no summary.json"
+        else:
+            try:
+                assert_nothing_left(project)
+            except AssertionError as exc:
+                problem = str(exc)
+        print(f"trial {trial}: podman kill node1 at step >= {kill_at}: {problem or 'ok'} "
+              f"(world sizes {world_sizes(out)}) in {time.monotonic() - began:.1f}s")
+        if problem:
+            failures.append(f"trial {trial} (kill at step {kill_at}): {problem}\n{out[-3000:]}")
+    assert not failures, f"{len(failures)}/{KILL_TRIALS} trials failed:\n" + "\n".join(failures)
+
+
+def test_sigterm_stops_the_containers_with_a_checkpoint_and_exit_143(container_image: str,
+                                                                      tmp_path: Path) -> None:
+    """Ctrl-C/SIGTERM to torchjob: the workers checkpoint, the exit code is 143, and compose
+    down leaves nothing; running again resumes from that checkpoint."""
+    logfile = tmp_path / "run.log"
+    run_dir = tmp_path / "runs" / "digits"
+    argv = torchjob_argv("default.yaml", "nnodes=2", "trainer.args.epochs=40",
+                         "trainer.args.batch_size=8", "trainer.args.log_every=10",
+                         "trainer.args.progress=lines")
+    with open(logfile, "w+") as log:
+        proc = start(argv, tmp_path, log)
+        try:
+            project = project_of(logfile)
+            wait_for(lambda: last_step(run_dir) >= 30 or proc.poll() is not None, 300,
+                     "training")
+            proc.terminate()
+            code = proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out = logfile.read_text()
+    assert code == 143, out[-4000:]
+    assert "checkpoint written" in out
+    assert sorted(run_dir.glob("checkpoints/step_*")), "no checkpoint on the host"
+    assert_nothing_left(project)
+
+
+def test_crashed_node_is_restarted_by_the_policy_and_the_run_ends_bitwise_equal(
+        container_image: str, tmp_path: Path) -> None:
+    """nnodes 2 (fixed): node1's agent dies (SIGKILL from the host, as the OOM killer would):
+    the engine's restart policy starts the container again, it rejoins, the group resumes
+    from the checkpoint at the same world size, and the final parameters are those of an
+    uninterrupted run, bit for bit (a local run of the same job is the reference).
+
+    One process per node: with two ranks an all-reduce sum does not depend on the order of
+    its terms. With four, the first step after a resume can differ in the last bits (DDP
+    reduces it in its initial bucket layout, an uninterrupted run in the rebuilt one)."""
+    sets = ["nnodes=2", "nproc_per_node=1", "trainer.args.epochs=3", "trainer.args.batch_size=8",
+            "trainer.args.checkpoint_every=10", "trainer.args.log_every=1",
+            "trainer.args.progress=lines", "trainer.args.eval_every=0",
+            "trainer.args.pg_timeout=30"]
+    with open(tmp_path / "local.log", "w+") as log:
+        ref = start(torchjob_argv("default.yaml", *sets, to="local"), tmp_path / "local", log)
+        assert ref.wait(timeout=600) == 0, log.read()[-3000:]
+    logfile = tmp_path / "docker.log"
+    run_dir = tmp_path / "docker" / "runs" / "digits"
+    with open(logfile, "w+") as log:
+        proc = start(torchjob_argv("default.yaml", *sets), tmp_path / "docker", log)
+        try:
+            project = project_of(logfile)
+            wait_for(lambda: last_step(run_dir) >= 40 or proc.poll() is not None, 300,
+                     "step 40")
+            node1 = container(project, "node1")
+            pid = int(podman("inspect", "-f", "{{.State.Pid}}", node1).stdout)
+            os.kill(pid, signal.SIGKILL)  # the agent is the container's first process
+            code = proc.wait(timeout=900)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=120)
+    out = logfile.read_text()
+    assert code == 0, out[-5000:]
+    assert world_sizes(out)[0] == 2 and world_sizes(out)[-1] == 2, world_sizes(out)
+    assert "restart 1" in out  # node0's agent restarted its group once node1 was back
+    assert_bitwise_equal(final_params(run_dir / "checkpoints"),
+                         final_params(tmp_path / "local" / "runs" / "digits" / "checkpoints"))
+    assert_nothing_left(project)

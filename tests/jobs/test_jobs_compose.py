@@ -1,0 +1,257 @@
+"""The compose renderer (``torchjob render --to docker``): whole-document golden files, the
+root compose.yaml kept in step, quoting of hostile values, and the engine lookup.
+
+Regenerate the golden files after an intended change, and review the diff:
+
+    TORCHJOB_REGEN_GOLDEN=1 .venv/bin/python -m pytest tests/jobs/test_jobs_compose.py
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jobs.command import agent_command
+from jobs.compose import compose_text, escape, render_compose, restart_policy, run_mounts
+from jobs.docker_launch import find_engine
+from jobs.load import load, loads
+from jobs.values import SpecError, UserError
+from tests.procs import PYTHON, ROOT, env_for_tests
+
+HERE = Path(__file__).resolve().parent
+EXAMPLES = ROOT / "jobs" / "examples"
+ROOT_EXAMPLE = "jobs/examples/elastic.yaml"  # what the repository's compose.yaml is made from
+HOSTILE = ["a'; touch /tmp/x", 'b"; echo "', "$(id)", "`id`", "${HOME}", "$HOME", "$$", "50%",
+           "two words", "new\nline", "tab\there", "caf\u00e9 \u65e5\u672c \U0001f600", "",
+           "yes", "null", "1e3", "0x10", "~", "- dash", "key: value", "# hash", "{a: b}",
+           "[1]", "*ref", "&anchor", "!tag", "back\\slash", "trailing ", " leading"]
+
+
+def torchjob(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "jobs", *args], cwd=cwd, env=env_for_tests(**env),
+                          capture_output=True, text=True, timeout=120)
+
+
+def unescape(value: object) -> object:
+    """What compose's interpolation makes of a rendered value (only ``$$`` occurs)."""
+    if isinstance(value, str):
+        return value.replace("$$", "$")
+    if isinstance(value, dict):
+        return {k: unescape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unescape(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("name, job, sets", [
+    ("compose_elastic.yaml", "elastic.yaml", []),
+    ("compose_default_2x2.yaml", "default.yaml",
+     ["nnodes=2", "resources.cpu=2", "resources.memory=3Gi", "resources.shm=256Mi",
+      "docker.restart=no", "env.NCCL_DEBUG=WARN"]),
+])
+def test_golden(name: str, job: str, sets: list[str]) -> None:
+    args = [a for s in sets for a in ("--set", s)]
+    result = torchjob("render", "--to", "docker", f"jobs/examples/{job}", *args)
+    assert result.returncode == 0, result.stderr
+    golden = HERE / "golden" / name
+    if os.environ.get("TORCHJOB_REGEN_GOLDEN") == "1":
+        golden.write_text(result.stdout)
+    assert result.stdout == golden.read_text(), f"regenerate with TORCHJOB_REGEN_GOLDEN=1 " \
+                                                f"({golden})"
+
+
+def test_root_compose_yaml_is_the_rendered_example() -> None:
+    """compose.yaml at the top of the repository is rendered, never edited: regenerate with
+    ``torchjob render --to docker jobs/examples/elastic.yaml > compose.yaml``."""
+    result = torchjob("render", "--to", "docker", ROOT_EXAMPLE)
+    assert result.returncode == 0, result.stderr
+    assert (ROOT / "compose.yaml").read_text() == result.stdout, \
+        f"compose.yaml drifted: torchjob render --to docker {ROOT_EXAMPLE} > compose.yaml"
+
+
+def test_one_service_per_node_running_the_one_agent_command() -> None:
+    spec = load(EXAMPLES / "elastic.yaml")
+    doc = render_compose(spec)
+    assert list(doc["services"]) == ["node0", "node1"]  # nnodes MAX, spares included
+    want = list(agent_command(spec, python="python", rdzv_endpoint="node0:29400",
+                              run_id=spec.name))
+    for i, (name, service) in enumerate(doc["services"].items()):
+        assert service["command"] == want
+        assert service["hostname"] == name
+        assert service["image"] == spec.image
+        assert service["shm_size"] == "1024m"  # resources.shm (1Gi), in whole MiB
+        assert service["restart"] == "on-failure:3"
+        assert service.get("depends_on") == (["node0"] if i else None)
+        assert service["volumes"] == [{"type": "bind", "source": "./runs",
+                                       "target": "/workspace/runs"}]
+    assert "--nnodes" in want and want[want.index("--nnodes") + 1] == "1:2"
+    assert want[want.index("--rdzv-backend") + 1] == "c10d"
+
+
+def test_output_is_deterministic_and_parses_back() -> None:
+    spec = load(EXAMPLES / "default.yaml", ["nnodes=3"])
+    text = compose_text(render_compose(spec, host_dir="/srv/job"))
+    assert text == compose_text(render_compose(spec, host_dir="/srv/job"))
+    doc = yaml.safe_load(text)
+    assert doc == render_compose(spec, host_dir="/srv/job")
+    assert "&id" not in text and "*id" not in text  # no YAML anchors: each service is whole
+    assert doc["services"]["node2"]["volumes"][0]["source"] == "/srv/job/runs"
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_hostile_env_and_args_survive_yaml_and_interpolation(value: str) -> None:
+    spec = loads(yaml.safe_dump({"name": "job", "nnodes": 2, "env": {"WEIRD": value},
+                                 "trainer": {"module": "mypkg.train", "args": {"note": value}}},
+                                default_style='"'))
+    doc = yaml.safe_load(compose_text(render_compose(spec)))
+    for service in doc["services"].values():
+        env = unescape(service["environment"])
+        assert isinstance(env, dict) and env["WEIRD"] == value
+        command = unescape(service["command"])
+        assert isinstance(command, list) and command[-2:] == ["--note", value]
+
+
+def test_secrets_are_passed_by_name_never_by_value() -> None:
+    spec = loads("name: job\nsecrets: [{env: WANDB_API_KEY, secret: wandb, key: api-key}]\n"
+                 "env: {A: b}")
+    text = compose_text(render_compose(spec))
+    env = yaml.safe_load(text)["services"]["node0"]["environment"]
+    assert env["WANDB_API_KEY"] is None and env["A"] == "b"  # NAME with no value: pass-through
+    assert "wandb" not in text and "api-key" not in text
+
+
+@pytest.mark.parametrize("value", ["1e3", "0o17", "1_000", ".5e1", "1.5", "10", ".inf", "0x1F",
+                                   "true", "no", "null", "~", "2026-01-01"])
+def test_strings_that_look_like_numbers_are_quoted(value: str) -> None:
+    """PyYAML (YAML 1.1) leaves 1e3 plain; docker compose (YAML 1.2) would read a number."""
+    text = compose_text({"environment": {"A": value}})
+    assert text in (f"environment:\n  A: '{value}'\n", f'environment:\n  A: "{value}"\n')
+
+
+def test_escape_doubles_every_dollar() -> None:
+    assert escape({"a": ["$x", "${y}", "$$"], "b": None}) == \
+        {"a": ["$$x", "$${y}", "$$$$"], "b": None}
+
+
+@pytest.mark.parametrize("text, want", [
+    ("", "on-failure:3"), ("docker: {restart: 'no'}", "no"), ("max_restarts: 0", "no"),
+    ("max_restarts: 7", "on-failure:7")])
+def test_restart_policy(text: str, want: str) -> None:
+    assert restart_policy(loads(f"name: job\n{text}")) == want
+
+
+@pytest.mark.parametrize("extra, want", [
+    ("", [("./runs", "/workspace/runs")]),
+    ("run_dir: out/a\ncheckpoint_dir: ckpt/b", [("./ckpt", "/workspace/ckpt"),
+                                                ("./out", "/workspace/out")]),
+    ("run_dir: /scratch/run", [("/scratch/run", "/scratch/run")]),
+    ("run_dir: /scratch/run\ncheckpoint_dir: /fast/ckpt",
+     [("/fast/ckpt", "/fast/ckpt"), ("/scratch/run", "/scratch/run")]),
+    ("run_dir: /data/run\nmounts: [{source: vol, target: /data}]", []),
+    ("run_dir: .", [(".", "/workspace")]),
+])
+def test_run_mounts(extra: str, want: list[tuple[str, str]]) -> None:
+    mounts = run_mounts(loads(f"name: job\n{extra}"), ".")
+    assert [(m["source"], m["target"]) for m in mounts] == want
+
+
+def test_spec_mounts_bind_paths_and_name_volumes() -> None:
+    spec = loads("name: job\nmounts: [{source: /data, target: /data, read_only: true},\n"
+                 "  {source: ./cache, target: /cache}, {source: datasets, target: /ds}]")
+    doc = render_compose(spec, host_dir="/home/u")
+    vols = doc["services"]["node0"]["volumes"]
+    assert vols[1:] == [
+        {"type": "bind", "source": "/data", "target": "/data", "read_only": True},
+        {"type": "bind", "source": "/home/u/cache", "target": "/cache", "read_only": False},
+        {"type": "volume", "source": "datasets", "target": "/ds", "read_only": False}]
+    assert doc["volumes"] == {"datasets": {"name": "datasets"}}
+
+
+def test_limits_from_resources() -> None:
+    spec = loads("name: job\nnproc_per_node: 2\nresources: {cpu: 4, memory: 1.5Gi}")
+    service = render_compose(spec)["services"]["node0"]
+    assert service["deploy"] == {"resources": {"limits": {"cpus": "4", "memory": "1536M"}}}
+    assert service["environment"]["OMP_NUM_THREADS"] == "2"  # 4 CPUs / 2 processes
+
+
+def test_gpus_are_reserved_the_compose_way() -> None:
+    service = render_compose(loads("name: job\nresources: {gpus: 2}"))["services"]["node0"]
+    assert service["deploy"] == {"resources": {"reservations": {"devices": [
+        {"driver": "nvidia", "count": 2, "capabilities": ["gpu"]}]}}}
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ("run_dir: ../up", ["run_dir", "leaves the container's working directory"]),
+])
+def test_bad_specs_for_docker(text: str, fragments: list[str]) -> None:
+    with pytest.raises(SpecError) as exc:
+        render_compose(loads(f"name: job\n{text}"))
+    assert all(f in str(exc.value) for f in fragments), str(exc.value)
+
+
+def test_render_is_pure() -> None:
+    """The renderer imports nothing that does I/O (the launcher is jobs/docker_launch.py)."""
+    tree = ast.parse((ROOT / "jobs" / "compose.py").read_text())
+    roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    roots |= {node.module.split(".")[0] for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.module}
+    assert not roots & {"subprocess", "os", "socket", "time", "shutil", "pathlib", "random"}
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert not names & {"open", "environ"}
+
+
+@pytest.mark.parametrize("choice, found, want", [
+    ("auto", {"podman", "podman-compose", "docker"}, "podman"),
+    ("podman", {"podman", "podman-compose"}, "podman"),
+])
+def test_find_engine(choice: str, found: set[str], want: str) -> None:
+    engine = find_engine(choice, which=lambda name: f"/usr/bin/{name}" if name in found else None)
+    assert engine.name == want and engine.compose == ("podman-compose",)
+
+
+@pytest.mark.parametrize("choice, found, fragment", [
+    ("auto", set(), "no container engine with compose found"),
+    ("podman", {"podman"}, "podman and podman-compose are not both on PATH"),
+    ("podman", {"docker"}, "podman and podman-compose"),
+])
+def test_no_engine_is_a_user_error_that_says_how_to_install(choice: str, found: set[str],
+                                                            fragment: str) -> None:
+    with pytest.raises(UserError) as exc:
+        find_engine(choice, which=lambda name: f"/x/{name}" if name in found else None)
+    assert fragment in str(exc.value) and "apt-get install podman podman-compose" in \
+        str(exc.value)
+
+
+def test_run_without_an_engine_exits_2_and_starts_nothing(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    result = torchjob("run", "--to", "docker", str(EXAMPLES / "default.yaml"), cwd=tmp_path,
+                      PATH=str(empty))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("torchjob: no container engine with compose found: "
+                                    "install podman and podman-compose"), result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()  # nothing created, nothing started
+
+
+def test_run_dry_run_prints_the_compose_file_with_host_paths(tmp_path: Path) -> None:
+    result = torchjob("run", "--to", "docker", "--dry-run", str(EXAMPLES / "default.yaml"),
+                      "--set", "nnodes=2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    doc = yaml.safe_load(result.stdout)
+    assert list(doc["services"]) == ["node0", "node1"]
+    assert doc["services"]["node1"]["volumes"][0]["source"] == f"{tmp_path}/runs"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cli_docker_python_is_the_image_python() -> None:
+    """The services run the image's ``python``, never the host's interpreter path."""
+    result = torchjob("render", "--to", "docker", str(EXAMPLES / "default.yaml"))
+    assert result.returncode == 0 and sys.executable not in result.stdout
