@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Dataset, default_collate
 
 from trainer.checkpoint import Checkpointer, Position
 from trainer.config import ConfigError, TrainConfig, parse_args
@@ -88,6 +89,7 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                 f"{pos.micro} of world size {group.world_size}")
 
     autocast = autocast_context(cfg.precision, group.device, fsdp=cfg.parallel == "fsdp")
+    settle_buckets(model, optimizer, task.train, group.device, autocast)
     global_batch = cfg.batch_size * cfg.grad_accum * group.world_size
     clock = Throughput(warmup_steps=min(5, max(total - pos.step - 1, 0)))
     step, loss_sum = pos.step, torch.zeros((), device=group.device)
@@ -178,6 +180,28 @@ def wrap(model: nn.Module, cfg: TrainConfig, group: Group) -> nn.Module:
     # gradients live in the all-reduce buckets: no copy in and out of them every step
     return nn.parallel.DistributedDataParallel(model, device_ids=ids,
                                                gradient_as_bucket_view=True)
+
+
+def settle_buckets(model: nn.Module, optimizer: torch.optim.Optimizer, data: Dataset,
+                   device: torch.device, autocast: contextlib.AbstractContextManager[Any]) -> None:
+    """Make every optimizer step all-reduce with DDP's final bucket layout.
+
+    DDP all-reduces its first backward in one bucket in parameter order and then rebuilds the
+    buckets in the order gradients became ready. An element's place in a bucket decides the
+    order in which the ranks' values are summed, and with 3 or more ranks that changes the
+    rounding: a run resumed at step k would sum step k+1 differently from one that never
+    stopped. One backward of zeros before the first step (eval mode: no dropout draw, no
+    batch-norm update) settles the layout the same way in every run, fresh or resumed."""
+    if not isinstance(model, nn.parallel.DistributedDataParallel) or \
+            dist.get_world_size() < 3:  # two ranks: a + b == b + a, any layout
+        return
+    x = default_collate([data[i] for i in range(min(2, len(data)))])[0]  # type: ignore[arg-type]
+    model.eval()
+    with autocast:
+        out = model(x.to(device))
+    (out.float().sum() * 0).backward()
+    optimizer.zero_grad(set_to_none=True)
+    model.train()
 
 
 def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:

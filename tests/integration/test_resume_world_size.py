@@ -1,4 +1,6 @@
-"""An elastic job resumed at another world size continues from the same point of its epoch.
+"""Resuming at 4 ranks, and at another world size.
+
+An elastic job resumed at another world size continues from the same point of its epoch.
 
 World 2 writes a checkpoint 16 micro-batches into epoch 0 (of 22 at world 2); world 4 has
 only 11 per epoch, so the position must be counted in samples, not reused as it is (it used to
@@ -9,23 +11,28 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, ROOT, env_for_tests
+from tests.procs import (PYTHON, ROOT, assert_bitwise_equal, env_for_tests, final_params,
+                         last_step, wait_for)
 
 pytestmark = pytest.mark.integration
 JOB = ROOT / "jobs" / "examples" / "default.yaml"
 
 
-def run(run_dir: Path, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
-    sets = [f"run_dir={run_dir}", f"nproc_per_node={nproc}", "max_restarts=0",
+def settings(run_dir: Path, nproc: int, *args: str) -> list[str]:
+    return [f"run_dir={run_dir}", f"nproc_per_node={nproc}", "max_restarts=0",
             "trainer.args.epochs=2", "trainer.args.eval_every=0",
             "trainer.args.progress=lines", *args]
+
+
+def run(run_dir: Path, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([PYTHON, "-m", "jobs", "run", str(JOB),
-                           *[a for s in sets for a in ("--set", s)]],
+                           *[a for s in settings(run_dir, nproc, *args) for a in ("--set", s)]],
                           env=env_for_tests(), capture_output=True, text=True, timeout=600)
 
 
@@ -53,3 +60,24 @@ def test_resumed_at_another_world_size_continues_the_epoch(tmp_path: Path, befor
     assert expect in second.stderr, second.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == after and summary["accuracy"] > 0.8, summary
+
+
+def test_resumed_at_four_ranks_ends_bit_for_bit(tmp_path: Path) -> None:
+    """Three or more ranks sum in an order set by DDP's bucket layout; a resumed run must use
+    the layout an uninterrupted one uses at the same step, or the rounding drifts."""
+    reference = run(tmp_path / "reference", 4, "trainer.args.log_every=1")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    resumed = tmp_path / "resumed"
+    proc = subprocess.Popen([PYTHON, "-m", "jobs", "run", str(JOB),
+                             *[a for s in settings(resumed, 4, "trainer.args.log_every=1")
+                               for a in ("--set", s)]],
+                            env=env_for_tests(), stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: last_step(resumed) >= 5 or proc.poll() is not None, 300, "step 5")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    again = run(resumed, 4, "trainer.args.log_every=1")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from step_" in again.stderr
+    assert_bitwise_equal(final_params(resumed / "checkpoints"),
+                         final_params(tmp_path / "reference" / "checkpoints"))
