@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -303,26 +304,43 @@ def test_a_lost_node(slurm_cluster: SlurmCluster, tmp_path: Path, nnodes: str) -
 
 
 def test_time_limit_shorter_than_the_work(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """A 1-minute limit for more than a minute of work: Slurm's own USR2 to the batch shell
-    (``--signal=B:USR2@15``; Slurm may send it up to ~30 s early) stops each attempt after a
-    checkpoint, the script requeues the job, and the next attempt resumes until the work is
-    done. Nothing is sent by the test; only the requeue hold is lifted."""
+    """A 1-minute limit for more than two attempts' work: Slurm's own USR2 to the batch shell
+    (``--signal=B:USR2@15``; Slurm may send it up to ~30 s early) stops the first two
+    attempts after a checkpoint, the script requeues the job, and each attempt resumes where
+    the last one stopped. Nothing is sent by the test; it lifts the requeue hold, and after
+    the second requeue it raises the limit so that the last attempt finishes well clear of a
+    signal (a stop that lands as the work ends is a separate, known race: see issue 3)."""
     script, run_dir = submit(tmp_path, "sbatch-test-time-limit",
                              "slurm: {time: '1', signal_delay: 15, max_requeues: 8}\n"
-                             + TWO_BY_TWO % "epochs: 80, log_every: 1, checkpoint_every: 0")
-    proc = sbatch_wait(script, 900)
+                             + TWO_BY_TWO % "epochs: 200, log_every: 1, checkpoint_every: 0")
+    proc = sbatch_wait(script, 1200)
     job_id = job_id_of(proc)
-    with requeued_at_once(job_id):
-        code, output = finish(proc, job_id, run_dir, 900)
+    done = threading.Event()
+
+    def raise_limit_after_two_requeues() -> None:
+        while not done.wait(1):
+            if "requeueing, attempt 2 of 8" in logs(run_dir):
+                subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"],
+                               check=False, capture_output=True, env=env_for_tests())
+                return
+
+    raiser = threading.Thread(target=raise_limit_after_two_requeues, daemon=True)
+    raiser.start()
+    try:
+        with requeued_at_once(job_id):
+            code, output = finish(proc, job_id, run_dir, 1200)
+    finally:
+        done.set()
+        raiser.join()
     text = logs(run_dir)
     assert code == 0, f"{output}\n{text[-3000:]}"
     assert "torchjob: USR2: asking the training step to checkpoint" in text, text
-    assert "requeueing, attempt 1 of 8 requeues" in text, text
+    assert "requeueing, attempt 2 of 8 requeues" in text, text
     stops = [int(line.split("after step ")[1].split(":")[0]) for line in text.splitlines()
              if "[rank 0/4] stopped by SIGTERM after step" in line]
     starts = [int(line.rsplit("from step ", 1)[1]) for line in text.splitlines()
-              if "training 1760 steps" in line]
-    assert stops and starts[1:] == stops, (stops, starts)  # each attempt resumes where one stopped
+              if "training 4400 steps" in line]
+    assert len(stops) >= 2 and starts[1:] == stops, (stops, starts)  # resumes where it stopped
     counts = collections.Counter(train_steps(run_dir))
-    assert sorted(counts) == list(range(1, 1761)), "a step is missing"
+    assert sorted(counts) == list(range(1, 4401)), "a step is missing"
     assert [s for s, n in counts.items() if n > 1] == [], "a step ran twice"

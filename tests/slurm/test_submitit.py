@@ -142,25 +142,26 @@ def test_interrupted_job_checkpoints_requeues_and_resumes(
 
 
 def test_time_limit_shorter_than_the_work(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """A 1-minute limit for ~45 s of training plus start-up: Slurm's own USR2 (``--signal
+    """A 1-minute limit for about two minutes of training (2640 steps at ~30 steps/s here;
+    one run with 60 epochs finished inside the limit): Slurm's own USR2 (``--signal
     USR2@10``, which Slurm may send up to ~30 s early) stops each attempt at a checkpoint and
     the job is requeued until the work is done; nothing is sent by the test."""
     run_dir = tmp_path / "run"
-    spec = job_spec(run_dir, "trainer.args.epochs=60", "trainer.args.log_every=1",
+    spec = job_spec(run_dir, "trainer.args.epochs=120", "trainer.args.log_every=1",
                     "trainer.args.checkpoint_every=0", "slurm.time=1", "slurm.signal_delay=10",
-                    "slurm.max_requeues=6")
+                    "slurm.max_requeues=8")
     job_id = submit(spec)
     stop = threading.Event()
     helper = threading.Thread(target=skip_requeue_delay, args=(job_id, stop), daemon=True)
     helper.start()
     try:
-        assert slurm_cli.wait(job_id, timeout=600) == "COMPLETED", task_logs(run_dir, job_id)
+        assert slurm_cli.wait(job_id, timeout=900) == "COMPLETED", task_logs(run_dir, job_id)
     finally:
         stop.set()
         helper.join()
     log = task_logs(run_dir, job_id)
     assert "stopped by SIGUSR2" in log and "Requeued job" in log, log
-    assert train_steps(run_dir) == list(range(1, 60 * 22 + 1)), "a step was lost or repeated"
+    assert train_steps(run_dir) == list(range(1, 120 * 22 + 1)), "a step was lost or repeated"
 
 
 def test_a_failing_job_names_its_first_failing_rank(slurm_cluster: SlurmCluster,
