@@ -7,6 +7,7 @@ never stops the job; and every run leaves no container or network behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -14,6 +15,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -45,6 +47,20 @@ def start(argv: list[str], cwd: Path, log: IO[str]) -> subprocess.Popen[str]:
     cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(argv, cwd=cwd, env=env_for_tests(), stdout=log,
                             stderr=subprocess.STDOUT, text=True)
+
+
+@contextlib.contextmanager
+def running(argv: list[str], cwd: Path, logfile: Path) -> Iterator[subprocess.Popen[str]]:
+    """``start`` with its output in ``logfile``; stopped (SIGTERM: compose down) when the
+    test leaves the block with it still running."""
+    with open(logfile, "w+") as log:
+        proc = start(argv, cwd, log)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=120)
 
 
 def project_of(log: Path) -> str:
@@ -156,25 +172,19 @@ def test_elastic_node_stopped_and_started_again(container_image: str, tmp_path: 
     4 -> 2); podman start node1: it joins the next rendezvous (2 -> 4); the job completes."""
     logfile = tmp_path / "run.log"
     run_dir = tmp_path / "runs" / "digits-elastic"
-    with open(logfile, "w+") as log:
-        proc = start(torchjob_argv("elastic.yaml", *ELASTIC), tmp_path, log)
-        try:
-            project = project_of(logfile)
-            wait_for(lambda: last_step(run_dir) >= 50 or proc.poll() is not None, 300,
-                     "training at world size 4")
-            node1 = container(project, "node1")
-            stop = podman("stop", "-t", "30", node1)
-            assert stop.returncode == 0, stop.stderr
-            # node0's workers lose their peers; its agent re-forms the group alone
-            wait_for(lambda: world_sizes(logfile.read_text())[-1:] == [2]
-                     or proc.poll() is not None, 300, "node0 going on alone")
-            started = podman("start", node1)
-            assert started.returncode == 0, started.stderr
-            code = proc.wait(timeout=900)
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=120)
+    with running(torchjob_argv("elastic.yaml", *ELASTIC), tmp_path, logfile) as proc:
+        project = project_of(logfile)
+        wait_for(lambda: last_step(run_dir) >= 50 or proc.poll() is not None, 300,
+                 "training at world size 4")
+        node1 = container(project, "node1")
+        stop = podman("stop", "-t", "30", node1)
+        assert stop.returncode == 0, stop.stderr
+        # node0's workers lose their peers; its agent re-forms the group alone
+        wait_for(lambda: world_sizes(logfile.read_text())[-1:] == [2]
+                 or proc.poll() is not None, 300, "node0 going on alone")
+        started = podman("start", node1)
+        assert started.returncode == 0, started.stderr
+        code = proc.wait(timeout=900)
     out = logfile.read_text()
     assert code == 0, out[-5000:]
     sizes = world_sizes(out)
@@ -198,25 +208,18 @@ def test_node_container_killed_repeatedly_every_run_completes(container_image: s
         run_dir = cwd / "runs" / "digits-elastic"
         kill_at = rng.randint(3, 80)
         began = time.monotonic()
-        with open(logfile, "w+") as log:
-            proc = start(torchjob_argv("elastic.yaml", "trainer.args.epochs=3",
-                                       "trainer.args.batch_size=8",
-                                       "trainer.args.checkpoint_every=10",
-                                       "trainer.args.log_every=1",
-                                       "trainer.args.progress=lines",
-                                       # a peer killed with its network may send no reset:
-                                       # the survivors' collective then fails at this timeout
-                                       "trainer.args.pg_timeout=30"), cwd, log)
-            try:
-                project = project_of(logfile)
-                wait_for(lambda: last_step(run_dir) >= kill_at or proc.poll() is not None,
-                         300, f"step {kill_at}")
-                killed = podman("kill", container(project, "node1"))
-                code = proc.wait(timeout=600)
-            finally:
-                if proc.poll() is None:
-                    proc.terminate()
-                    proc.wait(timeout=120)
+        argv = torchjob_argv("elastic.yaml", "trainer.args.epochs=3",
+                             "trainer.args.batch_size=8", "trainer.args.checkpoint_every=10",
+                             "trainer.args.log_every=1", "trainer.args.progress=lines",
+                             # a peer killed with its network may send no reset: the
+                             # survivors' collective then fails at this timeout
+                             "trainer.args.pg_timeout=30")
+        with running(argv, cwd, logfile) as proc:
+            project = project_of(logfile)
+            wait_for(lambda: last_step(run_dir) >= kill_at or proc.poll() is not None,
+                     300, f"step {kill_at}")
+            killed = podman("kill", container(project, "node1"))
+            code = proc.wait(timeout=600)
         out = logfile.read_text()
         problem = None
         if killed.returncode != 0:
@@ -283,20 +286,13 @@ def test_crashed_node_is_restarted_by_the_policy_and_the_run_ends_bitwise_equal(
         assert ref.wait(timeout=600) == 0, log.read()[-3000:]
     logfile = tmp_path / "docker.log"
     run_dir = tmp_path / "docker" / "runs" / "digits"
-    with open(logfile, "w+") as log:
-        proc = start(torchjob_argv("default.yaml", *sets), tmp_path / "docker", log)
-        try:
-            project = project_of(logfile)
-            wait_for(lambda: last_step(run_dir) >= 40 or proc.poll() is not None, 300,
-                     "step 40")
-            node1 = container(project, "node1")
-            pid = int(podman("inspect", "-f", "{{.State.Pid}}", node1).stdout)
-            os.kill(pid, signal.SIGKILL)  # the agent is the container's first process
-            code = proc.wait(timeout=900)
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=120)
+    with running(torchjob_argv("default.yaml", *sets), tmp_path / "docker", logfile) as proc:
+        project = project_of(logfile)
+        wait_for(lambda: last_step(run_dir) >= 40 or proc.poll() is not None, 300, "step 40")
+        node1 = container(project, "node1")
+        pid = int(podman("inspect", "-f", "{{.State.Pid}}", node1).stdout)
+        os.kill(pid, signal.SIGKILL)  # the agent is the container's first process
+        code = proc.wait(timeout=900)
     out = logfile.read_text()
     assert code == 0, out[-5000:]
     assert world_sizes(out)[0] == 2 and world_sizes(out)[-1] == 2, world_sizes(out)
