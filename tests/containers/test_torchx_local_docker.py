@@ -7,21 +7,60 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from torchx.specs import AppState
 
 from tests.procs import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 
 
-def test_torchx_local_docker_through_podman(container_image: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def docker_host(container_image: str) -> str:
+    """podman's Docker API socket, started by scripts/container-setup; its DOCKER_HOST."""
     api = subprocess.run(["bash", str(ROOT / "scripts" / "container-setup"), "docker-api"],
                          capture_output=True, text=True, timeout=120)
     assert api.returncode == 0, api.stderr
     host = [line for line in api.stdout.splitlines() if line.startswith("DOCKER_HOST=")][-1]
-    env = {**os.environ, "DOCKER_HOST": host.split("=", 1)[1],
+    return host.split("=", 1)[1]
+
+
+def test_podman_stopped_state_reads_as_the_exit_code(container_image: str,
+                                                     docker_host: str) -> None:
+    """podman reports ``stopped`` between a container's exit and its clean-up; TorchX's own
+    DockerScheduler raises KeyError on it. Catch a real container in that state (polling
+    as torchx does, only faster) and read it through torchjob's local_docker scheduler."""
+    import docker
+
+    from jobs.torchx_podman import DockerOrPodmanScheduler
+
+    client = docker.DockerClient(base_url=docker_host)
+    scheduler = DockerOrPodmanScheduler(session_name="test")
+    seen: dict[str, AppState] = {}
+    for code in (0, 3, 0, 3, 0, 3):
+        container = client.containers.run(container_image, ["python", "-c",
+                                          f"raise SystemExit({code})"], detach=True)
+        try:
+            deadline = time.monotonic() + 60
+            while container.status != "exited" and time.monotonic() < deadline:
+                container.reload()
+                if container.status == "stopped":
+                    seen[f"stopped {code}"] = scheduler._get_app_state(container)
+            seen[f"exited {code}"] = scheduler._get_app_state(container)
+        finally:
+            container.remove(force=True)
+        if len(seen) == 4:
+            break
+    assert seen == {"stopped 0": AppState.SUCCEEDED, "stopped 3": AppState.FAILED,
+                    "exited 0": AppState.SUCCEEDED, "exited 3": AppState.FAILED}
+
+
+def test_torchx_local_docker_through_podman(container_image: str, docker_host: str,
+                                            tmp_path: Path) -> None:
+    env = {**os.environ, "DOCKER_HOST": docker_host,
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     runs = tmp_path / "runs"
     runs.mkdir()
