@@ -29,6 +29,7 @@ class StopRequest:
         self.signum: int | None = None
         self.grace_s = grace_s
         self._vote: dist.Work | None = None
+        self._timer: threading.Timer | None = None
         self._flag = torch.zeros(1, dtype=torch.int32)
         self._previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
         for s in STOP_SIGNALS:
@@ -40,9 +41,9 @@ class StopRequest:
             os._exit(EXIT_PREEMPTED)
         self.signum = signum
         if self.grace_s > 0:
-            timer = threading.Timer(self.grace_s, self._expire)
-            timer.daemon = True
-            timer.start()
+            self._timer = threading.Timer(self.grace_s, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
 
     def _expire(self) -> None:
         sys.stderr.write(f"stop grace of {self.grace_s:.0f}s ran out before a checkpoint was "
@@ -76,6 +77,13 @@ class StopRequest:
             self._vote.wait()
             self._vote = None
 
+    def cancel(self) -> None:
+        """The stop was honoured (or the work ended first): the grace period no longer runs."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     def restore(self) -> None:
+        self.cancel()
         for s, handler in self._previous.items():
             signal.signal(s, handler)

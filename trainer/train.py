@@ -32,7 +32,9 @@ from trainer.tasks import Task, build_task
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, stopped_after_the_work: int = 0) -> int:
+    """Train; the exit code. ``stopped_after_the_work`` is the code when a stop signal arrived
+    after the last step's stop check: the work is done and checkpointed, so 0 by default."""
     try:
         cfg = parse_args(argv)
         env = DistEnv.from_environ()
@@ -42,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = StopRequest(cfg.stop_grace)
     try:
         with process_group(env, cfg.backend, cfg.pg_timeout) as group:
-            return run(cfg, group, stop)
+            return run(cfg, group, stop, stopped_after_the_work)
     except ConfigError as exc:
         print(f"trainer [rank {env.rank}]: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -50,7 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop.restore()
 
 
-def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
+def run(cfg: TrainConfig, group: Group, stop: StopRequest,
+        stopped_after_the_work: int = EXIT_OK) -> int:
     rep = Reporter(cfg.run_dir, rank=group.rank, world_size=group.world_size,
                    progress=cfg.progress, log_every=cfg.log_every)
     env = group.env
@@ -151,6 +154,11 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                     "final_loss": final.get("loss", float("nan")),
                     "accuracy": final.get("accuracy", float("nan")),
                     "seconds": round(clock.elapsed(), 2)})
+        if stop.signum is not None:
+            stop.cancel()
+            rep.every_rank(f"{stop.name} arrived after the last step: the work is done and its "
+                           "final checkpoint written")
+            return stopped_after_the_work
         return EXIT_OK
     finally:
         rep.close()

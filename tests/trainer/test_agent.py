@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, env_for_tests, last_step, wait_for
+from tests.procs import PYTHON, env_for_tests, free_port, last_step, wait_for
 from trainer.agent import exit_code
 
 
@@ -41,3 +42,90 @@ def test_sigterm_to_the_agent_exits_143_after_a_checkpoint(tmp_path: Path) -> No
     assert proc.returncode == 143, err[-2000:]
     assert "stopped by SIGTERM" in err
     assert list((tmp_path / "checkpoints").glob("step_*"))
+
+
+def stop_at_eval(run_dir: Path, target: str) -> dict[str, str]:
+    """The environment for tests.trainer.stop_at_eval: SIGTERM to TARGET's pid at the final
+    evaluation (TARGET is filled in once the process exists, through a file)."""
+    return env_for_tests(STOP_MARKER=str(run_dir / "stop-sent"), STOP_PID=target)
+
+
+@pytest.mark.integration
+def test_a_stop_after_the_last_step_ends_the_workers_at_once(tmp_path: Path) -> None:
+    """SIGTERM to the agent while its workers run the final evaluation (after their last
+    stop check): they finish the work and its final checkpoint, then exit 143 at once, not
+    after torchrun's 30 s shutdown timeout; the next run resumes there and ends with 0."""
+    args = ("--task", "tests.trainer.stop_at_eval:task", "--epochs", "2", "--eval-every", "0")
+    # the agent's pid is needed in its own environment: start it through a shell's exec
+    proc = subprocess.Popen(["bash", "-c", 'STOP_PID=$$ exec "$@"', "bash",
+                             *agent(tmp_path, *args)],
+                            env=stop_at_eval(tmp_path, ""), stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=300)
+    assert (tmp_path / "stop-sent").exists(), err[-2000:]
+    assert proc.returncode == 143, err[-3000:]
+    assert err.count("SIGTERM arrived after the last step: the work is done") == 2, err[-3000:]
+    assert "Unable to shutdown process" not in err  # torchrun's SIGKILL after its timeout
+    assert "grace" not in err
+    steps = json.loads((tmp_path / "summary.json").read_text())["steps"]
+    again = subprocess.run(agent(tmp_path, *args[2:]), env=env_for_tests(),
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"resumed from step_{steps:08d}" in again.stderr
+    assert f"training {steps} steps" in again.stderr and f"from step {steps}" in again.stderr
+
+
+@pytest.mark.integration
+def test_a_stop_after_the_last_step_without_an_agent_exits_0(tmp_path: Path) -> None:
+    """The same signal to a trainer that no agent runs (srun, a plain process): the work
+    is done, so 0, and the log says the signal came late."""
+    proc = subprocess.run(["bash", "-c", 'STOP_PID=$$ exec "$@"', "bash", PYTHON, "-m",
+                           "trainer", "--run-dir", str(tmp_path), "--progress", "lines",
+                           "--task", "tests.trainer.stop_at_eval:task", "--epochs", "1",
+                           "--eval-every", "0"],
+                          env=stop_at_eval(tmp_path, ""), capture_output=True, text=True,
+                          timeout=300)
+    assert (tmp_path / "stop-sent").exists(), proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "SIGTERM arrived after the last step: the work is done" in proc.stderr
+    assert (tmp_path / "summary.json").exists()
+
+
+NODE_SCRIPT = """\
+import os, time
+time.sleep(0 if os.environ["GROUP_RANK"] == "0" else 600)
+"""
+
+
+@pytest.mark.integration
+def test_a_stop_signal_ends_the_wait_for_the_other_nodes(tmp_path: Path) -> None:
+    """Two agents (two "nodes"); node 0's work ends at once, node 1's does not. Node 0's
+    agent waits for node 1 at the end (torchrun's exit barrier, up to 300 s in one blocking
+    store call that signals cannot interrupt); SIGTERM there ends it at once with 143."""
+    script = tmp_path / "node.py"
+    script.write_text(NODE_SCRIPT)
+    port = free_port()
+    logs = [tmp_path / f"agent{i}.log" for i in range(2)]
+    agents = [subprocess.Popen([PYTHON, "-m", "trainer.agent", "--nnodes", "2",
+                                "--nproc-per-node", "1", "--node-rank", str(i),
+                                "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                f"127.0.0.1:{port}", "--rdzv-id", "barrier-test",
+                                "--max-restarts", "0", str(script)],
+                               env=env_for_tests(LOGLEVEL="INFO"), stderr=log.open("w"),
+                               text=True)
+              for i, log in enumerate(logs)]
+    try:
+        wait_for(lambda: "waiting up to 300 s for the other nodes" in logs[0].read_text()
+                 or agents[0].poll() is not None, 120, "node 0 at the exit barrier")
+        agents[0].send_signal(signal.SIGTERM)
+        try:
+            code = agents[0].wait(timeout=20)  # torch's own barrier: 300 s
+        except subprocess.TimeoutExpired:
+            pytest.fail("node 0's agent still waits for node 1 after SIGTERM:\n"
+                        + logs[0].read_text()[-2000:])
+        assert code == 143, logs[0].read_text()[-2000:]
+        assert "SIGTERM while waiting for the other nodes: stopping" in logs[0].read_text()
+    finally:
+        for proc in agents:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
