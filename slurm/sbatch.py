@@ -252,6 +252,8 @@ def render_sbatch(spec: JobSpec, *, python: str, workdir: str) -> str:
         '  [ "$next" = 127 ] || code=$next  # 127: the step had already been collected',
         "done",
         *lost_nodes(spec),
+        '# read; the next attempt writes its own',
+        'rm -rf "$TORCHJOB_NODE_STATUS"; rmdir "${TORCHJOB_NODE_STATUS%/*}" 2>/dev/null || true',
         "# 0: done; 143: stopped after a checkpoint (requeue); anything else: a failure",
         'if [ "$stop" = 0 ] || [ "$code" != 143 ]; then exit "$code"; fi',
         f'if [ "$attempt" -lt {s.max_requeues} ]; then',
