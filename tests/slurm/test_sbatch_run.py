@@ -85,6 +85,21 @@ def wait_for_step(job_id: str, run_dir: Path, step: int, timeout: float) -> None
         raise
 
 
+def usr2_at_step(script: Path, run_dir: Path, step: int,
+                 timeout: float) -> tuple[str, int, str, float]:
+    """Submit SCRIPT; once STEP is logged send USR2 to the batch shell (what
+    --signal=B:USR2@N sends before the time limit); wait for the job with Slurm's requeue
+    hold lifted. Returns (job id, exit code, sbatch's output, seconds since the signal)."""
+    proc = sbatch_wait(script, REQUEUE_WAIT_S)
+    job_id = job_id_of(proc)
+    wait_for_step(job_id, run_dir, step, timeout)
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
+    started = time.monotonic()
+    with requeued_at_once(job_id):
+        code, output = finish(proc, job_id, run_dir, REQUEUE_WAIT_S)
+    return job_id, code, output, time.monotonic() - started
+
+
 def train_steps(run_dir: Path) -> list[int]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r["step"] for r in map(json.loads, lines) if r.get("kind") == "train"]
@@ -113,13 +128,7 @@ def test_usr2_checkpoints_requeues_and_loses_no_step(slurm_cluster: SlurmCluster
     script, run_dir = submit(tmp_path, "sbatch-test-requeue",
                              "slurm: {max_requeues: 1}\n"
                              + TWO_BY_TWO % "epochs: 20, log_every: 1, checkpoint_every: 1000")
-    proc = sbatch_wait(script, REQUEUE_WAIT_S)
-    job_id = job_id_of(proc)
-    wait_for_step(job_id, run_dir, 40, 120)
-    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
-    started = time.monotonic()
-    with requeued_at_once(job_id):
-        code, output = finish(proc, job_id, run_dir, REQUEUE_WAIT_S)
+    job_id, code, output, waited = usr2_at_step(script, run_dir, 40, 120)
     text = logs(run_dir)
     assert code == 0, f"{output}\n{text[-3000:]}"
     assert "attempt 1 on 2 node(s)" in text and "requeueing, attempt 1 of 1" in text, text
@@ -132,7 +141,7 @@ def test_usr2_checkpoints_requeues_and_loses_no_step(slurm_cluster: SlurmCluster
     assert sorted(counts) == list(range(1, 441)), "a step is missing"
     assert [s for s, n in counts.items() if n > 1] == [], "a step ran twice"
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 4
-    assert time.monotonic() - started < REQUEUE_WAIT_S
+    assert waited < REQUEUE_WAIT_S
     # `torchjob logs`: every line labelled with its attempt and rank (or the job's own)
     shown = torchjob_logs(job_id, run_dir)
     assert shown.returncode == 0 and "first failing rank" not in shown.stderr, shown.stderr
@@ -315,12 +324,7 @@ def test_a_stop_as_the_work_ends(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     script, run_dir = submit(tmp_path, "sbatch-test-stop-at-end",
                              "slurm: {time: '4', max_requeues: 2}\n"
                              + TWO_BY_TWO % "epochs: 4, log_every: 1")
-    proc = sbatch_wait(script, REQUEUE_WAIT_S)
-    job_id = job_id_of(proc)
-    wait_for_step(job_id, run_dir, 88, 180)
-    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
-    with requeued_at_once(job_id):
-        code, output = finish(proc, job_id, run_dir, REQUEUE_WAIT_S)
+    job_id, code, output, _ = usr2_at_step(script, run_dir, 88, 180)
     text = logs(run_dir)
     assert code == 0, f"{output}\n{text[-3000:]}"
     assert "grace" not in text and "Unable to shutdown process" not in text, text[-3000:]

@@ -44,10 +44,14 @@ def test_sigterm_to_the_agent_exits_143_after_a_checkpoint(tmp_path: Path) -> No
     assert list((tmp_path / "checkpoints").glob("step_*"))
 
 
-def stop_at_eval(run_dir: Path, target: str) -> dict[str, str]:
-    """The environment for tests.trainer.stop_at_eval: SIGTERM to TARGET's pid at the final
-    evaluation (TARGET is filled in once the process exists, through a file)."""
-    return env_for_tests(STOP_MARKER=str(run_dir / "stop-sent"), STOP_PID=target)
+STOP_AT_EVAL = ("--task", "tests.trainer.stop_at_eval:task")
+
+
+def stopping_itself(run_dir: Path, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """ARGV, started so that tests.trainer.stop_at_eval sends SIGTERM to ARGV's own process
+    (a shell exports its pid as STOP_PID and execs ARGV), and the environment for it."""
+    return (["bash", "-c", 'STOP_PID=$$ exec "$@"', "bash", *argv],
+            env_for_tests(STOP_MARKER=str(run_dir / "stop-sent")))
 
 
 @pytest.mark.integration
@@ -55,11 +59,9 @@ def test_a_stop_after_the_last_step_ends_the_workers_at_once(tmp_path: Path) -> 
     """SIGTERM to the agent while its workers run the final evaluation (after their last
     stop check): they finish the work and its final checkpoint, then exit 143 at once, not
     after torchrun's 30 s shutdown timeout; the next run resumes there and ends with 0."""
-    args = ("--task", "tests.trainer.stop_at_eval:task", "--epochs", "2", "--eval-every", "0")
-    # the agent's pid is needed in its own environment: start it through a shell's exec
-    proc = subprocess.Popen(["bash", "-c", 'STOP_PID=$$ exec "$@"', "bash",
-                             *agent(tmp_path, *args)],
-                            env=stop_at_eval(tmp_path, ""), stderr=subprocess.PIPE, text=True)
+    args = ("--epochs", "2", "--eval-every", "0")
+    argv, env = stopping_itself(tmp_path, agent(tmp_path, *STOP_AT_EVAL, *args))
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     _, err = proc.communicate(timeout=300)
     assert (tmp_path / "stop-sent").exists(), err[-2000:]
     assert proc.returncode == 143, err[-3000:]
@@ -67,7 +69,7 @@ def test_a_stop_after_the_last_step_ends_the_workers_at_once(tmp_path: Path) -> 
     assert "Unable to shutdown process" not in err  # torchrun's SIGKILL after its timeout
     assert "grace" not in err
     steps = json.loads((tmp_path / "summary.json").read_text())["steps"]
-    again = subprocess.run(agent(tmp_path, *args[2:]), env=env_for_tests(),
+    again = subprocess.run(agent(tmp_path, *args), env=env_for_tests(),
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"resumed from step_{steps:08d}" in again.stderr
@@ -78,12 +80,10 @@ def test_a_stop_after_the_last_step_ends_the_workers_at_once(tmp_path: Path) -> 
 def test_a_stop_after_the_last_step_without_an_agent_exits_0(tmp_path: Path) -> None:
     """The same signal to a trainer that no agent runs (srun, a plain process): the work
     is done, so 0, and the log says the signal came late."""
-    proc = subprocess.run(["bash", "-c", 'STOP_PID=$$ exec "$@"', "bash", PYTHON, "-m",
-                           "trainer", "--run-dir", str(tmp_path), "--progress", "lines",
-                           "--task", "tests.trainer.stop_at_eval:task", "--epochs", "1",
-                           "--eval-every", "0"],
-                          env=stop_at_eval(tmp_path, ""), capture_output=True, text=True,
-                          timeout=300)
+    argv, env = stopping_itself(tmp_path, [PYTHON, "-m", "trainer", "--run-dir", str(tmp_path),
+                                           "--progress", "lines", *STOP_AT_EVAL, "--epochs",
+                                           "1", "--eval-every", "0"])
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert (tmp_path / "stop-sent").exists(), proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "SIGTERM arrived after the last step: the work is done" in proc.stderr
