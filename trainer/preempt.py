@@ -77,13 +77,11 @@ class StopRequest:
             self._vote.wait()
             self._vote = None
 
-    def cancel(self) -> None:
-        """The stop was honoured (or the work ended first): the grace period no longer runs."""
+    def restore(self) -> None:
+        """Done (stopped, or the work ended first): no grace period runs any more, and the
+        handlers from before are back."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-    def restore(self) -> None:
-        self.cancel()
         for s, handler in self._previous.items():
             signal.signal(s, handler)

@@ -44,16 +44,22 @@ def main(argv: Sequence[str] | None = None, *, stopped_after_the_work: int = 0) 
     stop = StopRequest(cfg.stop_grace)
     try:
         with process_group(env, cfg.backend, cfg.pg_timeout) as group:
-            return run(cfg, group, stop, stopped_after_the_work)
+            code = run(cfg, group, stop)
     except ConfigError as exc:
         print(f"trainer [rank {env.rank}]: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     finally:
         stop.restore()
+    # checked once the process group is left: leaving it waits for the other ranks, and a
+    # signal that lands there must end a worker at once as well
+    if code == EXIT_OK and stop.signum is not None:
+        print(f"trainer [rank {env.rank}]: {stop.name} arrived after the last step: the work is "
+              "done and its final checkpoint written", file=sys.stderr)
+        return stopped_after_the_work
+    return code
 
 
-def run(cfg: TrainConfig, group: Group, stop: StopRequest,
-        stopped_after_the_work: int = EXIT_OK) -> int:
+def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
     rep = Reporter(cfg.run_dir, rank=group.rank, world_size=group.world_size,
                    progress=cfg.progress, log_every=cfg.log_every)
     env = group.env
@@ -154,11 +160,6 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest,
                     "final_loss": final.get("loss", float("nan")),
                     "accuracy": final.get("accuracy", float("nan")),
                     "seconds": round(clock.elapsed(), 2)})
-        if stop.signum is not None:
-            stop.cancel()
-            rep.every_rank(f"{stop.name} arrived after the last step: the work is done and its "
-                           "final checkpoint written")
-            return stopped_after_the_work
         return EXIT_OK
     finally:
         rep.close()
