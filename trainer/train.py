@@ -39,24 +39,31 @@ def main(argv: Sequence[str] | None = None, *, stopped_after_the_work: int = 0) 
         cfg = parse_args(argv)
         env = DistEnv.from_environ()
     except (ConfigError, EnvError) as exc:
-        print(f"trainer: {exc}", file=sys.stderr)
+        tell(f"trainer: {exc}")
         return EXIT_CONFIG
     stop = StopRequest(cfg.stop_grace)
     try:
         with process_group(env, cfg.backend, cfg.pg_timeout) as group:
             code = run(cfg, group, stop)
     except ConfigError as exc:
-        print(f"trainer [rank {env.rank}]: {exc}", file=sys.stderr)
+        tell(f"trainer [rank {env.rank}]: {exc}")
         return EXIT_CONFIG
     finally:
         stop.restore()
     # checked once the process group is left: leaving it waits for the other ranks, and a
     # signal that lands there must end a worker at once as well
     if code == EXIT_OK and stop.signum is not None:
-        print(f"trainer [rank {env.rank}]: {stop.name} arrived after the last step: the work is "
-              "done and its final checkpoint written", file=sys.stderr)
+        tell(f"trainer [rank {env.rank}]: {stop.name} arrived after the last step: the work is "
+             "done and its final checkpoint written")
         return stopped_after_the_work
     return code
+
+
+def tell(line: str) -> None:
+    """One line to stderr in one write: under PYTHONUNBUFFERED (every launcher here sets it)
+    print() writes the text and its newline separately, and ranks sharing a pipe interleave."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:

@@ -25,7 +25,10 @@ out = sys.argv[sys.argv.index("--out") + 1]
 mode = sys.argv[sys.argv.index("--mode") + 1]
 with open(os.path.join(out, f"pid-{os.getpid()}"), "w") as f:
     f.write(str(os.getppid()))
-print("worker", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "up", flush=True)
+# one write per line: the launcher runs workers with PYTHONUNBUFFERED=1 on one shared pipe,
+# where print()'s separate writes of each piece interleave between ranks
+sys.stdout.write(f"worker {os.environ['RANK']} of {os.environ['WORLD_SIZE']} up\\n")
+sys.stdout.flush()
 if mode in ("exit0", "exit1"):
     sys.exit(int(mode[-1]))
 if mode == "stubborn":
