@@ -29,6 +29,7 @@ from tests.procs import (PYTHON, ROOT, assert_bitwise_equal, env_for_tests, fina
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 EXAMPLES = ROOT / "jobs" / "examples"
+HERE = Path(__file__).resolve().parent
 KILL_TRIALS = int(os.environ.get("TORCHJOB_CONTAINER_KILL_TRIALS", "10"))
 PROJECT = re.compile(r"project (\S+), compose file")
 
@@ -159,9 +160,11 @@ def test_hostile_values_reach_the_container_unchanged(container_image: str,
     assert_nothing_left(project)
 
 
-ELASTIC = ["trainer.args.task=synthetic", "trainer.args.synthetic_samples=32000",
-           "trainer.args.synthetic_dim=32", "trainer.args.synthetic_hidden=64",
-           "trainer.args.synthetic_layers=2", "trainer.args.batch_size=8",
+# the synthetic task, slowed while the world is below 4 (slow_alone.py says why), mounted
+# from this folder the way a user brings their own task
+ELASTIC = [f"mounts=[{{source: {HERE}, target: /opt/usertask, read_only: true}}]",
+           "env.PYTHONPATH=/opt/usertask", "env.SLOW_ALONE_BELOW=4",
+           "trainer.args.task=slow_alone:task", "trainer.args.batch_size=8",
            "trainer.args.epochs=2", "trainer.args.checkpoint_every=50",
            "trainer.args.log_every=10", "trainer.args.progress=lines",
            "trainer.args.eval_every=0", "trainer.args.pg_timeout=30"]
