@@ -75,3 +75,50 @@ def test_torchx_local_docker_through_podman(container_image: str, docker_host: s
     assert "SUCCEEDED" in proc.stdout + proc.stderr
     summary = json.loads((runs / "txd" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["accuracy"] >= 0.95
+
+
+def test_docker_api_replaces_a_service_whose_directory_is_gone(container_image: str,
+                                                               docker_host: str,
+                                                               tmp_path: Path) -> None:
+    """A podman service started from a checkout that was later removed still answers, but
+    cannot start a container ("write child: broken pipe"); ``container-setup docker-api``
+    replaces it with one started from /. (Last in this file: it replaces the shared one.)"""
+    import docker
+
+    def service_pids() -> list[int]:
+        found = subprocess.run(["pgrep", "-f", f"^podman system service .*{docker_host}"],
+                               capture_output=True, text=True, check=False)
+        return [int(pid) for pid in found.stdout.split()]
+
+    def answers() -> bool:
+        return subprocess.run(["podman", "--url", docker_host, "version"],
+                              capture_output=True, check=False).returncode == 0
+
+    for pid in service_pids():
+        os.kill(pid, 15)
+    deadline = time.monotonic() + 10
+    while service_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    subprocess.Popen(["podman", "system", "service", "--time=0", docker_host], cwd=checkout,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not answers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    checkout.rmdir()
+    stale = service_pids()
+    client = docker.DockerClient(base_url=docker_host)
+    name = f"stale-service-{os.getpid()}"
+    with pytest.raises(docker.errors.APIError, match="broken pipe"):
+        client.containers.run(container_image, ["true"], name=name)
+
+    api = subprocess.run(["bash", str(ROOT / "scripts" / "container-setup"), "docker-api"],
+                         capture_output=True, text=True, timeout=120)
+    assert api.returncode == 0, api.stderr
+    assert "its working directory is gone" in api.stderr
+    assert not set(stale) & set(service_pids())
+    client.containers.get(name).remove(force=True)  # created, never started
+    assert client.containers.run(container_image, ["python", "-c", "print('up')"],
+                                 remove=True) == b"up\n"
