@@ -13,17 +13,23 @@ from pathlib import Path
 import pytest
 from torchx.specs import AppState
 
-from tests.procs import ROOT
+from tests.procs import ROOT, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
+
+
+def start_docker_api() -> subprocess.CompletedProcess[str]:
+    """``scripts/container-setup docker-api``, which must succeed."""
+    api = subprocess.run(["bash", str(ROOT / "scripts" / "container-setup"), "docker-api"],
+                         capture_output=True, text=True, timeout=120)
+    assert api.returncode == 0, api.stderr
+    return api
 
 
 @pytest.fixture(scope="module")
 def docker_host(container_image: str) -> str:
     """podman's Docker API socket, started by scripts/container-setup; its DOCKER_HOST."""
-    api = subprocess.run(["bash", str(ROOT / "scripts" / "container-setup"), "docker-api"],
-                         capture_output=True, text=True, timeout=120)
-    assert api.returncode == 0, api.stderr
+    api = start_docker_api()
     host = [line for line in api.stdout.splitlines() if line.startswith("DOCKER_HOST=")][-1]
     return host.split("=", 1)[1]
 
@@ -96,17 +102,13 @@ def test_docker_api_replaces_a_service_whose_directory_is_gone(container_image: 
 
     for pid in service_pids():
         os.kill(pid, 15)
-    deadline = time.monotonic() + 10
-    while service_pids() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: not service_pids(), 10, "the running service to exit")
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     subprocess.Popen(["podman", "system", "service", "--time=0", docker_host], cwd=checkout,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 10
-    while not answers() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(answers, 10, "a service started from the checkout")
     checkout.rmdir()
     stale = service_pids()
     client = docker.DockerClient(base_url=docker_host)
@@ -114,10 +116,7 @@ def test_docker_api_replaces_a_service_whose_directory_is_gone(container_image: 
     with pytest.raises(docker.errors.APIError, match="broken pipe"):
         client.containers.run(container_image, ["true"], name=name)
 
-    api = subprocess.run(["bash", str(ROOT / "scripts" / "container-setup"), "docker-api"],
-                         capture_output=True, text=True, timeout=120)
-    assert api.returncode == 0, api.stderr
-    assert "its working directory is gone" in api.stderr
+    assert "its working directory is gone" in start_docker_api().stderr
     assert not set(stale) & set(service_pids())
     client.containers.get(name).remove(force=True)  # created, never started
     assert client.containers.run(container_image, ["python", "-c", "print('up')"],
