@@ -340,7 +340,10 @@ def test_real_torchrun_two_workers() -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in launcher and not k.startswith(("SLURM_", "OMPI_", "PMI_", "PET_",
                                                       "TORCHELASTIC_"))}
-    code = "from trainer.env import DistEnv; print(DistEnv.from_environ())"
+    # one write per line: both workers share torchrun's stdout, and unbuffered (as CI runs
+    # Python) print() writes the text and its newline apart, gluing the two lines together
+    code = "import sys; from trainer.env import DistEnv; " \
+           "sys.stdout.write(f'{DistEnv.from_environ()}\\n')"
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
          "--no-python", sys.executable, "-c", code],
