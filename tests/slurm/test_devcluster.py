@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.procs import PYTHON, ROOT, env_for_tests, free_port
+from tests.procs import PYTHON, ROOT, env_for_tests, free_port, wait_for
 
 if TYPE_CHECKING:
     from tests.slurm.conftest import SlurmCluster
@@ -143,3 +143,34 @@ def test_torch_gloo_allreduce_across_both_nodes(slurm_cluster: SlurmCluster) -> 
     assert sorted(int(rank) for _, rank, _, _ in rows) == [0, 1, 2, 3]
     assert Counter(node for node, _, _, _ in rows) == {"n1": 2, "n2": 2}
     assert {(world, total) for _, _, world, total in rows} == {("4", "10")}  # 1+2+3+4
+
+
+def test_up_after_a_host_restart_cancels_jobs_whose_processes_are_gone(
+        slurm_cluster: SlurmCluster) -> None:
+    """A host restart kills the daemons and every job on it; slurmctld's saved state still says
+    the job runs. `up` cancels it, so the nodes are free at once rather than held for minutes
+    and the old job is not requeued to run again."""
+    sleep = f"sleep 600.{os.getpid()}"  # a command line no other process has
+    proc = run(["sbatch", "--parsable", "-N2", "-n2", "-t", "10", "-o", "/dev/null",
+                "--wrap", f"exec {sleep}"])
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    try:
+        wait_for(lambda: subprocess.run(["pgrep", "-f", f"^{sleep}$"],
+                                        check=False).returncode == 0,
+                 timeout=60, what=f"job {job} to start")
+        assert devcluster(slurm_cluster, "down").returncode == 0
+        # What the restart does to the job: its slurmstepd and its processes die with the host.
+        subprocess.run(["pkill", "-KILL", "-f", rf"^slurmstepd: \[{job}\."], check=False)
+        subprocess.run(["pkill", "-KILL", "-f", f"^{sleep}$"], check=False)
+        up = devcluster(slurm_cluster, "up")
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"jobs: cancelling {job}: running before slurmctld started" in up.stdout, \
+            up.stdout
+        want = {n: "debug* idle" for n in slurm_cluster.nodes}
+        wait_for(lambda: node_states(slurm_cluster.partition) == want, timeout=30,
+                 what="both nodes idle after up")
+        state = run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"]).stdout.split()
+        assert state and state[0].startswith("CANCELLED"), state
+    finally:
+        run(["scancel", job])
