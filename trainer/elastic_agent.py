@@ -1,20 +1,34 @@
-"""torchrun's elastic agent, with an exit barrier that a stop signal can interrupt.
+"""torchrun's elastic agent, with an exit barrier that a stop signal can interrupt, and a
+watch on its own membership of the rendezvous.
 
 torchrun's agent, its workers done, waits up to 300 s in the "exit barrier" for the other
 nodes' agents, inside one blocking store call: a SIGTERM (a Slurm time limit, a pod deletion)
 is handled only when that call returns, so a node whose work had just finished when the job
 was told to stop outlived the others by 5 minutes, past the time limit. Here the barrier
 waits in short slices, and the signal ends it at once. ``python -m trainer.agent`` runs it.
+
+The membership watch: the c10d rendezvous drops a node from its round when the node's
+heartbeat is older than keep_alive_interval x keep_alive_max_attempt (15 s). A healthy node
+can miss that when the rendezvous store stalls: in the elastic container test, the node that
+hosts the store logged failed reverse DNS lookups of its new clients (EAI_AGAIN) around stalls
+of 15 to 36 s, and then a restarted node dropped the other one. Once no participant of a round
+is left, the next node to join starts a new round and completes it alone, while torch's agent on
+the dropped node looks only at the wait list, finds it empty, and trains on: two groups on
+one checkpoint directory. Here the agent also checks, each time it looks at the wait list,
+that its node is still a participant of the round it joined; when it is not, it restarts
+its workers (they checkpoint first) and joins the next round, as for a new node.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from torch.distributed import DistError
 from torch.distributed.elastic.agent.server import api as agent_api
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 from torch.distributed.elastic.utils import store as store_util
 
 BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at signals)
@@ -22,8 +36,58 @@ BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at s
 log = agent_api.logger  # torchrun's own agent log, with its format
 
 
+class MembershipWatch:
+    """The agent's rendezvous handler, whose ``num_nodes_waiting`` also counts this node as
+    waiting when the rendezvous has dropped it from the round it joined (see the module's
+    docstring). Everything else goes to the handler unchanged. It reads the c10d (dynamic)
+    handler's shared state; with a handler that has none (static, etcd-v2) it only forwards."""
+
+    def __init__(self, handler: RendezvousHandler) -> None:
+        self._handler = handler
+        self._round: int | None = None  # the round this node last joined
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._handler, name)
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        info = self._handler.next_rendezvous()
+        state = getattr(getattr(self._handler, "_state_holder", None), "state", None)
+        self._round = None if state is None else state.round
+        return info
+
+    def num_nodes_waiting(self) -> int:
+        waiting = self._handler.num_nodes_waiting()  # syncs the shared state first
+        if waiting == 0 and (why := self.dropped()):
+            log.warning("%s: restarting the workers to join the next round", why)
+            return 1
+        return waiting
+
+    def dropped(self) -> str | None:
+        """Why this node is no longer a member of the round it joined, or None if it is."""
+        holder = getattr(self._handler, "_state_holder", None)
+        state, node = getattr(holder, "state", None), getattr(self._handler, "_this_node", None)
+        if state is None or node is None or self._round is None:
+            return None
+        if node in getattr(holder, "_dead_nodes", ()):
+            # this node's own look at the state found its heartbeat late; only a peer's
+            # write of that finding (below) drops it, and heartbeats resume before that
+            return None
+        if state.round != self._round:
+            return (f"the rendezvous moved on from round {self._round} to {state.round} "
+                    f"without this node ({node})")
+        if node not in state.participants:
+            return (f"this node ({node}) was dropped from round {self._round} of the "
+                    "rendezvous: the other nodes saw no heartbeat from it in time")
+        return None
+
+
 class Agent(LocalElasticAgent):
-    """torchrun's agent, with an exit barrier that a stop signal can interrupt."""
+    """torchrun's agent, with an exit barrier that a stop signal can interrupt and a watch on
+    its node's membership of the rendezvous."""
+
+    def __init__(self, spec: agent_api.WorkerSpec, *args: Any, **kwargs: Any) -> None:
+        spec.rdzv_handler = MembershipWatch(spec.rdzv_handler)  # type: ignore[assignment]
+        super().__init__(spec, *args, **kwargs)
 
     def _exit_barrier(self) -> None:
         # torch's own: one store.wait() of up to exit_barrier_timeout, deaf to signals

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 import subprocess
 from pathlib import Path
 
@@ -129,3 +130,54 @@ def test_a_stop_signal_ends_the_wait_for_the_other_nodes(tmp_path: Path) -> None
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+def elastic_node(run_dir: Path, port: int, log: Path) -> subprocess.Popen[str]:
+    """One "node" of an elastic 1:2 job on this host, 1 process, a slow step while alone.
+    Heartbeats every 1 s, a node unseen for 4 s is dropped (torch: 5 s x 3)."""
+    return subprocess.Popen(
+        [PYTHON, "-m", "trainer.agent", "--nnodes", "1:2", "--nproc-per-node", "1",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+         "--rdzv-id", "membership-test", "--rdzv-conf",
+         "join_timeout=120,last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=4",
+         "--max-restarts", "3", "--monitor-interval", "0.1",
+         "-m", "trainer", "--run-dir", str(run_dir), "--task", "tests.containers.slow_alone:task",
+         "--batch-size", "8", "--epochs", "1", "--checkpoint-every", "50", "--eval-every", "0",
+         "--log-every", "10", "--progress", "lines"],
+        env=env_for_tests(LOGLEVEL="INFO", SLOW_ALONE_BELOW="2"), stderr=log.open("w"),
+        text=True)
+
+
+@pytest.mark.integration
+def test_a_node_dropped_from_its_round_rejoins_rather_than_train_on_alone(
+        tmp_path: Path) -> None:
+    """Node A trains alone (nnodes 1:2) and hosts the rendezvous store. Its agent stalls
+    (SIGSTOP: no heartbeat, no store) while node B starts; when the store answers again, B
+    finds A's heartbeat too old, drops A and opens a new round. torch's agent on A would
+    train on alone beside B's new group (a split brain on one checkpoint directory, seen in
+    the elastic container test). A's agent sees that it was dropped and restarts its workers
+    into the next round: the job ends as one group of 2."""
+    run_dir, port = tmp_path / "run", free_port()
+    logs = {name: tmp_path / f"{name}.log" for name in ("a", "b")}
+    nodes = {"a": elastic_node(run_dir, port, logs["a"])}
+    try:
+        wait_for(lambda: last_step(run_dir) >= 20 or nodes["a"].poll() is not None, 120,
+                 "node A training alone")
+        nodes["a"].send_signal(signal.SIGSTOP)
+        nodes["b"] = elastic_node(run_dir, port, logs["b"])
+        time.sleep(10)  # B is up and blocked on the store; A's heartbeat grows stale
+        nodes["a"].send_signal(signal.SIGCONT)
+        codes = {name: proc.wait(timeout=300) for name, proc in nodes.items()}
+    finally:
+        for proc in nodes.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+            proc.wait()
+    out = {name: log.read_text() for name, log in logs.items()}
+    assert codes == {"a": 0, "b": 0}, out["a"][-3000:] + out["b"][-3000:]
+    assert "restarting the workers to join the next round" in out["a"], out["a"][-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
+    alone_after_the_stall = [line for line in out["b"].splitlines()
+                             if "joined:" in line and "world_size 1 " in line]
+    assert not alone_after_the_stall, out["b"][-3000:]
