@@ -51,7 +51,7 @@ class MembershipWatch:
 
     def next_rendezvous(self) -> RendezvousInfo:
         info = self._handler.next_rendezvous()
-        state = getattr(getattr(self._handler, "_state_holder", None), "state", None)
+        state = getattr(self._holder(), "state", None)
         self._round = None if state is None else state.round
         return info
 
@@ -64,7 +64,7 @@ class MembershipWatch:
 
     def dropped(self) -> str | None:
         """Why this node is no longer a member of the round it joined, or None if it is."""
-        holder = getattr(self._handler, "_state_holder", None)
+        holder = self._holder()
         state, node = getattr(holder, "state", None), getattr(self._handler, "_this_node", None)
         if state is None or node is None or self._round is None:
             return None
@@ -79,6 +79,10 @@ class MembershipWatch:
             return (f"this node ({node}) was dropped from round {self._round} of the "
                     "rendezvous: the other nodes saw no heartbeat from it in time")
         return None
+
+    def _holder(self) -> Any:
+        """The c10d handler's synced shared state (``.state``), or None for other handlers."""
+        return getattr(self._handler, "_state_holder", None)
 
 
 class Agent(LocalElasticAgent):
