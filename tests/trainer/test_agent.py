@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import subprocess
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,25 @@ time.sleep(0 if os.environ["GROUP_RANK"] == "0" else 600)
 """
 
 
+def node_agent(port: int, rdzv_id: str, log: Path, *args: str,
+               **env: str) -> subprocess.Popen[str]:
+    """One "node" on this host: an agent with 1 process in the c10d rendezvous at PORT, its
+    stderr (torchrun's INFO log and the workers' lines) to LOG."""
+    return subprocess.Popen(
+        [PYTHON, "-m", "trainer.agent", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", rdzv_id, *args],
+        env=env_for_tests(LOGLEVEL="INFO", **env), stderr=log.open("w"), text=True)
+
+
+def end_all(procs: Iterable[subprocess.Popen[str]]) -> None:
+    """Kill whatever of PROCS still runs (a stopped one too) and reap them all."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        proc.wait()
+
+
 @pytest.mark.integration
 def test_a_stop_signal_ends_the_wait_for_the_other_nodes(tmp_path: Path) -> None:
     """Two agents (two "nodes"); node 0's work ends at once, node 1's does not. Node 0's
@@ -106,13 +126,8 @@ def test_a_stop_signal_ends_the_wait_for_the_other_nodes(tmp_path: Path) -> None
     script.write_text(NODE_SCRIPT)
     port = free_port()
     logs = [tmp_path / f"agent{i}.log" for i in range(2)]
-    agents = [subprocess.Popen([PYTHON, "-m", "trainer.agent", "--nnodes", "2",
-                                "--nproc-per-node", "1", "--node-rank", str(i),
-                                "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                                f"127.0.0.1:{port}", "--rdzv-id", "barrier-test",
-                                "--max-restarts", "0", str(script)],
-                               env=env_for_tests(LOGLEVEL="INFO"), stderr=log.open("w"),
-                               text=True)
+    agents = [node_agent(port, "barrier-test", log, "--nnodes", "2", "--node-rank", str(i),
+                         "--max-restarts", "0", str(script))
               for i, log in enumerate(logs)]
     try:
         wait_for(lambda: "waiting up to 300 s for the other nodes" in logs[0].read_text()
@@ -126,26 +141,19 @@ def test_a_stop_signal_ends_the_wait_for_the_other_nodes(tmp_path: Path) -> None
         assert code == 143, logs[0].read_text()[-2000:]
         assert "SIGTERM while waiting for the other nodes: stopping" in logs[0].read_text()
     finally:
-        for proc in agents:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        end_all(agents)
 
 
 def elastic_node(run_dir: Path, port: int, log: Path) -> subprocess.Popen[str]:
     """One "node" of an elastic 1:2 job on this host, 1 process, a slow step while alone.
     Heartbeats every 1 s, a node unseen for 4 s is dropped (torch: 5 s x 3)."""
-    return subprocess.Popen(
-        [PYTHON, "-m", "trainer.agent", "--nnodes", "1:2", "--nproc-per-node", "1",
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-         "--rdzv-id", "membership-test", "--rdzv-conf",
-         "join_timeout=120,last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=4",
-         "--max-restarts", "3", "--monitor-interval", "0.1",
-         "-m", "trainer", "--run-dir", str(run_dir), "--task", "tests.containers.slow_alone:task",
-         "--batch-size", "8", "--epochs", "1", "--checkpoint-every", "50", "--eval-every", "0",
-         "--log-every", "10", "--progress", "lines"],
-        env=env_for_tests(LOGLEVEL="INFO", SLOW_ALONE_BELOW="2"), stderr=log.open("w"),
-        text=True)
+    return node_agent(
+        port, "membership-test", log, "--nnodes", "1:2", "--rdzv-conf",
+        "join_timeout=120,last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=4",
+        "--max-restarts", "3", "--monitor-interval", "0.1",
+        "-m", "trainer", "--run-dir", str(run_dir), "--task", "tests.containers.slow_alone:task",
+        "--batch-size", "8", "--epochs", "1", "--checkpoint-every", "50", "--eval-every", "0",
+        "--log-every", "10", "--progress", "lines", SLOW_ALONE_BELOW="2")
 
 
 @pytest.mark.integration
@@ -169,11 +177,7 @@ def test_a_node_dropped_from_its_round_rejoins_rather_than_train_on_alone(
         nodes["a"].send_signal(signal.SIGCONT)
         codes = {name: proc.wait(timeout=300) for name, proc in nodes.items()}
     finally:
-        for proc in nodes.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.kill()
-            proc.wait()
+        end_all(nodes.values())
     out = {name: log.read_text() for name, log in logs.items()}
     assert codes == {"a": 0, "b": 0}, out["a"][-3000:] + out["b"][-3000:]
     assert "restarting the workers to join the next round" in out["a"], out["a"][-3000:]
