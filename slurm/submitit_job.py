@@ -12,6 +12,10 @@ what submitit would do on the signal: it asks ``TrainTask.checkpoint`` for the n
 submission (refused, with a message, past ``slurm.max_requeues`` or when the newest checkpoint
 has not moved since the last requeue), pickles it and runs ``scontrol requeue``. The other
 ranks wait to be stopped by the requeue. The requeued job resumes from the checkpoint.
+
+Done: once the trainer has finished its work, the task ignores stop signals until it has
+exited. Slurm sends the time-limit USR2 up to ~40 s early; landing there, it would make
+submitit requeue a finished job, or kill the exiting task and fail the job.
 """
 
 from __future__ import annotations
@@ -168,6 +172,8 @@ class TrainTask(Checkpointable):
         self._mark_attempt()
         code = self._run()
         if code == EXIT_OK:
+            from trainer.preempt import ignore_stop_signals  # torch: not at submission time
+            ignore_stop_signals()  # a time-limit USR2 while submitit finishes must not requeue
             return code
         if code == EXIT_PREEMPTED:
             self._hand_over_to_submitit()

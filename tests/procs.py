@@ -29,6 +29,33 @@ def env_for_tests(**extra: str) -> dict[str, str]:
     return env
 
 
+LINGER_AT_EXIT = """\
+import atexit, os, time
+
+def _linger():  # the interpreter is exiting: say so, then hold the process open a while
+    open(os.path.join(os.environ["LINGER_DIR"], str(os.getpid())), "w").close()
+    time.sleep(float(os.environ["LINGER_S"]))
+
+atexit.register(_linger)
+"""
+
+
+def linger_at_exit(folder: Path, seconds: float) -> dict[str, str]:
+    """Environment for Python processes that, as their interpreter begins to exit, each write
+    a file named by their pid into ``folder`` and then wait ``seconds``: a window in which to
+    send a signal to a process whose work is done (a ``sitecustomize`` on PYTHONPATH)."""
+    hook = folder / "hook"
+    hook.mkdir(parents=True)
+    (hook / "sitecustomize.py").write_text(LINGER_AT_EXIT)
+    path = os.pathsep.join([str(hook), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {"PYTHONPATH": path, "LINGER_DIR": str(folder), "LINGER_S": str(seconds)}
+
+
+def lingering(folder: Path) -> list[int]:
+    """The pids that have begun to exit under ``linger_at_exit(folder, ...)``."""
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

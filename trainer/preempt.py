@@ -85,3 +85,16 @@ class StopRequest:
             self._timer = None
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+
+
+def ignore_stop_signals() -> None:
+    """The work is done and the process's exit code settled: a stop signal from here to the
+    process's end has nothing left to stop, so it is ignored.
+
+    Slurm sends its time-limit USR2 up to ~40 s early, so it can land while a finished task
+    exits. Handled by submitit's handler (which the trainer puts back), it would requeue the
+    finished job; in the interpreter's finalization, which puts the default action back, it
+    kills the task, and Slurm counts the whole job FAILED. Not for torchrun's workers: their
+    agent stops a finished worker with SIGTERM and waits for it to exit (trainer.agent)."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)

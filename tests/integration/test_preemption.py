@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.procs import (PYTHON, assert_bitwise_equal, env_for_tests, final_params, last_step,
-                         wait_for)
+                         linger_at_exit, lingering, wait_for)
 
 pytestmark = pytest.mark.integration
 ARGS = ["--epochs", "3", "--checkpoint-every", "0", "--log-every", "1", "--progress", "lines"]
@@ -46,3 +46,24 @@ def test_signal_checkpoints_and_exits_143_then_resumes(tmp_path: Path, reference
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"resumed from {stopped_at[0].name}" in again.stderr
     assert_bitwise_equal(final_params(tmp_path / "checkpoints"), reference)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])
+def test_a_stop_signal_while_a_finished_trainer_exits_changes_nothing(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    """Slurm's time-limit USR2 may land as a finished run's process exits (the last CI run
+    saw it: the task died of it in the interpreter's finalization and the job was FAILED).
+    The work is done, so it is ignored: the process exits 0."""
+    window = tmp_path / "exiting"
+    window.mkdir()
+    run = tmp_path / "run"
+    proc = subprocess.Popen([PYTHON, "-m", "trainer", "--run-dir", str(run), "--epochs", "1",
+                             "--progress", "lines"],
+                            env=env_for_tests(**linger_at_exit(window, 4)),
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: lingering(window) or proc.poll() is not None, 120, "the process's exit")
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert lingering(window) == [proc.pid], err[-2000:]
+    assert proc.returncode == 0, err[-2000:]
+    assert (run / "summary.json").exists()

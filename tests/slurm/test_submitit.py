@@ -26,7 +26,8 @@ from slurm.slurm_cli import SlurmError
 from slurm.slurm_logs import job_logs
 from slurm.submitit_job import (RequeueRefused, TrainTask, extra_parameters, submit,
                                 submit_sweep, submitit_parameters, timeout_minutes)
-from tests.procs import PYTHON, ROOT, env_for_tests, last_step, wait_for
+from tests.procs import (PYTHON, ROOT, env_for_tests, last_step, linger_at_exit, lingering,
+                         wait_for)
 from tests.slurm.conftest import TWO_BY_TWO_SETS, assert_same_result
 
 if TYPE_CHECKING:
@@ -162,6 +163,31 @@ def test_time_limit_shorter_than_the_work(slurm_cluster: SlurmCluster, tmp_path:
     log = task_logs(run_dir, job_id)
     assert "stopped by SIGUSR2" in log and "Requeued job" in log, log
     assert train_steps(run_dir) == list(range(1, 120 * 22 + 1)), "a step was lost or repeated"
+
+
+def test_a_stop_signal_while_the_finished_tasks_exit_changes_nothing(
+        slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm sends the time-limit USR2 up to ~40 s early, so it can land as the last attempt's
+    tasks exit (a CI run saw it: two tasks died of it and the finished job ended FAILED).
+    Here every task holds its exit open and gets USR2 there: the job ends COMPLETED, and
+    submitit's handler, back after the trainer, does not requeue the finished job."""
+    window = tmp_path / "exiting"
+    window.mkdir()
+    for key, value in linger_at_exit(window, 6).items():
+        monkeypatch.setenv(key, value)  # sbatch exports the submitting environment to tasks
+    run_dir = tmp_path / "run"
+    job_id = submit(job_spec(run_dir, "trainer.args.epochs=2"))
+    wait_for(lambda: len(lingering(window)) == 4 or not slurm_cli.in_queue(job_id), 300,
+             "all 4 tasks exiting")
+    try:
+        assert slurm_cli.run(["scancel", "--signal=USR2", job_id]).returncode == 0
+        assert slurm_cli.wait(job_id, timeout=120) == "COMPLETED", task_logs(run_dir, job_id)
+    finally:
+        slurm_cli.run(["scancel", job_id])  # a finished job requeued by the signal: gone
+    assert len(lingering(window)) == 4
+    shown = job_logs(run_dir / "submitit" / "%j", job_id)
+    assert shown.attempts() == [0] and not shown.first_failing, shown.first_failing
+    assert "Caught signal" not in task_logs(run_dir, job_id)
 
 
 def test_a_failing_job_names_its_first_failing_rank(slurm_cluster: SlurmCluster,
