@@ -94,7 +94,9 @@ def ignore_stop_signals() -> None:
     Slurm sends its time-limit USR2 up to ~40 s early, so it can land while a finished task
     exits. Handled by submitit's handler (which the trainer puts back), it would requeue the
     finished job; in the interpreter's finalization, which puts the default action back, it
-    kills the task, and Slurm counts the whole job FAILED. Not for torchrun's workers: their
-    agent stops a finished worker with SIGTERM and waits for it to exit (trainer.agent)."""
+    kills the task, and Slurm counts the whole job FAILED. Harmless under torchrun, whose
+    agent is done only once every worker process has exited; not for the workers that
+    trainer.agent forks, whose agent stops a finished worker with SIGTERM while it waits for
+    its result to be read (trainer.agent.worker)."""
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
