@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -32,6 +33,17 @@ def docker_host(container_image: str) -> str:
     api = start_docker_api()
     host = [line for line in api.stdout.splitlines() if line.startswith("DOCKER_HOST=")][-1]
     return host.split("=", 1)[1]
+
+
+def remove_app_containers(output: str) -> None:
+    """TorchX's local_docker keeps an app's exited containers (for ``torchx log``); remove
+    those of the app whose handle ``output`` names, so that no test leaves one behind."""
+    for app_id in set(re.findall(r"local_docker://[^/\s]*/([\w-]+)", output)):
+        ids = subprocess.run(["podman", "ps", "-aq", "--filter",
+                              f"label=torchx.pytorch.org/app-id={app_id}"],
+                             capture_output=True, text=True, check=False).stdout.split()
+        if ids:
+            subprocess.run(["podman", "rm", "-f", *ids], capture_output=True, check=False)
 
 
 def test_podman_stopped_state_reads_as_the_exit_code(container_image: str,
@@ -77,6 +89,7 @@ def test_torchx_local_docker_through_podman(container_image: str, docker_host: s
          "--image", container_image, "--mounts", f"type=bind,src={runs},dst=/workspace/runs",
          "--", "--epochs", "4"], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=600)
+    remove_app_containers(proc.stdout + proc.stderr)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "SUCCEEDED" in proc.stdout + proc.stderr
     summary = json.loads((runs / "txd" / "summary.json").read_text())
