@@ -15,9 +15,9 @@ from pathlib import Path
 from secrets import token_hex
 from typing import NoReturn
 
-from jobs.launch import GRACE_SECONDS, find_free_port, missing_secrets, run_local
+from jobs.backends.local.launch import GRACE_SECONDS, find_free_port, missing_secrets, run_local
 from jobs.load import SpecError, load
-from jobs.local import LocalPlan, render_local, render_text
+from jobs.backends.local.render import LocalPlan, render_local, render_text
 from jobs.spec import JobSpec
 from jobs.values import UserError
 
@@ -69,7 +69,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     _check_backend("render", args.to.partition(":")[0])
     spec = load(Path(args.job), args.set)
     if args.to.startswith("torchx"):
-        from jobs.torchx_app import appdef_text, render_appdef
+        from jobs.backends.torchx.render import appdef_text, render_appdef
         sys.stdout.write(appdef_text(render_appdef(spec)))
     elif args.to == "slurm":
         from slurm.sbatch import render_sbatch
@@ -78,7 +78,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     elif args.to == "docker":
-        from jobs.compose import compose_text, render_compose
+        from jobs.backends.docker.render import compose_text, render_compose
         sys.stdout.write(compose_text(render_compose(spec), source=args.job))
     elif args.to.startswith("k8s"):
         from k8s.render import render_manifest
@@ -109,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def run_docker(spec: JobSpec, args: argparse.Namespace) -> int:
     """One container per node through docker compose or podman-compose."""
-    from jobs import compose, docker_launch
+    from jobs.backends.docker import launch as docker_launch, render as compose
     if args.dry_run:
         sys.stdout.write(compose.compose_text(compose.render_compose(spec, host_dir=os.getcwd()),
                                               source=args.job))
@@ -135,8 +135,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         ref = Cluster().submit(obj)
         print(f"{ref.namespace}/{ref.name}")
         return 0
-    from jobs import torchx_launch
-    from jobs.torchx_app import render_appdef
+    from jobs.backends.torchx import launch as torchx_launch
+    from jobs.backends.torchx.render import render_appdef
     if not target:
         raise UsageError("say which TorchX scheduler: --to torchx:local_cwd, torchx:slurm, "
                          "torchx:kubernetes, ...")
@@ -236,7 +236,7 @@ def cmd_job(args: argparse.Namespace) -> int:
             cluster.cancel(ref)
             print(f"deleted {ref.kind} {ref.namespace}/{ref.name}")
         return 0
-    from jobs import torchx_launch
+    from jobs.backends.torchx import launch as torchx_launch
     action = {"status": torchx_launch.status, "logs": torchx_launch.logs,
               "cancel": torchx_launch.cancel}[args.command]
     return action(args.job_id)

@@ -10,7 +10,7 @@ from typing import Dict, List, Optional
 import torchx.specs as specs
 
 from jobs.load import build
-from jobs.torchx_app import render_appdef
+from jobs.backends.torchx.render import render_appdef
 
 
 def train(

@@ -21,7 +21,7 @@ import sys
 import uuid
 from typing import Sequence
 
-from trainer.preempt import EXIT_PREEMPTED
+from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED
 
 FAST_MODULE = "trainer"
 PRELOAD = ["trainer.train", "torch._dynamo"]  # torch.optim imports torch._dynamo on first use
@@ -38,7 +38,7 @@ def worker(*argv: str) -> None:
     """
     from trainer.train import main
 
-    code = main(list(argv), stopped_after_the_work=EXIT_PREEMPTED)
+    code = main(list(argv), stopped_after_the_work=EXIT_STOPPED)
     if code:
         sys.exit(code)
 
@@ -73,11 +73,11 @@ def exit_code(worker_codes: set[int]) -> int:
     """The agent's exit code from its failed workers', in the trainer's vocabulary: 2 if any
     configuration error, 143 if every worker stopped after a checkpoint, else 1. Schedulers
     retry 143 (PyTorchJob's ExitCode policy, Slurm requeue) and never 1 or 2."""
-    if 2 in worker_codes:
-        return 2
-    if worker_codes == {143}:
-        return 143
-    return 1
+    if EXIT_CONFIG in worker_codes:
+        return EXIT_CONFIG
+    if worker_codes == {EXIT_STOPPED}:
+        return EXIT_STOPPED
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":

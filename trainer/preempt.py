@@ -17,7 +17,7 @@ import types
 import torch
 import torch.distributed as dist
 
-EXIT_PREEMPTED = 143
+from trainer.contract import EXIT_STOPPED as EXIT_PREEMPTED
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from trainer.checkpoint import Checkpointer, Position
+from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from trainer.config import ConfigError, TrainConfig, parse_args
 from trainer.data import TrainBatches, eval_batches
 from trainer.dist import Group, process_group
@@ -29,7 +30,6 @@ from trainer.preempt import EXIT_PREEMPTED, StopRequest
 from trainer.report import Reporter
 from trainer.tasks import Task, build_task
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 
 def main(argv: Sequence[str] | None = None, *, stopped_after_the_work: int = 0) -> int:

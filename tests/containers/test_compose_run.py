@@ -22,7 +22,7 @@ from typing import IO
 import pytest
 import yaml
 
-from jobs.compose import compose_text, render_compose
+from jobs.backends.docker.render import compose_text, render_compose
 from jobs.load import loads
 from tests.procs import (PYTHON, ROOT, assert_bitwise_equal, env_for_tests, final_params,
                          last_step, wait_for)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from jobs.load import load, loads
-from jobs.local import LocalPlan, omp_threads, render_local, render_text
+from jobs.backends.local.render import LocalPlan, omp_threads, render_local, render_text
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parents[1] / "jobs" / "examples"

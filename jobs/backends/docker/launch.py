@@ -1,4 +1,4 @@
-"""The docker launcher: runs a compose file (``jobs.compose``) with podman-compose or
+"""The docker launcher: runs a compose file (``jobs.backends.docker.render``) with podman-compose or
 ``docker compose``, streams each node's log with its name in front, and always tears down.
 
 The engine's restart policy brings back a node whose agent crashed; a node stopped or killed
@@ -23,12 +23,12 @@ from pathlib import Path
 from secrets import token_hex
 from typing import IO, Any, Callable
 
-from jobs.compose import compose_text, render_compose, service_name
+from jobs.backends.docker.render import compose_text, render_compose, service_name
 from jobs.spec import JobSpec
 from jobs.values import UserError
 from trainer.agent import exit_code
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 IMAGE_UID = 1000  # the Dockerfile's USER: it must be able to write the run directory
 STOPPED = 143
 PROJECT_LABEL = "com.docker.compose.project"  # set by docker compose and podman-compose

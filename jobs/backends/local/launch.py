@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any, NamedTuple
 
-from jobs.local import LocalPlan
+from jobs.backends.local.render import LocalPlan
 
 GRACE_SECONDS = 60.0
 STOPPED = 143  # 128 + SIGTERM: "told to stop; run again to continue" on every backend

@@ -4,7 +4,7 @@ Each emulated node is one torchrun agent (``python -m trainer.agent``: torchrun'
 arguments, with workers forked from a preloaded server so restarts are quick, and the
 restart-safe rendezvous store setting); all agents meet at one c10d rendezvous on
 127.0.0.1. Everything that varies between runs (port, run id, interpreter, CPU count) is
-passed in, so the output is deterministic; ``jobs.launch`` performs it.
+passed in, so the output is deterministic; ``jobs.backends.local.launch`` performs it.
 """
 
 from __future__ import annotations

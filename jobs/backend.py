@@ -1,0 +1,244 @@
+"""The one contract every backend keeps, and the registry that finds a backend by name.
+
+In the spirit of TorchX's ``Scheduler`` (``submit = schedule(dryrun(...))``) and submitit's
+``Executor``: ``check`` is the preflight, ``render`` is pure and returns the exact
+``Request`` (its ``text`` is what ``torchjob render`` and ``--dry-run`` print), ``submit``
+sends exactly that request and returns a ``Handle`` that names its backend (``slurm:1234``,
+``k8s:NAMESPACE/NAME``, ``local:RUN_ID``), and ``status``/``logs``/``cancel``/``list`` follow
+it. ``run`` is submit + follow the logs + the job's own exit code.
+
+Backends are found through the ``torchjob.backends`` entry-point group (as TorchX finds its
+schedulers): a new backend is one package and one line in ``pyproject.toml``; no other backend
+and no command-line code changes. Core module: imports no backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
+
+from jobs.spec import JobSpec
+from jobs.values import UserError
+from trainer.contract import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+
+ENTRY_POINT_GROUP = "torchjob.backends"
+
+
+class BackendError(UserError):
+    """A backend that cannot be used as asked (unknown name, missing tool, unsupported
+    command): one line, exit 2."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a render may depend on besides the spec, decided at the edge (the command line)
+    so that rendering stays pure: the job's id, the interpreter on the nodes, the directory
+    relative paths start at, a free port for a local rendezvous."""
+
+    run_id: str
+    python: str = "python"
+    workdir: str = "/"
+    port: int = 29400
+    cpu_count: int = 1
+    source: str | None = None  # the spec file's path, for headers that say where they came from
+    options: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"sweep": {...}}
+
+
+@dataclass(frozen=True)
+class Request:
+    """The exact thing a backend submits: ``data`` (the sbatch script, the compose document,
+    the manifest, the AppDef, the command lines) and ``text``, what render prints."""
+
+    backend: str  # the registry name with its variant: "slurm", "k8s:trainjob", "torchx:slurm"
+    name: str  # the job's name (spec.name)
+    data: Any
+    text: str
+    spec: JobSpec | None = None  # the spec it came from (for backends that read it at submit)
+    context: Context | None = None
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A submitted job: ``BACKEND:ID`` (``slurm:1234``, ``k8s:default/digits``,
+    ``torchx:local_cwd://torchjob/digits-x``), so that status/logs/cancel need no ``--to``."""
+
+    backend: str  # registry name (may include a variant: "k8s:trainjob")
+    id: str
+
+    def __str__(self) -> str:
+        return f"{self.backend}:{self.id}"
+
+
+class State(str, enum.Enum):
+    """A job's state, in one vocabulary for every backend."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"  # stopped or preempted after a checkpoint: run again to continue
+    CANCELLED = "CANCELLED"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (State.PENDING, State.RUNNING, State.UNKNOWN)
+
+
+# The exit code `torchjob run` ends with for a job that ended in each state, when the backend
+# knows no more precise code (the README's table).
+STATE_EXIT = {State.SUCCEEDED: EXIT_OK, State.FAILED: EXIT_FAILED, State.STOPPED: EXIT_STOPPED,
+              State.CANCELLED: EXIT_STOPPED}
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What ``torchjob status`` shows (and ``--json`` prints)."""
+
+    handle: Handle
+    state: State
+    exit_code: int | None = None  # the job's own exit code once it ended, when known
+    name: str = ""
+    detail: str = ""  # the backend's own words: conditions, Slurm's state, the failing rank
+    raw: Mapping[str, Any] = field(default_factory=dict)  # backend-native fields
+
+    def as_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["handle"] = str(self.handle)
+        out["backend"] = self.handle.backend
+        out["id"] = self.handle.id
+        out["state"] = self.state.value
+        out["raw"] = dict(self.raw)
+        return out
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every backend implements. Methods a backend cannot offer raise BackendError
+    saying so and what to use instead."""
+
+    name: str  # the registry name with its variant
+
+    def check(self, spec: JobSpec) -> None:
+        """Preflight: the tools and cluster this backend needs are there and the spec fits it;
+        else a UserError/SpecError with the fix (exit 2). Nothing is submitted."""
+
+    def render(self, spec: JobSpec, context: Context) -> Request:
+        """Pure: the exact request, as data and as text."""
+
+    def submit(self, request: Request) -> Handle:
+        """Send exactly ``request``; nothing is rebuilt on the way."""
+
+    def run(self, request: Request) -> int:
+        """Submit, follow the logs to the end, and return the job's own exit code."""
+
+    def status(self, handle: Handle) -> JobStatus: ...
+
+    def logs(self, handle: Handle, *, follow: bool = False) -> Iterator[str]:
+        """Every line, each with the one log prefix (``[node N rank R attempt A]``)."""
+
+    def cancel(self, handle: Handle) -> str:
+        """Stop the job (its workers checkpoint where the backend allows); what was done."""
+
+    def list(self) -> list[JobStatus]: ...
+
+    def parse_handle(self, text: str) -> Handle:
+        """This backend's handle from the id part the user typed (``1234``, ``ns/name``)."""
+
+
+class BaseBackend:
+    """Defaults for the parts of the contract a backend leaves out, each an exit-2 error that
+    names what to do instead, and ``run`` as submit + follow + the job's exit code."""
+
+    name: ClassVar[str] = ""
+    commands: ClassVar[tuple[str, ...]] = ()  # what this backend offers, for --help and errors
+
+    def _unsupported(self, what: str, instead: str = "") -> BackendError:
+        return BackendError(f"backend {self.name!r} has no {what}" +
+                            (f": {instead}" if instead else ""))
+
+    def check(self, spec: JobSpec) -> None:
+        return None
+
+    def render(self, spec: JobSpec, context: Context) -> Request:
+        raise self._unsupported("render")
+
+    def submit(self, request: Request) -> Handle:
+        raise self._unsupported("submit")
+
+    def run(self, request: Request) -> int:
+        handle = self.submit(request)
+        print(f"torchjob: submitted {handle}", file=sys.stderr, flush=True)
+        for line in self.logs(handle, follow=True):
+            print(line, flush=True)
+        return self.exit_code(self.wait(handle))
+
+    def wait(self, handle: Handle) -> JobStatus:
+        raise self._unsupported("wait")
+
+    @staticmethod
+    def exit_code(status: JobStatus) -> int:
+        if status.exit_code is not None:
+            return status.exit_code
+        return STATE_EXIT.get(status.state, EXIT_FAILED)
+
+    def status(self, handle: Handle) -> JobStatus:
+        raise self._unsupported("status")
+
+    def logs(self, handle: Handle, *, follow: bool = False) -> Iterator[str]:
+        raise self._unsupported("logs")
+
+    def cancel(self, handle: Handle) -> str:
+        raise self._unsupported("cancel")
+
+    def list(self) -> list[JobStatus]:
+        raise self._unsupported("list")
+
+    def parse_handle(self, text: str) -> Handle:
+        if not text:
+            raise BackendError(f"an empty job id for backend {self.name!r}")
+        return Handle(self.name, text)
+
+
+Factory = Callable[[str], Backend]  # variant ("" for none) -> the backend
+
+
+def _factories() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def names() -> list[str]:
+    """The registered backend families (``local``, ``slurm``, ``torchx``, ...)."""
+    return sorted(_factories())
+
+
+def get(name: str) -> Backend:
+    """The backend called ``name`` (``slurm``, ``slurm:sbatch``, ``torchx:local_cwd``,
+    ``k8s:trainjob``); an unknown one is a BackendError that lists the known ones."""
+    family, _, variant = name.partition(":")
+    found = _factories()
+    if family not in found:
+        known = ", ".join(sorted(found)) or "none (is torchjob installed? pip install -e .)"
+        raise BackendError(f"unknown backend {name!r}; choose from {known}")
+    factory: Factory = found[family].load()
+    return factory(variant)
+
+
+def parse_handle(text: str, default_backend: str | None = None) -> tuple[Backend, Handle]:
+    """``slurm:1234`` -> (the slurm backend, its handle). A bare id needs ``default_backend``
+    (``--to``)."""
+    family, colon, rest = text.partition(":")
+    if colon and family in _factories():
+        handle = get(family).parse_handle(rest)
+    elif default_backend is None:
+        raise BackendError(f"job {text!r} does not say its backend: write BACKEND:ID as "
+                           f"torchjob submit printed it (e.g. slurm:1234, k8s:default/NAME, "
+                           f"local:RUN_ID), or pass --to BACKEND")
+    else:
+        handle = get(default_backend).parse_handle(text)
+    return get(handle.backend), handle

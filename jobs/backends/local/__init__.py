@@ -1,0 +1,1 @@
+"""The local backend: torchrun agents on this machine, one per emulated node."""

@@ -1,0 +1,1 @@
+"""The TorchX backend: the job as an AppDef, through any TorchX scheduler."""

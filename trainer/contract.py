@@ -1,0 +1,28 @@
+"""The constants every backend shares, defined once: exit codes, the log line prefix, the
+CPU-thread rule. The trainer and the agent use them; the launcher side imports them from
+here (this package is the lowest layer, and needs no torch for this module).
+"""
+
+from __future__ import annotations
+
+# The exit table (README, "Exit codes"), the same on every backend.
+EXIT_OK = 0  # done
+EXIT_FAILED = 1  # the job failed: user code raised, or workers kept dying past max_restarts
+EXIT_CONFIG = 2  # bad configuration: spec, options or environment; never retried
+EXIT_STOPPED = 143  # 128 + SIGTERM: stopped or preempted after a checkpoint; run again
+
+# One prefix for every log line a job prints, on every backend: node, rank, attempt.
+LOG_PREFIX = "[node {node} rank {rank} attempt {attempt}] "
+
+
+def log_prefix(node: int | str, rank: int | str, attempt: int | str) -> str:
+    """``[node 1 rank 3 attempt 0] ``: where a line came from."""
+    return LOG_PREFIX.format(node=node, rank=rank, attempt=attempt)
+
+
+def omp_threads(node_cpus: float | None, nproc_per_node: int) -> int:
+    """CPU threads per worker: the node's CPUs shared by its worker processes, at least one.
+    ``node_cpus`` None (unknown) gives one thread, which never oversubscribes."""
+    if not node_cpus:
+        return 1
+    return max(1, int(node_cpus // nproc_per_node))
