@@ -20,13 +20,14 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from jobs.spec import JobSpec
 from jobs.values import UserError
 from trainer.contract import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 
 ENTRY_POINT_GROUP = "torchjob.backends"
+GRACE_S = 60.0  # after a stop, how long workers may take to checkpoint before they are killed
 
 
 class BackendError(UserError):
@@ -139,7 +140,8 @@ class Backend(Protocol):
 
     def status(self, handle: Handle) -> JobStatus: ...
 
-    def logs(self, handle: Handle, *, follow: bool = False) -> Iterator[str]:
+    def logs(self, handle: Handle, *, follow: bool = False,
+             log_dir: str | None = None) -> Iterator[str]:
         """Every line, each with the one log prefix (``[node N rank R attempt A]``)."""
 
     def cancel(self, handle: Handle) -> str:
@@ -155,8 +157,8 @@ class BaseBackend:
     """Defaults for the parts of the contract a backend leaves out, each an exit-2 error that
     names what to do instead, and ``run`` as submit + follow + the job's exit code."""
 
-    name: ClassVar[str] = ""
-    commands: ClassVar[tuple[str, ...]] = ()  # what this backend offers, for --help and errors
+    name: str = ""
+    native_sweep: bool = False  # True: a sweep is one submission (a Slurm job array)
 
     def _unsupported(self, what: str, instead: str = "") -> BackendError:
         return BackendError(f"backend {self.name!r} has no {what}" +
@@ -190,7 +192,8 @@ class BaseBackend:
     def status(self, handle: Handle) -> JobStatus:
         raise self._unsupported("status")
 
-    def logs(self, handle: Handle, *, follow: bool = False) -> Iterator[str]:
+    def logs(self, handle: Handle, *, follow: bool = False,
+             log_dir: str | None = None) -> Iterator[str]:
         raise self._unsupported("logs")
 
     def cancel(self, handle: Handle) -> str:

@@ -1,245 +1,176 @@
-"""The ``torchjob`` command: load a job spec, render it for a backend, launch it.
+"""The ``torchjob`` command: generic over the backend registry (``jobs.backend``).
 
-User mistakes (a bad spec, a bad flag, a missing file, a backend this version lacks) print
-one line on stderr and exit 2 before anything starts; unexpected errors keep their traceback.
+``run | render | submit`` load a spec and hand it to the backend named by ``--to``;
+``status | logs | cancel`` take a handle that names its backend (``slurm:1234``); ``list``
+asks the backends. No command here knows a backend: what differs lives in the backends.
+User mistakes (a bad spec, a bad flag, a missing file, a backend that cannot do something)
+print one line on stderr and exit 2 before anything starts; unexpected errors keep their
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
-import re
+import socket
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from secrets import token_hex
 from typing import NoReturn
 
-from jobs.backends.local.launch import GRACE_SECONDS, find_free_port, missing_secrets, run_local
+from jobs import backend as registry
+from jobs.backend import GRACE_S, Backend, Context, JobStatus, Request
 from jobs.load import SpecError, load
-from jobs.backends.local.render import LocalPlan, render_local, render_text
 from jobs.spec import JobSpec
+from jobs.sweep import parse_sweep, sweep_specs
 from jobs.values import UserError
-
-BACKENDS = ("local", "slurm", "k8s", "k8s:trainjob", "docker", "torchx", "torchx:SCHEDULER")
-# What each command can do in this version; the rest exit 2 saying so.
-AVAILABLE: dict[str, tuple[str, ...]] = {"run": ("local", "docker"),
-                                         "render": ("local", "torchx", "k8s", "slurm",
-                                                    "docker"),
-                                         "submit": ("torchx", "k8s", "slurm"),
-                                         "status": ("torchx", "k8s", "slurm"),
-                                         "logs": ("torchx", "k8s", "slurm"),
-                                         "cancel": ("torchx", "k8s", "slurm")}
-
-
-class UsageError(Exception):
-    """A command-line mistake: one line on stderr, exit 2."""
-
+from trainer.contract import EXIT_CONFIG, EXIT_OK
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_CONFIG, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def backend(text: str) -> str:
-    """``--to`` value: a known backend name, or ``torchx:SCHEDULER``."""
-    if text in BACKENDS[:-1] or re.fullmatch(r"torchx:[a-z][a-z0-9_]*", text):
-        return text
-    raise argparse.ArgumentTypeError(f"unknown backend {text!r}; choose from "
-                                     f"{', '.join(BACKENDS)}")
+def version() -> str:
+    try:
+        return metadata.version("torchjob")
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a bare checkout
+        return "unknown"
 
 
-def _check_backend(command: str, to: str) -> None:
-    if to in AVAILABLE[command]:
-        return
-    if to == "local" and command not in ("run", "render"):
-        raise UsageError(f"local jobs run in the foreground: use 'torchjob run JOB.yaml'; "
-                         f"'torchjob {command} --to local' does not exist")
-    have = ", ".join(AVAILABLE[command]) or "none yet"
-    raise UsageError(f"backend {to!r} is not available for 'torchjob {command}' in this "
-                     f"version of torchjob (available: {have})")
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now (for a rendezvous on this machine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
-def _plan(spec: JobSpec, *, port: int, run_id: str) -> LocalPlan:
-    return render_local(spec, port=port, python=sys.executable, run_id=run_id,
-                        cpu_count=os.cpu_count() or 1)
+def context(spec: JobSpec, args: argparse.Namespace, *, fresh: bool) -> Context:
+    """Everything a render may depend on besides the spec, decided here at the edge. ``fresh``
+    (run, submit): a new run id and a free port; else (render) the spec's own, so that the
+    printed text is the same every time."""
+    options = {"grace": getattr(args, "grace", GRACE_S)}
+    return Context(run_id=f"{spec.name}-{token_hex(3)}" if fresh else spec.name,
+                   python=sys.executable, workdir=os.getcwd(),
+                   port=free_port() if fresh else spec.rdzv.port,
+                   cpu_count=os.cpu_count() or 1, source=args.job, options=options)
+
+
+def requests(backend: Backend, args: argparse.Namespace, *, fresh: bool) -> list[Request]:
+    """The spec rendered for ``backend``: one request, or with ``--sweep`` one for the whole
+    array where the backend has arrays, else one per point."""
+    spec = load(Path(args.job), args.set)
+    sweep = parse_sweep(getattr(args, "sweep", []))
+    if not sweep:
+        return [backend.render(spec, context(spec, args, fresh=fresh))]
+    points = sweep_specs(spec, sweep)  # checks the sweep on every backend
+    if getattr(backend, "native_sweep", False):
+        ctx = context(spec, args, fresh=fresh)
+        return [backend.render(spec, dataclasses.replace(
+            ctx, options={**ctx.options, "sweep": sweep}))]
+    return [backend.render(point, context(point, args, fresh=fresh)) for point in points]
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    _check_backend("render", args.to.partition(":")[0])
-    spec = load(Path(args.job), args.set)
-    if args.to.startswith("torchx"):
-        from jobs.backends.torchx.render import appdef_text, render_appdef
-        sys.stdout.write(appdef_text(render_appdef(spec)))
-    elif args.to == "slurm":
-        from slurm.sbatch import render_sbatch
-        try:
-            sys.stdout.write(render_sbatch(spec, python=sys.executable, workdir=os.getcwd()))
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-    elif args.to == "docker":
-        from jobs.backends.docker.render import compose_text, render_compose
-        sys.stdout.write(compose_text(render_compose(spec), source=args.job))
-    elif args.to.startswith("k8s"):
-        from k8s.render import render_manifest
-        sys.stdout.write(render_manifest(spec, args.to.partition(":")[2] or "pytorchjob"))
-    else:
-        sys.stdout.write(render_text(_plan(spec, port=spec.rdzv.port, run_id=spec.name)))
-    return 0
+    for request in requests(registry.get(args.to), args, fresh=False):
+        sys.stdout.write(request.text)
+    return EXIT_OK
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    _check_backend("run", args.to)
-    spec = load(Path(args.job), args.set)
-    if args.to == "docker":
-        return run_docker(spec, args)
-    port, run_id = find_free_port(), f"{spec.name}-{token_hex(3)}"
-    plan = _plan(spec, port=port, run_id=run_id)
+    backend = registry.get(args.to)
+    (request,) = requests(backend, args, fresh=True)
     if args.dry_run:
-        sys.stdout.write(render_text(plan))
-        for name in missing_secrets(plan, os.environ):
-            print(f"torchjob: note: secret variable {name} is not set; run would stop",
-                  file=sys.stderr)
-        return 0
-    print(f"torchjob: {spec.name}: {spec.local_nodes} node(s) x {spec.nproc_per_node} "
-          f"process(es), rendezvous 127.0.0.1:{port} id {run_id}, run dir {spec.run_dir}",
-          file=sys.stderr, flush=True)
-    return run_local(plan, grace=args.grace)
-
-
-def run_docker(spec: JobSpec, args: argparse.Namespace) -> int:
-    """One container per node through docker compose or podman-compose."""
-    from jobs.backends.docker import launch as docker_launch, render as compose
-    if args.dry_run:
-        sys.stdout.write(compose.compose_text(compose.render_compose(spec, host_dir=os.getcwd()),
-                                              source=args.job))
-        return 0
-    engine = docker_launch.find_engine(spec.docker.engine)
-    return docker_launch.run_docker(spec, engine=engine, grace=args.grace)
+        sys.stdout.write(request.text)
+        return EXIT_OK
+    assert request.spec is not None
+    backend.check(request.spec)
+    return backend.run(request)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    kind, _, target = args.to.partition(":")
-    _check_backend("submit", kind)
-    spec = load(Path(args.job), args.set)
-    if kind == "slurm":
-        return submit_slurm(spec, args)
-    if kind == "k8s":
-        from k8s.render import render_object
-        obj = render_object(spec, target or "pytorchjob")
-        if args.dry_run:
-            from k8s.pod import manifest_text
-            sys.stdout.write(manifest_text(obj))
-            return 0
-        from k8s.client import Cluster
-        ref = Cluster().submit(obj)
-        print(f"{ref.namespace}/{ref.name}")
-        return 0
-    from jobs.backends.torchx import launch as torchx_launch
-    from jobs.backends.torchx.render import render_appdef
-    if not target:
-        raise UsageError("say which TorchX scheduler: --to torchx:local_cwd, torchx:slurm, "
-                         "torchx:kubernetes, ...")
-    return torchx_launch.submit(render_appdef(spec), target, dry_run=args.dry_run)
-
-
-def submit_slurm(spec: JobSpec, args: argparse.Namespace) -> int:
-    """sbatch through submitit: one job, or a job array for ``--sweep key=v1,v2``."""
-    from slurm import submitit_job
-    sweep = {}
-    for text in args.sweep:
-        key, eq, values = text.partition("=")
-        if not eq or not values:
-            raise UsageError(f"--sweep {text!r}: write trainer_arg=v1,v2,... e.g. lr=1e-3,3e-3")
-        sweep[key] = values.split(",")
+    backend = registry.get(args.to)
+    found = requests(backend, args, fresh=True)
     if args.dry_run:
-        print(yaml_dump({"sbatch (through submitit)": submitit_job.submitit_parameters(spec),
-                         "each task runs": submitit_job.trainer_command(spec),
-                         "sweep": sweep or None}))
-        return 0
-    ids = submitit_job.submit_sweep(spec, sweep) if sweep else [submitit_job.submit(spec)]
-    print("\n".join(ids))
-    return 0
+        for request in found:
+            sys.stdout.write(request.text)
+        return EXIT_OK
+    for request in found:
+        assert request.spec is not None
+        backend.check(request.spec)
+    for request in found:
+        print(backend.submit(request), flush=True)
+    return EXIT_OK
 
 
-def yaml_dump(data: object) -> str:
-    import yaml
-    return str(yaml.safe_dump(data, sort_keys=False, width=100))
-
-
-def slurm_job(args: argparse.Namespace) -> int:
-    from slurm import slurm_cli
-    if args.command == "status":
-        state = slurm_cli.state(args.job_id)
-        if not state:
-            raise UsageError(f"Slurm's accounting knows no job {args.job_id!r}: check the id "
-                             "that torchjob submit printed (sacct -X lists recent jobs)")
-        print(f"{args.job_id}: {state}")
-    elif args.command == "cancel":
-        slurm_cli.cancel(args.job_id)
-        print(f"cancelled {args.job_id} (its tasks checkpoint and stop)")
+def cmd_status(args: argparse.Namespace) -> int:
+    backend, handle = registry.parse_handle(args.job_id, args.to)
+    status = backend.status(handle)
+    if args.json:
+        print(json.dumps(status.as_json(), default=str))
     else:
-        from slurm.slurm_logs import job_logs
-        folder = args.log_dir or slurm_cli.log_folder_of(args.job_id)
-        if folder is None:
-            raise UsageError(f"Slurm no longer knows where job {args.job_id} wrote its logs: "
-                             "pass --log-dir RUN_DIR/submitit/JOB_ID (submit) or RUN_DIR "
-                             "(a rendered sbatch script)")
-        logs = job_logs(folder, args.job_id)
-        if not logs.lines:
-            raise UsageError(f"no logs of job {args.job_id} in {folder}")
-        for line in logs.formatted():
-            print(line)
-        for attempt, rank in sorted(logs.first_failing.items()):
-            print(f"attempt {attempt}: first failing rank: {rank}", file=sys.stderr)
-    return 0
+        print(f"{status.handle}: {status.state.value}"
+              + (f" (exit code {status.exit_code})" if status.exit_code is not None else ""))
+        for line in status.detail.splitlines():
+            print(f"  {line}")
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    backend, handle = registry.parse_handle(args.job_id, args.to)
+    for line in backend.logs(handle, follow=args.follow, log_dir=args.log_dir):
+        print(line, flush=args.follow)
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    backend, handle = registry.parse_handle(args.job_id, args.to)
+    print(backend.cancel(handle))
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    names = args.to or registry.names()
+    found: list[JobStatus] = []
+    for name in names:
+        try:
+            found += registry.get(name).list()
+        except UserError as exc:  # this backend cannot list here (no cluster, no tool)
+            if args.to:
+                raise
+            print(f"torchjob: {name}: {exc}", file=sys.stderr)
+    if args.json:
+        print(json.dumps([status.as_json() for status in found], default=str))
+    else:
+        for status in found:
+            print(f"{status.handle}\t{status.state.value}\t{status.name}")
+    return EXIT_OK
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check Kubernetes manifests (rendered or hand-written) against the upstream CRDs, the
     operators' admission rules and Pod Security "restricted"."""
-    from k8s.validate import validate_text
+    from k8s.validate import validate_text  # the one command that is not a backend's
     failed = 0
     for name in args.files:
         try:
             text = sys.stdin.read() if name == "-" else Path(name).read_text()
         except OSError as exc:
-            raise UsageError(f"{name}: cannot read it ({exc.strerror})") from None
+            raise UserError(f"{name}: cannot read it ({exc.strerror})") from None
         problems = validate_text(text, pod_security=not args.no_pod_security)
         for problem in problems:
             print(f"{name}: {problem}", file=sys.stderr)
         print(f"{name}: {'valid' if not problems else f'{len(problems)} problem(s)'}")
         failed += bool(problems)
-    return 2 if failed else 0
+    return EXIT_CONFIG if failed else EXIT_OK
 
 
-def cmd_job(args: argparse.Namespace) -> int:
-    """status / logs / cancel of a submitted job, by the id submit printed."""
-    kind, _, target = args.to.partition(":")
-    _check_backend(args.command, kind)
-    if kind == "slurm":
-        return slurm_job(args)
-    if kind == "k8s":
-        from k8s.client import Cluster, JobRef
-        ref = JobRef.parse(args.job_id, "TrainJob" if target == "trainjob" else "PyTorchJob")
-        cluster = Cluster()
-        if args.command == "status":
-            state, conditions = cluster.status(ref)
-            print(f"{ref.namespace}/{ref.name}: {state}")
-            for cond in conditions:
-                print(f"  {cond.get('type')}={cond.get('status')} {cond.get('reason', '')} "
-                      f"{cond.get('message', '')}".rstrip())
-        elif args.command == "logs":
-            for line in cluster.logs(ref):
-                print(line)
-        else:
-            cluster.cancel(ref)
-            print(f"deleted {ref.kind} {ref.namespace}/{ref.name}")
-        return 0
-    from jobs.backends.torchx import launch as torchx_launch
-    action = {"status": torchx_launch.status, "logs": torchx_launch.logs,
-              "cancel": torchx_launch.cancel}[args.command]
-    return action(args.job_id)
+BACKENDS_HELP = ("local | docker | slurm | slurm:sbatch | torchx | torchx:SCHEDULER | k8s | "
+                 "k8s:trainjob")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -248,19 +179,22 @@ def build_parser() -> argparse.ArgumentParser:
                      "Kubernetes.", epilog="examples:\n"
                      "  torchjob run jobs/examples/default.yaml\n"
                      "  torchjob run jobs/examples/default.yaml --set trainer.args.epochs=3\n"
-                     "  torchjob render --to local jobs/examples/elastic.yaml\n\n"
-                     "backends: run --to local|docker; render --to local|docker|slurm|k8s|"
-                     "torchx;\nsubmit, status, logs, cancel --to slurm|k8s|torchx:SCHEDULER\n"
-                     "exit codes: 0 done, 1 training failed, 2 bad configuration, "
-                     "143 stopped\n(run again to resume from the last checkpoint)",
+                     "  torchjob render --to slurm jobs/examples/elastic.yaml\n"
+                     "  torchjob submit --to slurm jobs/examples/default.yaml   # prints "
+                     "slurm:JOB_ID\n"
+                     "  torchjob status slurm:JOB_ID\n\n"
+                     f"backends: {BACKENDS_HELP}\n"
+                     "exit codes: 0 done, 1 the job failed, 2 bad configuration, 143 stopped "
+                     "after a checkpoint\n(run again to resume from the last checkpoint)",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"torchjob {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    to_help = f"backend: {', '.join(BACKENDS)}"
+    to_help = f"backend: {BACKENDS_HELP}"
 
     def spec_command(name: str, help: str, default_to: str | None) -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help, description=help)
         cmd.add_argument("job", metavar="JOB.yaml", help="the job spec file")
-        cmd.add_argument("--to", type=backend, default=default_to, required=default_to is None,
+        cmd.add_argument("--to", default=default_to, required=default_to is None,
                          metavar="BACKEND", help=to_help + (f" (default: {default_to})"
                                                             if default_to else ""))
         cmd.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -268,21 +202,50 @@ def build_parser() -> argparse.ArgumentParser:
                               "--set trainer.args.epochs=3 (repeatable; value is YAML)")
         return cmd
 
-    run = spec_command("run", "start the job and wait for it (local: torchrun agents here)",
+    def sweep_option(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("--sweep", action="append", default=[], metavar="ARG=V1,V2",
+                         help="a job per value of a trainer argument (repeatable: the grid "
+                              "of all); a job array on Slurm")
+
+    run = spec_command("run", "start the job, follow its logs, exit with its exit code",
                        "local")
     run.add_argument("--dry-run", action="store_true", help="print what would run and exit")
-    run.add_argument("--grace", type=float, default=GRACE_SECONDS, metavar="SECONDS",
+    run.add_argument("--grace", type=float, default=GRACE_S, metavar="SECONDS",
                      help="after Ctrl-C/SIGTERM, how long workers may take to checkpoint "
                           "before they are killed (default: %(default)s)")
     run.set_defaults(func=cmd_run)
-    spec_command("render", "print what would be run or submitted (pure: starts nothing)",
-                 "local").set_defaults(func=cmd_render)
-    submit = spec_command("submit", "submit the job to a cluster and return", None)
-    submit.add_argument("--dry-run", action="store_true", help="print what would be submitted")
-    submit.add_argument("--sweep", action="append", default=[], metavar="ARG=V1,V2",
-                        help="slurm: a job array over trainer argument values (repeatable: "
-                             "the grid of all)")
+    render = spec_command("render", "print exactly what would be run or submitted (pure: "
+                          "starts nothing)", "local")
+    sweep_option(render)
+    render.set_defaults(func=cmd_render)
+    submit = spec_command("submit", "submit the job and print its handle (BACKEND:ID)", None)
+    submit.add_argument("--dry-run", action="store_true", help="print what would be submitted "
+                        "(the same as render)")
+    sweep_option(submit)
     submit.set_defaults(func=cmd_submit)
+    for name, func, help in (("status", cmd_status, "show a submitted job's state"),
+                             ("logs", cmd_logs, "print a job's logs, per node, rank and "
+                              "attempt"),
+                             ("cancel", cmd_cancel, "cancel a job (it checkpoints and exits "
+                              "143)")):
+        cmd = sub.add_parser(name, help=help, description=help)
+        cmd.add_argument("job_id", metavar="JOB", help="the handle torchjob submit printed "
+                         "(BACKEND:ID, e.g. slurm:1234), or an ID with --to")
+        cmd.add_argument("--to", metavar="BACKEND", help=to_help + " (when JOB is a bare ID)")
+        if name == "status":
+            cmd.add_argument("--json", action="store_true", help="print it as JSON")
+        if name == "logs":
+            cmd.add_argument("-f", "--follow", action="store_true",
+                             help="keep printing new lines until the job ends")
+            cmd.add_argument("--log-dir", metavar="DIR", help="where the job wrote its logs, "
+                             "once its backend has forgotten it (slurm: the run directory or "
+                             "RUN_DIR/submitit/JOB_ID)")
+        cmd.set_defaults(func=func)
+    lister = sub.add_parser("list", help="list jobs (every backend that can list here, or "
+                            "those given with --to)", description="list jobs")
+    lister.add_argument("--to", action="append", metavar="BACKEND", help=to_help)
+    lister.add_argument("--json", action="store_true", help="print them as JSON")
+    lister.set_defaults(func=cmd_list)
     check = sub.add_parser("validate", help="check Kubernetes manifests against the upstream "
                            "CRDs, admission rules and Pod Security 'restricted'",
                            description=cmd_validate.__doc__)
@@ -290,17 +253,6 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--no-pod-security", action="store_true",
                        help="skip the Pod Security 'restricted' rules")
     check.set_defaults(func=cmd_validate)
-    for name, help in (("status", "show a submitted job's state"),
-                       ("logs", "print a submitted job's logs"),
-                       ("cancel", "cancel a submitted job (it checkpoints and exits 143)")):
-        cmd = sub.add_parser(name, help=help, description=help)
-        cmd.add_argument("job_id", metavar="JOB_ID", help="the id printed by torchjob submit")
-        cmd.add_argument("--to", type=backend, required=True, metavar="BACKEND", help=to_help)
-        if name == "logs":
-            cmd.add_argument("--log-dir", metavar="DIR", help="slurm: the job's submitit log "
-                             "folder (RUN_DIR/submitit/JOB_ID), or the run directory of a "
-                             "rendered sbatch script, once Slurm has forgotten the job")
-        cmd.set_defaults(func=cmd_job)
     return parser
 
 
@@ -309,9 +261,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
-    except (SpecError, UsageError, UserError) as exc:
+    except (SpecError, UserError) as exc:
         print(f"torchjob: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # before anything started (run_local handles its own Ctrl-C)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:  # before anything started (launchers handle their own Ctrl-C)
         return 130
     return code
+

@@ -114,6 +114,23 @@ class Cluster:
             for line in raw.data.decode("utf-8", errors="replace").splitlines():
                 yield f"[{replica}] {line}"
 
+    def list(self, kind: str, namespace: str | None = None) -> list[tuple[JobRef, str]]:
+        """Every job of ``kind`` (in ``namespace``, else the kubeconfig's, else all the account
+        may see) with its newest true condition."""
+        group, version, plural, *_ = KINDS[kind]
+        found = self._call(f"list {plural}", self.custom.list_cluster_custom_object, group,
+                           version, plural)
+        out = []
+        for obj in found.get("items", []):
+            meta = obj.get("metadata", {})
+            if namespace and meta.get("namespace") != namespace:
+                continue
+            conditions = obj.get("status", {}).get("conditions", []) or []
+            true = [c for c in conditions if str(c.get("status")) == "True"]
+            out.append((JobRef(kind, meta.get("namespace", "default"), meta.get("name", "")),
+                        true[-1]["type"] if true else "Pending"))
+        return out
+
     def cancel(self, ref: JobRef) -> None:
         group, version, plural, *_ = KINDS[ref.kind]
         self._call(f"delete {ref.kind} {ref.namespace}/{ref.name}",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.backends.local.launch import find_free_port
+from jobs.cli import free_port as find_free_port
 
 pytestmark = pytest.mark.integration
 

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlparse
 
 CUSTOM = re.compile(r"^/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?$")
 PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
+CLUSTER_LIST = re.compile(r"^/apis/([^/]+)/([^/]+)/([^/]+)$")
 LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 
 
@@ -64,6 +65,10 @@ class Emulator:
                         emulator.objects.pop(key)
                         return self.reply(200, {"kind": "Status", "status": "Success"})
                     return self.reply(200, emulator.objects[key])
+                if (m := CLUSTER_LIST.match(url.path)) and method == "GET":
+                    items = [obj for (plural, _, _), obj in sorted(emulator.objects.items())
+                             if plural == m.group(3)]
+                    return self.reply(200, {"kind": "List", "items": items})
                 if m := PODS.match(url.path):
                     selector = parse_qs(url.query).get("labelSelector", [""])[0]
                     want = dict(part.split("=", 1) for part in selector.split(",") if part)

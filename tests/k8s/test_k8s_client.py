@@ -4,6 +4,7 @@ no API server can run on these machines. create, status, logs, delete, and the A
 from __future__ import annotations
 
 import os
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ def test_submit_status_logs_cancel(emulator: Emulator) -> None:
     config = emulator.config  # type: ignore[attr-defined]
     sub = torchjob(config, "submit", "--to", "k8s", "jobs/examples/default.yaml")
     assert sub.returncode == 0, sub.stderr
-    assert sub.stdout.strip() == "default/digits"
+    assert sub.stdout.strip() == "k8s:default/digits"  # the handle names its backend
     created = emulator.objects[(PODS, "default", "digits")]
     assert created["kind"] == "PyTorchJob" and created["spec"]["pytorchReplicaSpecs"]
 
@@ -47,8 +48,13 @@ def test_submit_status_logs_cancel(emulator: Emulator) -> None:
                          {"training.kubeflow.org/job-name": "digits",
                           "training.kubeflow.org/replica-type": kind.lower(),
                           "training.kubeflow.org/replica-index": index}, line + "\n")
-    status = torchjob(config, "status", "--to", "k8s", "default/digits")
-    assert status.returncode == 0 and status.stdout.startswith("default/digits: Running")
+    status = torchjob(config, "status", "k8s:default/digits")
+    assert status.returncode == 0 and status.stdout.startswith("k8s:default/digits: RUNNING")
+    assert "Running=True PyTorchJobRunning" in status.stdout
+    as_json = json.loads(torchjob(config, "status", "--json", "k8s:default/digits").stdout)
+    assert as_json["state"] == "RUNNING" and as_json["handle"] == "k8s:default/digits"
+    listed = json.loads(torchjob(config, "list", "--to", "k8s", "--json").stdout)
+    assert [(j["handle"], j["state"]) for j in listed] == [("k8s:default/digits", "RUNNING")]
     logs = torchjob(config, "logs", "--to", "k8s", "digits")
     assert logs.stdout.splitlines() == ["[master-0] step 10 from master",
                                         "[worker-0] step 10 from worker"]

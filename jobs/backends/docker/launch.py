@@ -23,14 +23,14 @@ from pathlib import Path
 from secrets import token_hex
 from typing import IO, Any, Callable
 
-from jobs.backends.docker.render import compose_text, render_compose, service_name
+from jobs.backends.docker.render import HOST_DIR_VAR, compose_text, render_compose, service_name
 from jobs.spec import JobSpec
 from jobs.values import UserError
 from trainer.agent import exit_code
+from trainer.contract import EXIT_CONFIG, EXIT_OK, EXIT_STOPPED
 
 ROOT = Path(__file__).resolve().parents[3]
 IMAGE_UID = 1000  # the Dockerfile's USER: it must be able to write the run directory
-STOPPED = 143
 PROJECT_LABEL = "com.docker.compose.project"  # set by docker compose and podman-compose
 SERVICE_LABEL = "com.docker.compose.service"
 INSTALL_HINT = ("install podman and podman-compose (Debian/Ubuntu: apt-get install podman "
@@ -235,16 +235,19 @@ def down(engine: Engine, project: str, file: Path) -> None:
 def result(spec: JobSpec, nodes: list[_Node], signalled: bool) -> int:
     """0 when at least nnodes MIN nodes finished the training; else the trainer's codes."""
     if signalled:
-        return STOPPED
+        return EXIT_STOPPED
     done = sum(node.code == 0 and node.status != "created" for node in nodes)
     if nodes and done >= spec.nnodes.min:
-        return 0
+        return EXIT_OK
     return exit_code({node.code for node in nodes if node.code != 0} or {1})
 
 
 def run_docker(spec: JobSpec, *, engine: Engine, grace: float, cwd: Path | None = None,
-               out: IO[bytes] | None = None, err: IO[str] | None = None) -> int:
-    """Run the job as one container per node to the end; the exit code as for local runs."""
+               compose: str | None = None, out: IO[bytes] | None = None,
+               err: IO[str] | None = None) -> int:
+    """Run the job as one container per node to the end; the exit code as for local runs.
+    ``compose`` is the exact compose file to run (the backend's rendered request); by
+    default the spec's, rendered for ``cwd``."""
     err = err or sys.stderr
     out = out or sys.stdout.buffer
     cwd = cwd or Path.cwd()
@@ -255,7 +258,8 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, cwd: Path | None 
     ensure_image(engine, spec.image, err)
     run_dir = prepare_dirs(spec, cwd)
     file = run_dir / "compose.yaml"
-    file.write_text(compose_text(render_compose(spec, host_dir=str(cwd))))
+    file.write_text(compose if compose is not None
+                    else compose_text(render_compose(spec, host_dir=str(cwd))))
     run = _Run(engine, f"{spec.name}-{token_hex(3)}", file,
                0 if spec.docker.restart == "no" else spec.max_restarts)
 
@@ -269,12 +273,13 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, cwd: Path | None 
           f"{spec.nproc_per_node} process(es) with {engine.name}, project {run.project}, "
           f"compose file {file}", file=err, flush=True)
     try:
-        up = _run(engine.compose_argv(run.project, file, "up", "-d"), timeout=600)
+        up = _run(engine.compose_argv(run.project, file, "up", "-d"), timeout=600,
+                  env={**os.environ, HOST_DIR_VAR: str(cwd.resolve())})
         run.nodes = _containers(run, spec.nnodes.max)
         if up.returncode != 0 or len(run.nodes) != spec.nnodes.max:
             tail = "\n".join((up.stdout + up.stderr).splitlines()[-20:])
             print(f"torchjob: compose up failed (exit {up.returncode}):\n{tail}", file=err)
-            return 2
+            return EXIT_CONFIG
         for node in run.nodes:
             node.pump = threading.Thread(target=_follow, args=(run, node, out), daemon=True)
             node.pump.start()

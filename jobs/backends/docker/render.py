@@ -148,8 +148,25 @@ def escape(value: Any) -> Any:
     return value
 
 
+# A relative bind source in a compose file is relative to the file's own directory. torchjob
+# runs keep the file in the run directory, so relative sources start from this variable: unset
+# (``docker compose up`` beside the file) it is ``.``; ``torchjob run --to docker`` sets it to
+# the directory it was started in. The same text then works both ways.
+HOST_DIR_VAR = "TORCHJOB_HOST_DIR"
+
+
+def _from_host_dir(volume: Obj) -> Obj:
+    source = volume["source"]
+    if volume["type"] != "bind" or source.startswith("/"):
+        return volume
+    rest = "" if source == "." else "/" + source.removeprefix("./")
+    return {**volume, "source": f"${{{HOST_DIR_VAR}:-.}}{rest}"}
+
+
 def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python") -> Obj:
-    """The compose document: one service per node (nnodes MAX), a shared run directory."""
+    """The compose document: one service per node (nnodes MAX), a shared run directory.
+    ``host_dir`` ``.`` (the default) makes relative host paths start at ``$TORCHJOB_HOST_DIR``
+    (default ``.``, the compose file's directory)."""
     command = list(agent_command(spec, python=python,
                                  rdzv_endpoint=f"{RDZV_HOST}:{spec.rdzv.port}",
                                  run_id=spec.name))
@@ -167,7 +184,11 @@ def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python"
         if node:  # node0 hosts the rendezvous: start it first so that its name resolves
             service["depends_on"] = [service_name(0)]
         services[name] = service
-    doc: Obj = {"name": spec.name, "services": escape(services)}
+    services = escape(services)
+    if host_dir == ".":
+        for service in services.values():
+            service["volumes"] = [_from_host_dir(v) for v in service["volumes"]]
+    doc: Obj = {"name": spec.name, "services": services}
     if named:
         doc["volumes"] = named
     return doc

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,19 +19,12 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any, NamedTuple
 
+from jobs.backend import GRACE_S
 from jobs.backends.local.render import LocalPlan
+from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 
-GRACE_SECONDS = 60.0
-STOPPED = 143  # 128 + SIGTERM: "told to stop; run again to continue" on every backend
 _POLL = 0.1
 _SCAN_EVERY = 0.5
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now (for the local rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def missing_secrets(plan: LocalPlan, environ: Mapping[str, str]) -> list[str]:
@@ -139,7 +131,7 @@ def _pump(stream: IO[bytes], prefix: bytes, out: IO[bytes], lock: threading.Lock
     stream.close()
 
 
-def run_local(plan: LocalPlan, *, grace: float = GRACE_SECONDS,
+def run_local(plan: LocalPlan, *, grace: float = GRACE_S,
               out: IO[bytes] | None = None, err: IO[str] | None = None) -> int:
     """Run every node of the plan to the end: 0 all done, 143 stopped, 1 a node failed,
     2 a secret is missing or a node could not start."""
@@ -148,11 +140,11 @@ def run_local(plan: LocalPlan, *, grace: float = GRACE_SECONDS,
     if missing:
         print(f"torchjob: secret variable(s) not set: {', '.join(missing)}; local runs read "
               f"secrets from your environment (export {missing[0]}=... first)", file=err)
-        return 2
+        return EXIT_CONFIG
     if plan.script is not None and not os.path.isfile(plan.script):
         print(f"torchjob: trainer.script {plan.script!r} is not a file (relative paths start "
               f"at {os.getcwd()}): fix the path in the job spec", file=err)
-        return 2
+        return EXIT_CONFIG
     out = out or sys.stdout.buffer
     env = {**os.environ, **plan.env}
     many = len(plan.commands) > 1
@@ -176,7 +168,7 @@ def run_local(plan: LocalPlan, *, grace: float = GRACE_SECONDS,
                                         stderr=subprocess.STDOUT if many else None)
             except OSError as exc:
                 print(f"torchjob: cannot start node {i} ({command[0]}): {exc}", file=err)
-                return 2
+                return EXIT_CONFIG
             nodes.procs.append(proc)
             if many and proc.stdout is not None:
                 pump = threading.Thread(target=_pump, daemon=True,
@@ -206,9 +198,9 @@ def run_local(plan: LocalPlan, *, grace: float = GRACE_SECONDS,
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     if nodes.signals:
-        return STOPPED
+        return EXIT_STOPPED
     failed = [(i, p.returncode) for i, p in enumerate(nodes.procs) if p.returncode != 0]
     for i, code in failed:
         print(f"torchjob: node {i} failed with exit code {code} (its output is above)",
               file=err)
-    return 1 if failed else 0
+    return EXIT_FAILED if failed else EXIT_OK

@@ -1,20 +1,23 @@
-"""Submits a rendered AppDef through the TorchX runner, and reads its status and logs.
+"""The TorchX runner, as the TorchX backend uses it: dryrun, schedule exactly that dryrun, wait
+and stream the logs, status, cancel, list.
 
 Local schedulers (``local_cwd``, ``local_docker``) keep the app only as long as this process
-lives, so for them ``submit`` waits and streams the logs, as ``torchx run`` does.
+lives, so for them a submission waits and streams the logs, as ``torchx run`` does.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from torchx.runner import get_runner
 from torchx.runner.config import apply as apply_torchxconfig
-from torchx.specs import AppDef, AppState
+from torchx.specs import AppDef, AppDryRunInfo, AppState, AppStatus
 
 from jobs.values import UserError
+from trainer.contract import EXIT_FAILED, EXIT_OK
 
 LOCAL_SCHEDULERS = ("local_cwd", "local_docker")
 
@@ -29,18 +32,33 @@ def _cfg(scheduler: str) -> dict[str, Any]:
     return cfg
 
 
-def submit(app: AppDef, scheduler: str, *, dry_run: bool = False) -> int:
+def dryrun(app: AppDef, scheduler: str) -> AppDryRunInfo:
+    """The scheduler's exact request for ``app`` (what ``torchx run --dryrun`` prints)."""
     with get_runner() as runner:
         if scheduler not in runner.scheduler_backends():
             raise TorchxError(f"unknown TorchX scheduler {scheduler!r}; choose from "
                               f"{', '.join(runner.scheduler_backends())}")
-        if dry_run:
-            print(runner.dryrun(app, scheduler, cfg=_cfg(scheduler)))
-            return 0
-        handle = runner.run(app, scheduler, cfg=_cfg(scheduler))
-        print(handle, flush=True)
-        if scheduler not in LOCAL_SCHEDULERS:
-            return 0
+        return runner.dryrun(app, scheduler, cfg=_cfg(scheduler))
+
+
+def schedule(info: AppDryRunInfo) -> str:
+    """Submit exactly ``info``; TorchX's app handle."""
+    if info._scheduler in LOCAL_SCHEDULERS:
+        raise TorchxError(f"TorchX's {info._scheduler} apps live only as long as the process "
+                          "that started them: use 'torchjob run --to torchx:"
+                          f"{info._scheduler} JOB.yaml'")
+    with get_runner() as runner:
+        return str(runner.schedule(info))
+
+
+def run(info: AppDryRunInfo) -> int:
+    """Schedule ``info``, stream every replica's log with its place in front, wait for the
+    end; 0 when it succeeded, else 1 (TorchX reports no exit code)."""
+    with get_runner() as runner:
+        handle = runner.schedule(info)
+        print(f"torchx:{handle}", flush=True)
+        app = info._app
+        assert app is not None
         threads = [threading.Thread(target=_stream, args=(runner, handle, role.name, k),
                                     daemon=True)
                    for role in app.roles for k in range(role.num_replicas)]
@@ -50,8 +68,8 @@ def submit(app: AppDef, scheduler: str, *, dry_run: bool = False) -> int:
         for thread in threads:
             thread.join(timeout=5)
         state = final.state if final else AppState.UNKNOWN
-        print(f"torchjob: {handle}: {state.name}", file=sys.stderr)
-        return 0 if state == AppState.SUCCEEDED else 1
+        print(f"torchjob: torchx:{handle}: {state.name}", file=sys.stderr)
+        return EXIT_OK if state == AppState.SUCCEEDED else EXIT_FAILED
 
 
 def _stream(runner: Any, handle: str, role: str, k: int) -> None:
@@ -60,30 +78,31 @@ def _stream(runner: Any, handle: str, role: str, k: int) -> None:
         sys.stdout.flush()
 
 
-def status(handle: str) -> int:
+def status(handle: str) -> AppStatus:
     with get_runner() as runner:
         found = runner.status(handle)
         if found is None:
             raise TorchxError(f"TorchX knows no app {handle!r} (local apps exist only while "
-                              "their torchjob submit runs)")
-        print(found)
-        return 0
+                              "their torchjob run runs)")
+        return found
 
 
-def logs(handle: str) -> int:
+def log_lines(handle: str, *, follow: bool = False) -> Iterator[str]:
     with get_runner() as runner:
         app = runner.describe(handle)
         if app is None:
             raise TorchxError(f"TorchX knows no app {handle!r}")
         for role in app.roles:
             for k in range(role.num_replicas):
-                for line in runner.log_lines(handle, role.name, k):
-                    print(f"{role.name}/{k} {line.rstrip()}")
-        return 0
+                for line in runner.log_lines(handle, role.name, k, should_tail=follow):
+                    yield f"{role.name}/{k} {line.rstrip()}"
 
 
-def cancel(handle: str) -> int:
+def cancel(handle: str) -> None:
     with get_runner() as runner:
         runner.cancel(handle)
-        print(f"torchjob: cancelled {handle}")
-        return 0
+
+
+def list_apps(scheduler: str) -> list[Any]:
+    with get_runner() as runner:
+        return list(runner.list(scheduler))

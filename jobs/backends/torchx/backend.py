@@ -1,0 +1,82 @@
+"""The TorchX backend: the job as an AppDef (``render.py``), through any TorchX scheduler
+(``torchx:local_cwd``, ``torchx:slurm``, ``torchx:kubernetes``, ...), TorchX's own way:
+``render`` is the scheduler's dryrun, ``submit`` schedules exactly that dryrun.
+Handles are TorchX's own app handles behind ``torchx:`` (``torchx:local_cwd://torchjob/x``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from jobs.backend import BackendError, BaseBackend, Context, Handle, JobStatus, Request, State
+from jobs.backends.torchx import launch
+from jobs.backends.torchx.render import appdef_text, render_appdef
+from jobs.spec import JobSpec
+
+STATES = {"SUCCEEDED": State.SUCCEEDED, "FAILED": State.FAILED, "CANCELLED": State.CANCELLED,
+          "RUNNING": State.RUNNING, "PENDING": State.PENDING, "SUBMITTED": State.PENDING,
+          "UNSUBMITTED": State.PENDING}
+
+
+class TorchxBackend(BaseBackend):
+    def __init__(self, scheduler: str) -> None:
+        self.scheduler = scheduler
+        self.name = f"torchx:{scheduler}" if scheduler else "torchx"
+
+    def _need_scheduler(self) -> str:
+        if not self.scheduler:
+            raise BackendError("say which TorchX scheduler: --to torchx:local_cwd, "
+                               "torchx:slurm, torchx:kubernetes, ...")
+        return self.scheduler
+
+    def render(self, spec: JobSpec, context: Context) -> Request:
+        app = render_appdef(spec)
+        if not self.scheduler:  # the AppDef itself, for any scheduler
+            return Request(self.name, spec.name, app, appdef_text(app), spec, context)
+        info = launch.dryrun(app, self.scheduler)
+        return Request(self.name, spec.name, info, f"{info}\n", spec, context)
+
+    def submit(self, request: Request) -> Handle:
+        self._need_scheduler()
+        return self.parse_handle(launch.schedule(request.data))
+
+    def run(self, request: Request) -> int:
+        self._need_scheduler()
+        return launch.run(request.data)
+
+    def parse_handle(self, text: str) -> Handle:
+        match = re.fullmatch(r"([a-z][a-z0-9_]*)://.*", text)
+        if not match:
+            raise BackendError(f"{text!r} is not a TorchX app handle: write SCHEDULER://"
+                               "SESSION/APP_ID as torchjob submit printed it, e.g. "
+                               "torchx:local_cwd://torchjob/digits-x1y2")
+        return Handle(f"torchx:{match.group(1)}", text)
+
+    def status(self, handle: Handle) -> JobStatus:
+        found = launch.status(handle.id)
+        state = STATES.get(found.state.name, State.UNKNOWN)
+        return JobStatus(handle, state, name=handle.id.rsplit("/", 1)[-1],
+                         detail=str(found.msg or ""), raw={"torchx": str(found)})
+
+    def logs(self, handle: Handle, *, follow: bool = False,
+             log_dir: str | None = None) -> Iterator[str]:
+        return launch.log_lines(handle.id, follow=follow)
+
+    def cancel(self, handle: Handle) -> str:
+        launch.cancel(handle.id)
+        return f"cancelled {handle}"
+
+    def list(self) -> list[JobStatus]:
+        out = []
+        for item in launch.list_apps(self._need_scheduler()):
+            handle = Handle(self.name, item.app_handle)
+            out.append(JobStatus(handle, STATES.get(item.state.name, State.UNKNOWN),
+                                 name=item.name))
+        return out
+
+
+def create(variant: str) -> TorchxBackend:
+    if variant and not re.fullmatch(r"[a-z][a-z0-9_]*", variant):
+        raise BackendError(f"{variant!r} is not a TorchX scheduler name (e.g. local_cwd)")
+    return TorchxBackend(variant)

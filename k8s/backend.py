@@ -1,0 +1,102 @@
+"""The Kubernetes backends: ``k8s`` (a Kubeflow PyTorchJob) and ``k8s:trainjob`` (a Kubeflow
+Trainer v2 TrainJob). ``render`` is the validated object (``render.py``); ``submit`` creates
+exactly it through the cluster of the kubeconfig (``client.py``). Handles:
+``k8s:NAMESPACE/NAME`` and ``k8s:trainjob:NAMESPACE/NAME``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Iterator
+
+from jobs.backend import BackendError, BaseBackend, Context, Handle, JobStatus, Request, State
+from jobs.spec import JobSpec
+from k8s.client import Cluster, JobRef
+from k8s.pod import manifest_text
+from k8s.render import TARGETS, render_object
+
+KIND = {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob"}
+STATES = {"Created": State.PENDING, "Pending": State.PENDING, "Running": State.RUNNING,
+          "Restarting": State.RUNNING, "Succeeded": State.SUCCEEDED, "Complete": State.SUCCEEDED,
+          "Failed": State.FAILED, "Suspended": State.STOPPED}
+POLL_S = 2.0
+
+
+class K8sBackend(BaseBackend):
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.name = "k8s" if target == "pytorchjob" else f"k8s:{target}"
+
+    def render(self, spec: JobSpec, context: Context) -> Request:
+        obj = render_object(spec, self.target)
+        return Request(self.name, spec.name, obj, manifest_text(obj), spec, context)
+
+    def check(self, spec: JobSpec) -> None:
+        Cluster()  # a K8sError (exit 2) when no cluster is configured
+
+    def submit(self, request: Request) -> Handle:
+        ref = Cluster().submit(request.data)
+        return Handle(self.name, f"{ref.namespace}/{ref.name}")
+
+    def parse_handle(self, text: str) -> Handle:
+        target, colon, rest = text.partition(":")
+        name, path = (f"k8s:{target}", rest) if colon else (self.name, text)
+        if colon and target not in TARGETS:
+            raise BackendError(f"unknown Kubernetes target {target!r}; valid: "
+                               f"{', '.join(TARGETS)}")
+        if name == "k8s:pytorchjob":
+            name = "k8s"
+        if not re.fullmatch(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[a-z0-9])?",
+                            path):
+            raise BackendError(f"{path!r} is not a job: write NAMESPACE/NAME or NAME, as "
+                               "torchjob submit printed it")
+        return Handle(name, path if "/" in path else f"default/{path}")
+
+    def _ref(self, handle: Handle) -> JobRef:
+        target = handle.backend.partition(":")[2] or "pytorchjob"
+        return JobRef.parse(handle.id, KIND[target])
+
+    def status(self, handle: Handle) -> JobStatus:
+        state, conditions = Cluster().status(self._ref(handle))
+        detail = "\n".join(f"{c.get('type')}={c.get('status')} {c.get('reason', '')} "
+                           f"{c.get('message', '')}".rstrip() for c in conditions)
+        return JobStatus(handle, STATES.get(state, State.UNKNOWN), name=handle.id.split("/")[-1],
+                         detail=detail, raw={"condition": state, "conditions": conditions})
+
+    def wait(self, handle: Handle) -> JobStatus:
+        while not (status := self.status(handle)).state.terminal:
+            time.sleep(POLL_S)
+        return status
+
+    def run(self, request: Request) -> int:
+        handle = self.submit(request)
+        print(f"torchjob: submitted {handle}", file=sys.stderr, flush=True)
+        status = self.wait(handle)
+        for line in self.logs(handle):
+            print(line, flush=True)
+        return self.exit_code(status)
+
+    def logs(self, handle: Handle, *, follow: bool = False,
+             log_dir: str | None = None) -> Iterator[str]:
+        return Cluster().logs(self._ref(handle))
+
+    def cancel(self, handle: Handle) -> str:
+        ref = self._ref(handle)
+        Cluster().cancel(ref)
+        return f"deleted {ref.kind} {ref.namespace}/{ref.name}"
+
+    def list(self) -> list[JobStatus]:
+        kind = KIND[self.target]
+        return [JobStatus(Handle(self.name, f"{ref.namespace}/{ref.name}"),
+                          STATES.get(state, State.UNKNOWN), name=ref.name)
+                for ref, state in Cluster().list(kind)]
+
+
+def create(variant: str) -> K8sBackend:
+    target = variant or "pytorchjob"
+    if target not in TARGETS:
+        raise BackendError(f"unknown Kubernetes target {variant!r}; valid: k8s (PyTorchJob), "
+                           "k8s:trainjob")
+    return K8sBackend(target)
