@@ -34,10 +34,12 @@ def test_submit_status_logs_and_torchx_agree(slurm_cluster: None, tmp_path: Path
     sub = torchjob("submit", "--to", "slurm", "jobs/examples/default.yaml",
                    *[w for s in sets for w in ("--set", s)])
     assert sub.returncode == 0, sub.stderr
-    job_id = sub.stdout.strip()
+    handle = sub.stdout.strip()
+    assert handle.startswith("slurm:")  # the handle names its backend
+    job_id = handle.removeprefix("slurm:")
     assert slurm_cli.wait(job_id, timeout=600) == "COMPLETED"
-    status = torchjob("status", "--to", "slurm", job_id)
-    assert status.returncode == 0 and "COMPLETED" in status.stdout
+    status = torchjob("status", handle)
+    assert status.returncode == 0 and "SUCCEEDED" in status.stdout and "COMPLETED" in status.stdout
     logs = torchjob("logs", "--to", "slurm", job_id, "--log-dir",
                     f"{tmp_path}/submitit/submitit/{job_id}")
     assert logs.returncode == 0, logs.stderr
