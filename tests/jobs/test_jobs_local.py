@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from jobs.load import load, loads
-from jobs.backends.local.render import LocalPlan, omp_threads, render_local, render_text
+from jobs.backends.local.render import LocalPlan, render_local, render_text
+from trainer.contract import omp_threads
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parents[1] / "jobs" / "examples"
@@ -59,7 +60,8 @@ def test_plan_shape() -> None:
 
 
 def test_omp_threads_and_user_override() -> None:
-    assert omp_threads(2, 1, 2) == 1 and omp_threads(1, 2, 4) == 1 and omp_threads(64, 2, 4) == 8
+    assert omp_threads(2, 2) == 1 and omp_threads(0.5, 4) == 1 and omp_threads(32, 4) == 8
+    assert omp_threads(None, 2) == 1 and omp_threads(3.5, 1) == 3
     spec = loads("name: job\nenv: {OMP_NUM_THREADS: 3}")
     assert render_local(spec, **FIXED).env["OMP_NUM_THREADS"] == "3"
 

@@ -19,6 +19,7 @@ import yaml
 from jobs.command import agent_command
 from jobs.spec import JobSpec
 from jobs.values import SpecError
+from trainer.contract import omp_threads
 
 WORKDIR = "/workspace"  # the image's WORKDIR: a relative run_dir lands under it
 RDZV_HOST = "node0"
@@ -40,13 +41,6 @@ def restart_policy(spec: JobSpec) -> str:
     if spec.docker.restart == "no" or spec.max_restarts == 0:
         return "no"
     return f"on-failure:{spec.max_restarts}"
-
-
-def omp_threads(spec: JobSpec) -> int:
-    """CPU threads per worker: the node's ``resources.cpu`` shared by its processes (1 when
-    unset, as on a laptop where several node containers share the cores)."""
-    cpu = spec.resources.cpu
-    return max(1, int(cpu // spec.nproc_per_node)) if cpu else 1
 
 
 def _inside(path: str, parent: str) -> bool:
@@ -109,7 +103,9 @@ def spec_mounts(spec: JobSpec, host_dir: str) -> tuple[list[Obj], Obj]:
 def environment(spec: JobSpec) -> Obj:
     """Plain values from ``env``; each secret by name only (``NAME:`` with no value: compose
     passes it through from the environment compose runs in)."""
-    env: Obj = {"OMP_NUM_THREADS": str(omp_threads(spec)), "PYTHONUNBUFFERED": "1",
+    # the node's resources.cpu shared by its workers (one thread when unset, as on a laptop
+    # where several node containers share the cores)
+    env: Obj = {"OMP_NUM_THREADS": str(omp_threads(spec.resources.cpu, spec.nproc_per_node)), "PYTHONUNBUFFERED": "1",
                 **spec.env}
     env.update({ref.env: None for ref in spec.secrets})
     return env

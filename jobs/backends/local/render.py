@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from jobs.command import agent_command
 from jobs.spec import JobSpec
 from jobs.values import FrozenMap
+from trainer.contract import omp_threads
 
 
 @dataclass(frozen=True)
@@ -30,11 +31,6 @@ class LocalPlan:
     script: str | None = None
 
 
-def omp_threads(cpu_count: int, nodes: int, nproc_per_node: int) -> int:
-    """CPU threads per worker so that all workers together do not oversubscribe the host."""
-    return max(1, cpu_count // (nodes * nproc_per_node))
-
-
 def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
                  cpu_count: int) -> LocalPlan:
     """The torchrun command of each local node and the environment they need."""
@@ -42,7 +38,8 @@ def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
     command = agent_command(spec, python=python, rdzv_endpoint=f"127.0.0.1:{port}",
                             run_id=run_id)
     env = {
-        "OMP_NUM_THREADS": str(omp_threads(cpu_count, nodes, spec.nproc_per_node)),
+        # the machine's CPUs shared by the emulated nodes, then by each node's workers
+        "OMP_NUM_THREADS": str(omp_threads(cpu_count / nodes, spec.nproc_per_node)),
         "PYTHONUNBUFFERED": "1",
         **spec.env,
     }
