@@ -34,7 +34,7 @@ class TorchxBackend(BaseBackend):
         app = render_appdef(spec)
         if not self.scheduler:  # the AppDef itself, for any scheduler
             return Request(self.name, spec.name, app, appdef_text(app), spec, context)
-        info = launch.dryrun(app, self.scheduler)
+        info = launch.dryrun(app, self.scheduler, log_dir=f"{spec.run_dir}/torchx")
         return Request(self.name, spec.name, info, f"{info}\n", spec, context)
 
     def submit(self, request: Request) -> Handle:
@@ -51,7 +51,7 @@ class TorchxBackend(BaseBackend):
             raise BackendError(f"{text!r} is not a TorchX app handle: write SCHEDULER://"
                                "SESSION/APP_ID as torchjob submit printed it, e.g. "
                                "torchx:local_cwd://torchjob/digits-x1y2")
-        return Handle(f"torchx:{match.group(1)}", text)
+        return Handle("torchx", text)  # TorchX's handle names its scheduler itself
 
     def status(self, handle: Handle) -> JobStatus:
         found = launch.status(handle.id)

@@ -32,13 +32,18 @@ def _cfg(scheduler: str) -> dict[str, Any]:
     return cfg
 
 
-def dryrun(app: AppDef, scheduler: str) -> AppDryRunInfo:
-    """The scheduler's exact request for ``app`` (what ``torchx run --dryrun`` prints)."""
+def dryrun(app: AppDef, scheduler: str, *, log_dir: str) -> AppDryRunInfo:
+    """The scheduler's exact request for ``app`` (what ``torchx run --dryrun`` prints).
+    Where the scheduler keeps logs and .torchxconfig does not say, ``log_dir`` (else the
+    local schedulers make a temporary directory, and the request differs every time)."""
     with get_runner() as runner:
         if scheduler not in runner.scheduler_backends():
             raise TorchxError(f"unknown TorchX scheduler {scheduler!r}; choose from "
                               f"{', '.join(runner.scheduler_backends())}")
-        return runner.dryrun(app, scheduler, cfg=_cfg(scheduler))
+        cfg = _cfg(scheduler)
+        if runner.scheduler_run_opts(scheduler).get("log_dir") is not None:
+            cfg.setdefault("log_dir", log_dir)
+        return runner.dryrun(app, scheduler, cfg=cfg)
 
 
 def schedule(info: AppDryRunInfo) -> str:

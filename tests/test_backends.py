@@ -1,0 +1,100 @@
+"""The Backend contract, for every registered backend: found by name, handles that name their
+backend, and what ``render`` prints is what ``submit`` sends. Backend-specific proofs on a
+real engine live with each backend (the Slurm devcluster, podman, local torchrun); here the
+Kubernetes one runs against the API EMULATOR (tests/k8s/emulator.py: no API server can run
+on these machines)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jobs import backend as registry
+from jobs.backend import Backend, BackendError, Context, Handle
+from jobs.load import load
+from tests.k8s.emulator import Emulator
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ROOT / "jobs" / "examples" / "default.yaml"
+FAMILIES = ["docker", "k8s", "local", "slurm", "torchx"]
+RENDERABLE = ["local", "docker", "slurm", "slurm:sbatch", "torchx", "torchx:local_cwd", "k8s",
+              "k8s:trainjob"]
+
+
+def torchjob(*argv: str, env: dict[str, str] | None = None,
+             cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobs", *argv], cwd=cwd,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_registry_holds_every_backend_and_each_keeps_the_contract() -> None:
+    assert registry.names() == FAMILIES
+    for name in RENDERABLE:
+        backend = registry.get(name)
+        assert isinstance(backend, Backend) and backend.name == name
+
+
+def test_an_unknown_backend_lists_the_known_ones() -> None:
+    with pytest.raises(BackendError, match="unknown backend 'mars'; choose from docker, k8s, "
+                                           "local, slurm, torchx"):
+        registry.get("mars")
+
+
+@pytest.mark.parametrize("text, backend, ident", [
+    ("slurm:1234", "slurm", "1234"),
+    ("slurm:1234_7", "slurm", "1234_7"),
+    ("k8s:team/digits", "k8s", "team/digits"),
+    ("k8s:digits", "k8s", "default/digits"),
+    ("k8s:trainjob:team/digits", "k8s:trainjob", "team/digits"),
+    ("torchx:local_cwd://torchjob/digits-1a2b", "torchx", "local_cwd://torchjob/digits-1a2b"),
+    ("torchx:slurm://torchjob/77", "torchx", "slurm://torchjob/77"),
+])
+def test_handles_name_their_backend(text: str, backend: str, ident: str) -> None:
+    found, handle = registry.parse_handle(text)
+    assert handle == Handle(backend, ident) and str(handle) == f"{backend}:{ident}"
+    assert found.name == backend
+    assert registry.parse_handle(str(handle))[1] == handle  # printed handles parse back
+
+
+def mask(text: str) -> str:
+    """TorchX's dryrun names the app with a random suffix (its own ``torchx run --dryrun``
+    does too); the rest of the request is fixed."""
+    return re.sub(r"digits-[a-z0-9]{10,}", "digits-ID", text)
+
+
+@pytest.mark.parametrize("name", RENDERABLE)
+def test_render_is_deterministic_and_dry_run_prints_it(name: str, tmp_path: Path) -> None:
+    spec = load(DEFAULT)
+    context = Context(run_id="digits", python="python", workdir="/srv/job", port=29400,
+                      cpu_count=2)
+    first = registry.get(name).render(spec, context)
+    again = registry.get(name).render(spec, context)
+    assert first.text and mask(first.text) == mask(again.text)
+    assert first.backend == name and first.name == "digits"
+    rendered = torchjob("render", "--to", name, str(DEFAULT), cwd=tmp_path)
+    assert rendered.returncode == 0, rendered.stderr
+    if name not in ("local", "docker"):  # run owns --dry-run for those two
+        dry = torchjob("submit", "--to", name, "--dry-run", str(DEFAULT), cwd=tmp_path)
+        assert dry.returncode == 0, dry.stderr
+        if name.startswith(("k8s", "torchx")):  # no run id or port in the request
+            assert mask(dry.stdout) == mask(rendered.stdout)
+
+
+def test_k8s_submit_sends_exactly_the_rendered_object(tmp_path: Path) -> None:
+    """Against the API EMULATOR: the object the client created is the rendered manifest."""
+    with Emulator() as emulator:
+        config = {"KUBECONFIG": emulator.kubeconfig(tmp_path / "kubeconfig")}
+        for to, plural in (("k8s", "pytorchjobs"), ("k8s:trainjob", "trainjobs")):
+            rendered = torchjob("render", "--to", to, str(DEFAULT), env=config)
+            submitted = torchjob("submit", "--to", to, str(DEFAULT), env=config)
+            assert submitted.returncode == 0, submitted.stderr
+            assert submitted.stdout.strip() == f"{to}:default/digits"
+            assert emulator.objects[(plural, "default", "digits")] == \
+                yaml.safe_load(rendered.stdout)
