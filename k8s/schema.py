@@ -5,8 +5,8 @@ int32/int64 ranges), ``properties`` (unknown fields are errors, as with kubectl'
 validation) and ``additionalProperties``, ``required``, ``enum``, ``items``, ``anyOf``,
 ``pattern``, ``minimum``/``maximum``, ``minLength``/``maxLength``, ``maxItems``,
 ``x-kubernetes-int-or-string`` and ``x-kubernetes-preserve-unknown-fields``. CEL rules
-(``x-kubernetes-validations``) are not evaluated. The CRDs are data in
-``../shared/k8s-schemas/`` (copied byte for byte from upstream).
+(``x-kubernetes-validations``) are not evaluated. The CRDs are data in ``k8s/schemas/``
+(copied byte for byte from upstream).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 # Byte-for-byte copies of the upstream CRDs (k8s/schemas/SOURCES.md says where from); a test
-# checks them against the project's shared copy.
+# checks them against k8s/schemas/SHA256SUMS.
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 CRDS = {
     ("kubeflow.org/v1", "PyTorchJob"): "kubeflow.org_pytorchjobs.yaml",

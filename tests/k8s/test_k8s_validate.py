@@ -1,6 +1,6 @@
 """Validation of hand-written manifests: the Kubeflow documentation's shapes pass, broken ones
-are rejected with the rule and field path named. No API server: the upstream CRDs in
-../shared/k8s-schemas/ and the admission rules of K8S-CONTRACT.md are the reference."""
+are rejected with the rule and field path named. No API server: the upstream CRDs vendored in
+k8s/schemas/ and the admission rules of K8S-CONTRACT.md are the reference."""
 
 from __future__ import annotations
 
@@ -304,12 +304,23 @@ def test_malformed_manifests_give_problems_not_crashes(text: str) -> None:
     assert problems and all(isinstance(p, Problem) for p in problems)
 
 
-def test_vendored_crds_are_the_upstream_bytes() -> None:
-    """k8s/schemas/ ships the CRDs with the package; they must equal the shared originals."""
-    from pathlib import Path
+def test_vendored_crds_match_their_checksums() -> None:
+    """k8s/schemas/ holds byte-for-byte upstream copies; SHA256SUMS (``sha256sum`` format) pins
+    them, so an edited, missing or unlisted file fails here rather than changing validation."""
+    import hashlib
 
     from k8s.schema import SCHEMA_DIR
-    shared = Path(__file__).resolve().parents[3] / "shared" / "k8s-schemas"
-    assert shared.is_dir(), "the project's shared/k8s-schemas should sit beside the repository"
-    for copy in SCHEMA_DIR.iterdir():
-        assert copy.read_bytes() == (shared / copy.name).read_bytes(), copy.name
+    fix = ("copy the file again from upstream (SOURCES.md), then in k8s/schemas run "
+           "`sha256sum $(ls | grep -vx SHA256SUMS) > SHA256SUMS`")
+    listed: dict[str, str] = {}
+    for line in (SCHEMA_DIR / "SHA256SUMS").read_text().splitlines():
+        digest, sep, name = line.partition("  ")
+        assert sep and len(digest) == 64, f"SHA256SUMS: not a sha256sum line: {line!r}"
+        listed[name] = digest
+    present = {p.name for p in SCHEMA_DIR.iterdir()} - {"SHA256SUMS"}
+    assert present == set(listed), (
+        f"unlisted: {sorted(present - set(listed))}, missing: {sorted(set(listed) - present)}; "
+        + fix)
+    for name, digest in listed.items():
+        actual = hashlib.sha256((SCHEMA_DIR / name).read_bytes()).hexdigest()
+        assert actual == digest, f"k8s/schemas/{name} changed ({actual}); {fix}"
