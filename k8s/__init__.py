@@ -7,5 +7,6 @@
   Pod Security "restricted", no literal secrets; each problem names its rule and field path.
 - ``k8s.client.Cluster``: submit, status, logs and cancel on a cluster (kubeconfig or the
   in-cluster account); API errors become one-line ``K8sError``s that say what to do.
+- ``k8s.backend``: the ``k8s`` and ``k8s:trainjob`` backends of the registry (jobs.backend).
 - ``python -m k8s.manifests``: regenerate the rendered examples in ``k8s/manifests/``.
 """
