@@ -1,7 +1,8 @@
 """Sweeps: ``--sweep lr=1e-3,3e-3`` over trainer arguments, the grid of all values given.
 
 Each point is the spec with those trainer arguments, in its own run directory
-(``RUN_DIR/lr=0.001``). A backend that has job arrays (Slurm) submits the points as one
+(``RUN_DIR/lr=0.001``) and with its own name (``NAME-0``, ``NAME-1``: a cluster's objects need
+names of their own). A backend that has job arrays (Slurm) submits the points as one
 array; on the others a sweep is a set of jobs, one per point. Pure.
 """
 
@@ -40,7 +41,7 @@ def sweep_specs(spec: JobSpec, sweep: Sweep) -> list[JobSpec]:
         if key not in types or key in ("run_dir", "checkpoint_dir"):
             raise SpecError(f"sweep.{key}", "is not a trainer argument (e.g. lr=1e-3,3e-3)")
     out = []
-    for point in itertools.product(*(list(v) for v in sweep.values())):
+    for index, point in enumerate(itertools.product(*(list(v) for v in sweep.values()))):
         args: dict[str, Any] = dict(spec.trainer.args)
         label = []
         for key, value in zip(sweep, point):
@@ -52,7 +53,8 @@ def sweep_specs(spec: JobSpec, sweep: Sweep) -> list[JobSpec]:
             label.append(f"{key}={value}")
         run_dir = f"{spec.run_dir}/{','.join(label)}"
         out.append(dataclasses.replace(
-            spec, trainer=dataclasses.replace(spec.trainer, args=FrozenMap(args)),
+            spec, name=f"{spec.name}-{index}",
+            trainer=dataclasses.replace(spec.trainer, args=FrozenMap(args)),
             run_dir=run_dir, checkpoint_dir=_swept_checkpoint_dir(spec, run_dir)))
     return out
 

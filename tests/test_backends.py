@@ -98,3 +98,21 @@ def test_k8s_submit_sends_exactly_the_rendered_object(tmp_path: Path) -> None:
             assert submitted.stdout.strip() == f"{to}:default/digits"
             assert emulator.objects[(plural, "default", "digits")] == \
                 yaml.safe_load(rendered.stdout)
+
+
+def test_a_sweep_is_a_set_of_jobs_where_there_are_no_job_arrays(tmp_path: Path) -> None:
+    """On the API EMULATOR: one PyTorchJob per point, each with its own name, trainer
+    arguments and run directory."""
+    with Emulator() as emulator:
+        config = {"KUBECONFIG": emulator.kubeconfig(tmp_path / "kubeconfig")}
+        submitted = torchjob("submit", "--to", "k8s", str(DEFAULT), "--sweep", "lr=1e-3,3e-3",
+                             "--sweep", "epochs=2", env=config)
+        assert submitted.returncode == 0, submitted.stderr
+        assert submitted.stdout.split() == ["k8s:default/digits-0", "k8s:default/digits-1"]
+        for index, lr, text in ((0, "0.001", "1e-3"), (1, "0.003", "3e-3")):
+            obj = emulator.objects[("pytorchjobs", "default", f"digits-{index}")]
+            command = obj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+                "containers"][0]["command"]
+            assert command[command.index("--lr") + 1] == lr
+            assert command[command.index("--epochs") + 1] == "2"
+            assert command[command.index("--run-dir") + 1] == f"runs/digits/lr={text},epochs=2"
