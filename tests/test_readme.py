@@ -1,4 +1,7 @@
-"""The README's command examples are executed, so they cannot rot."""
+"""The README, executed: its terminal sessions run and print what it shows
+(tests/readme_sessions.py), the plain example commands are accepted, and the set-up commands
+are the ones CI runs. Sessions that need the Slurm cluster or podman run with those tests
+(tests/slurm, tests/containers)."""
 
 from __future__ import annotations
 
@@ -7,9 +10,15 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from tests.k8s.emulator import Emulator
 from tests.procs import PYTHON, ROOT, env_for_tests
+from tests.readme_sessions import Command, match, run_session, sessions
 
 README = (ROOT / "README.md").read_text()
+HERE_SESSIONS = {"local", "docker-render", "slurm-render", "torchx", "k8s"}
+ELSEWHERE = {"slurm", "docker", "local-jobs"}  # run by tests/slurm, tests/containers
 
 
 def torchjob(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -17,25 +26,56 @@ def torchjob(argv: list[str]) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+def test_every_session_is_run_by_some_test() -> None:
+    found = set(sessions())
+    assert found >= HERE_SESSIONS and not found - HERE_SESSIONS - ELSEWHERE, found
+
+
+@pytest.mark.parametrize("name", ["docker-render", "slurm-render"])
+def test_render_sessions(name: str, tmp_path: Path) -> None:
+    run_session(sessions()[name], tmp_path)
+
+
+def test_kubernetes_session_on_the_api_emulator(tmp_path: Path) -> None:
+    with Emulator(operator=True) as emulator:
+        config = emulator.kubeconfig(tmp_path / "kubeconfig")
+        run_session(sessions()["k8s"], tmp_path, env={"KUBECONFIG": config})
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["local", "torchx"])
+def test_sessions_that_train(name: str, tmp_path: Path) -> None:
+    run_session(sessions()[name], tmp_path)
+
+
+def test_the_matcher_reads_wildcards_and_handles() -> None:
+    handles: dict[str, str] = {}
+    assert match(["a ... c", "...", "submitted slurm:1"], ["a b c", "x", "y",
+                                                         "submitted slurm:77"], handles) is None
+    assert handles == {"slurm:1": "slurm:77"}
+    assert match(["a"], ["b"], {}) is not None and match(["a", "..."], ["a"], {}) is None
+    assert Command("torchjob run x.yaml  # exit 143").code == 143
+
+
 def test_every_example_command_is_accepted() -> None:
     lines = [line.split("#")[0].strip() for line in README.splitlines()
              if line.startswith("torchjob ")]
-    assert len(lines) >= 4
+    assert len(lines) >= 2
     for line in lines:
         argv = shlex.split(line)[1:]
         if argv[0] in ("run", "submit") and "--dry-run" not in argv:
-            argv.append("--dry-run")  # training itself is tested in tests/integration
+            argv.append("--dry-run")  # training itself is tested in the sessions
         proc = torchjob(argv)
         assert proc.returncode == 0, f"{line}: {proc.stderr}"
         assert "--run-dir" in proc.stdout  # every rendering carries the trainer command
 
 
 def test_the_error_example_prints_what_the_readme_says() -> None:
-    match = re.search(r"^\$ (torchjob .*)\n(.*)$", README, re.MULTILINE)
-    assert match
-    proc = torchjob(shlex.split(match.group(1))[1:])
+    match_ = re.search(r"^\$ (torchjob .*)\n(.*)$", README, re.MULTILINE)
+    assert match_
+    proc = torchjob(shlex.split(match_.group(1))[1:])
     assert proc.returncode == 2
-    assert proc.stderr.strip() == match.group(2)
+    assert proc.stderr.strip() == match_.group(2)
 
 
 def test_setup_commands_are_the_ones_ci_runs() -> None:

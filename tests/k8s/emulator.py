@@ -22,7 +22,11 @@ LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 
 
 class Emulator:
-    def __init__(self) -> None:
+    """``operator=True`` also plays a very small operator: each created job is Running at
+    once, with one pod per replica whose log is one line (what a README session shows)."""
+
+    def __init__(self, operator: bool = False) -> None:
+        self.operator = operator
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (plural, ns, name)
         self.pods: dict[str, list[dict[str, Any]]] = {}  # namespace -> pods
         self.pod_logs: dict[tuple[str, str], str] = {}
@@ -57,6 +61,8 @@ class Emulator:
                         if key in emulator.objects:
                             return self.status(409, "AlreadyExists")
                         emulator.objects[key] = body
+                        if emulator.operator:
+                            emulator.operate(ns, body)
                         return self.reply(201, body)
                     key = (plural, ns, name or "")
                     if key not in emulator.objects:
@@ -110,6 +116,22 @@ class Emulator:
             "users: [{name: emu, user: {token: emulator}}]\n"
             "contexts: [{name: emu, context: {cluster: emu, user: emu}}]\n")
         return str(path)
+
+    def operate(self, namespace: str, job: dict[str, Any]) -> None:
+        """What the operator would do first: conditions, and the pods with a log line."""
+        name = job["metadata"]["name"]
+        job["status"] = {"conditions": [
+            {"type": "Created", "status": "True", "reason": f"{job['kind']}Created"},
+            {"type": "Running", "status": "True", "reason": f"{job['kind']}Running"}]}
+        if job["kind"] != "PyTorchJob":
+            return
+        for kind, spec in job["spec"]["pytorchReplicaSpecs"].items():
+            for index in range(int(spec.get("replicas", 1))):
+                self.add_pod(namespace, f"{name}-{kind.lower()}-{index}",
+                             {"training.kubeflow.org/job-name": name,
+                              "training.kubeflow.org/replica-type": kind.lower(),
+                              "training.kubeflow.org/replica-index": str(index)},
+                             f"(the emulator's pod {name}-{kind.lower()}-{index})\n")
 
     def add_pod(self, namespace: str, name: str, labels: dict[str, str], log: str) -> None:
         self.pods.setdefault(namespace, []).append(

@@ -31,7 +31,9 @@ class TorchxBackend(BaseBackend):
         return self.scheduler
 
     def render(self, spec: JobSpec, context: Context) -> Request:
-        app = render_appdef(spec)
+        # local_cwd runs here, in this interpreter's environment; elsewhere the image's python
+        app = render_appdef(spec, python=context.python if self.scheduler == "local_cwd"
+                            else "python")
         if not self.scheduler:  # the AppDef itself, for any scheduler
             return Request(self.name, spec.name, app, appdef_text(app), spec, context)
         info = launch.dryrun(app, self.scheduler, log_dir=f"{spec.run_dir}/torchx")

@@ -20,6 +20,7 @@ from torchx import specs
 from jobs.command import agent_command
 from jobs.spec import JobSpec
 from jobs.values import SpecError
+from trainer.contract import omp_threads
 
 ROLE = "trainer"
 
@@ -56,7 +57,8 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
     role = specs.Role(
         name=ROLE, image=spec.image, entrypoint="bash", args=["-c", script],
         num_replicas=spec.nnodes.max, min_replicas=spec.nnodes.min, resource=resource,
-        env={"PYTHONUNBUFFERED": "1", **spec.env}, port_map={"c10d": spec.rdzv.port},
+        env={"OMP_NUM_THREADS": str(omp_threads(resource.cpu, spec.nproc_per_node)),
+             "PYTHONUNBUFFERED": "1", **spec.env}, port_map={"c10d": spec.rdzv.port},
         max_retries=max_retries, mounts=mounts)
     return specs.AppDef(name=spec.name, roles=[role])
 
