@@ -5,6 +5,9 @@
 #   docker build --build-arg BASE_IMAGE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime -t torchjob .
 #                                      # GPU: a PyTorch CUDA image already carries torch, used as is
 #   scripts/container-setup            # here: podman, a debootstrap base, the local CPU wheel
+# The build context needs trainer/ (the one package of ours the image runs: every launcher
+# renders a command for it) and, optionally, build/wheels: a checkout is one, and torchjob run
+# --to docker assembles one from the installed package when the image is missing.
 #
 # No ENTRYPOINT: the command is exactly what the caller gives, so one image serves every launcher.
 #   docker run IMAGE                                    # trains the default job, one process
@@ -22,9 +25,10 @@
 ARG BASE_IMAGE=python:3.11-slim
 
 # --- wheels: build/wheels if present (scripts/container-setup puts the local CPU torch wheel
-# there; the glob lets the build go on without it). Only mounted below, never in the image.
+# there; the glob lets the build go on without it, trainer/__init__.py is there so that the
+# COPY always has a source). Only mounted below, never in the image.
 FROM ${BASE_IMAGE} AS wheels
-COPY pyproject.toml build/wheel[s] /wheels/
+COPY trainer/__init__.py build/wheel[s] /wheels/
 
 # --- the image ----------------------------------------------------------------------------------
 FROM ${BASE_IMAGE}
@@ -48,20 +52,18 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
         pip install --index-url https://download.pytorch.org/whl/cpu \
             --extra-index-url https://pypi.org/simple "$TORCH_PIN"; \
     fi
-# What trainer/ imports besides torch (pyproject.toml lists the same), and pyyaml for jobs/.
+# What trainer/ imports besides torch (pyproject.toml lists the same), and pyyaml, small and
+# kept for users' scripts that read a YAML config.
 # scikit-learn without its dependencies: the trainer never imports it, it only reads the digits
 # file the wheel carries (trainer/tasks.py), so scipy & co. (~150 MB) stay out of the image.
 # A task of your own that imports sklearn: add `pip install scipy joblib threadpoolctl`.
 RUN pip install "numpy>=1.24" "matplotlib>=3.7" "tqdm>=4.60" "pyyaml>=6" \
     && pip install --no-deps "scikit-learn>=1.3"
-# The project without its launcher dependencies (torchx, submitit, kubernetes): the image only
-# trains. `--no-build-isolation`: the venv's setuptools builds it, nothing is downloaded.
-COPY pyproject.toml README.md /src/
+# The trainer, where an install puts it (the venv's site-packages), compiled there since the
+# image's user cannot write __pycache__. The launchers (jobs/, k8s/, slurm/) run on the host.
 COPY trainer /src/trainer
-COPY jobs /src/jobs
-COPY k8s /src/k8s
-COPY slurm /src/slurm
-RUN pip install --no-deps --no-build-isolation /src && rm -rf /src
+RUN site=$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
+    && mv /src/trainer "$site/trainer" && rm -rf /src && python -m compileall -q "$site/trainer"
 USER 1000
 WORKDIR /workspace
 ENTRYPOINT []
