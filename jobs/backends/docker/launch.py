@@ -11,11 +11,13 @@ had a grace period to finish too). Ctrl-C/SIGTERM stops the containers with a gr
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,13 +25,14 @@ from pathlib import Path
 from secrets import token_hex
 from typing import IO, Any, Callable
 
+import trainer
 from jobs.backends.docker.render import HOST_DIR_VAR, compose_text, render_compose, service_name
 from jobs.spec import JobSpec
 from jobs.values import UserError
 from trainer.agent import exit_code
 from trainer.contract import EXIT_CONFIG, EXIT_OK, EXIT_STOPPED
 
-ROOT = Path(__file__).resolve().parents[3]
+RECIPE = "jobs.backends.docker"  # the package whose data is the Dockerfile and container-setup
 IMAGE_UID = 1000  # the Dockerfile's USER: it must be able to write the run directory
 PROJECT_LABEL = "com.docker.compose.project"  # set by docker compose and podman-compose
 SERVICE_LABEL = "com.docker.compose.service"
@@ -84,25 +87,42 @@ def _is_registry_image(image: str) -> bool:
     return bool(slash) and first != "localhost" and ("." in first or ":" in first)
 
 
+def image_context(dest: Path) -> Path:
+    """The Dockerfile's build context, assembled in ``dest`` from what is installed: the
+    Dockerfile (package data) and the trainer package, the one of ours the image runs. The same
+    from a checkout as from a wheel: nothing is read from the repository's folders."""
+    dest.mkdir(parents=True)
+    (dest / "Dockerfile").write_bytes(
+        importlib.resources.files(RECIPE).joinpath("Dockerfile").read_bytes())
+    shutil.copytree(Path(trainer.__file__).parent, dest / "trainer",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dest
+
+
 def ensure_image(engine: Engine, image: str, err: IO[str]) -> None:
-    """Build ``image`` from this checkout's Dockerfile when it is missing locally (a registry
-    image is left to compose to pull). With podman as root on Debian the repo's own recipe
-    (scripts/container-setup: a debootstrap base, the local torch wheel) builds it."""
+    """Build ``image`` when it is missing locally (a registry image is left to compose to
+    pull) from the recipe this package carries. With podman as root on Debian that is
+    container-setup (a debootstrap base, the local torch wheel, no registry); otherwise a
+    plain ``ENGINE build``."""
     check = (["podman", "image", "exists", image] if engine.name == "podman"
              else ["docker", "image", "inspect", image])
     if _run(check, timeout=60).returncode == 0 or _is_registry_image(image):
         return
-    if not (ROOT / "Dockerfile").is_file():
-        raise UserError(f"image {image!r} does not exist and there is no Dockerfile to build "
-                        f"it: build it (docker build -t {image} .) or set image: in the spec")
-    setup = ROOT / "scripts" / "container-setup"
-    if engine.name == "podman" and setup.is_file() and os.geteuid() == 0:
-        argv = ["bash", str(setup), "all"]
-    else:
-        argv = [engine.name, "build", "-t", image, str(ROOT)]
-    print(f"torchjob: image {image} is missing; building it: {' '.join(argv)}", file=err,
-          flush=True)
-    proc = _run(argv, timeout=3600, env={**os.environ, "IMAGE": image}, cwd=ROOT)
+    with tempfile.TemporaryDirectory(prefix="torchjob-image-") as tmp:
+        context = image_context(Path(tmp) / "context")
+        if engine.name == "podman" and os.geteuid() == 0:
+            setup = Path(tmp) / "container-setup"
+            setup.write_bytes(
+                importlib.resources.files(RECIPE).joinpath("container-setup").read_bytes())
+            argv = ["bash", str(setup), "all"]
+        else:
+            argv = [engine.name, "build", "-t", image, str(context)]
+        print(f"torchjob: image {image} is missing; building it from the Dockerfile torchjob "
+              f"ships: {' '.join(argv)}", file=err, flush=True)
+        # PYTHON: container-setup downloads the torch wheel with this interpreter's pip
+        proc = _run(argv, timeout=3600, cwd=tmp, env={**os.environ, "IMAGE": image,
+                                                       "CONTEXT": str(context),
+                                                       "PYTHON": sys.executable})
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
         raise UserError(f"building image {image} failed:\n{tail}")
