@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+import jobs.examples
 from jobs.load import loads
 from jobs.spec import JobSpec
 from k8s.pod import manifest_text
@@ -18,7 +19,7 @@ from k8s.pytorchjob import render_pytorchjob
 from k8s.trainjob import render_trainjob
 
 HERE = Path(__file__).resolve().parent
-EXAMPLES = HERE.parents[1] / "jobs" / "examples"
+EXAMPLES = Path(jobs.examples.__file__).resolve().parent  # package data, also when installed
 Renderer = Callable[[JobSpec], dict[str, Any]]
 GPU = ["nnodes=2", "nproc_per_node=4", "resources.gpus=4", "resources.cpu=16",
        "resources.memory=64Gi", "resources.shm=16Gi", "env.NCCL_DEBUG=WARN",
