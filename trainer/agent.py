@@ -12,8 +12,8 @@ And its agent (trainer.elastic_agent) answers a stop signal while it waits for t
 at the end, and puts the one log prefix (node, rank, attempt) on every line of its workers:
 for that it turns on torchrun's tee (``--tee 3``) unless the command asks for ``--tee`` or
 ``--redirects`` itself, into a log directory of its own that it removes at the end (unless
-``--log-dir`` names one). The workers import only this module, not that one: their start, the hot path of
-a restart, stays free of the agent's imports.
+``--log-dir`` names one). The workers import only this module, not that one: their start,
+the hot path of a restart, stays free of the agent's imports.
 """
 
 from __future__ import annotations
