@@ -269,8 +269,8 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, cwd: Path | None 
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    print(f"torchjob: docker:{run.project}: {spec.name}: {spec.nnodes.max} node container(s) "
-          f"x {spec.nproc_per_node} process(es) with {engine.name}, project {run.project}, "
+    print(f"torchjob: {spec.name}: {spec.nnodes.max} node container(s) x "
+          f"{spec.nproc_per_node} process(es) with {engine.name}, project {run.project}, "
           f"compose file {file}", file=err, flush=True)
     try:
         up = _run(engine.compose_argv(run.project, file, "up", "-d"), timeout=600,

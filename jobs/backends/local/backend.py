@@ -59,10 +59,10 @@ class LocalBackend(runs.RecordedRuns, BaseBackend):
                              name=spec.name, request={
                                  "text": request.text, "data": plan_data(plan),
                                  "context": dataclasses.asdict(context)})
-        handle = Handle(self.name, context.run_id)
-        header = (f"torchjob: {handle}: {spec.name}: {spec.local_nodes} node(s) x "
-                  f"{spec.nproc_per_node} process(es), rendezvous 127.0.0.1:{context.port}, "
-                  f"run dir {spec.run_dir}")
+        # the handle is local:RUN_ID ("id" below)
+        header = (f"torchjob: {spec.name}: {spec.local_nodes} node(s) x {spec.nproc_per_node} "
+                  f"process(es), rendezvous 127.0.0.1:{context.port} id {context.run_id}, run "
+                  f"dir {spec.run_dir}")
         return plan, record, header, float(context.options.get("grace", GRACE_S))
 
     def run(self, request: Request) -> int:
