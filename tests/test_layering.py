@@ -16,7 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("trainer", "jobs", "k8s", "slurm")
 CORE = {"jobs", "jobs.__init__", "jobs.spec", "jobs.load", "jobs.values", "jobs.command",
-        "jobs.backend", "jobs.sweep", "jobs.examples"}
+        "jobs.backend", "jobs.sweep", "jobs.examples", "jobs.runs",
+        "jobs.launcher"}
 CLI = {"jobs.cli", "jobs.__main__"}
 BACKENDS = {"jobs.backends.local": "local", "jobs.backends.docker": "docker",
             "jobs.backends.torchx": "torchx", "jobs.components": "torchx",

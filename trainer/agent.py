@@ -9,17 +9,22 @@ it. It also defaults ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: with the rendezvo
 with the workers, half of the restarts measured here failed (pytorch/pytorch#135712).
 
 And its agent (trainer.elastic_agent) answers a stop signal while it waits for the other nodes
-at the end. The workers import only this module, not that one: their start, the hot path of
-a restart, stays free of the agent's imports.
+at the end, and puts the one log prefix (node, rank, attempt) on every line of its workers:
+for that it turns on torchrun's tee (``--tee 3``) unless the command asks for ``--tee`` or
+``--redirects`` itself, into a log directory of its own that it removes at the end (unless
+``--log-dir`` names one). The workers import only this module, not that one: their start,
+the hot path of a restart, stays free of the agent's imports.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import uuid
-from typing import Sequence
+from typing import Any, Sequence
 
 from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED
 
@@ -46,13 +51,39 @@ def worker(*argv: str) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     from torch.distributed.launcher import api as launcher_api
-    from torch.distributed.launcher.api import elastic_launch
-    from torch.distributed.run import config_from_args, parse_args, parse_min_max_nnodes, run
+    from torch.distributed.run import parse_args
 
-    from trainer.elastic_agent import Agent
+    from trainer.elastic_agent import Agent, attempt_base
 
+    try:
+        attempt_base(os.environ)
+    except ValueError as exc:
+        print(f"torchjob: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
     launcher_api.LocalElasticAgent = Agent  # type: ignore[misc]  # launch_agent makes one
     args = parse_args(list(argv) if argv is not None else None)
+    own_log_dir = None
+    if args.tee == "0" and args.redirects == "0":  # the workers' lines reach us to be prefixed
+        args.tee = "3"
+        if args.log_dir is None:  # torch's default is a new /tmp/torchelastic_* left behind
+            own_log_dir = args.log_dir = tempfile.mkdtemp(prefix="torchjob-agent-")
+    # the tee's lines, each in one write, as they come (also without PYTHONUNBUFFERED)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
+    try:
+        launch(args)
+    finally:
+        if own_log_dir is not None:
+            shutil.rmtree(own_log_dir, ignore_errors=True)
+
+
+def launch(args: Any) -> None:
+    """torchrun's run, or for this trainer the agent with preforked workers."""
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_min_max_nnodes, run
+
     if not (args.module and args.training_script == FAST_MODULE and not args.no_python):
         run(args)
         return

@@ -5,6 +5,9 @@ here (this package is the lowest layer, and needs no torch for this module).
 
 from __future__ import annotations
 
+import re
+import string
+
 # The exit table (README, "Exit codes"), the same on every backend.
 EXIT_OK = 0  # done
 EXIT_FAILED = 1  # the job failed: user code raised, or workers kept dying past max_restarts
@@ -15,9 +18,29 @@ EXIT_STOPPED = 143  # 128 + SIGTERM: stopped or preempted after a checkpoint; ru
 LOG_PREFIX = "[node {node} rank {rank} attempt {attempt}] "
 
 
+# The attempt of a node's first workers when the scheduler itself runs the job again (Slurm's
+# requeue: SLURM_RESTART_COUNT): the agent adds its own restarts to it. Unset: 0.
+ATTEMPT_BASE_ENV = "TORCHJOB_ATTEMPT_BASE"
+
+
 def log_prefix(node: int | str, rank: int | str, attempt: int | str) -> str:
     """``[node 1 rank 3 attempt 0] ``: where a line came from."""
     return LOG_PREFIX.format(node=node, rank=rank, attempt=attempt)
+
+
+# LOG_PREFIX as a pattern, made from it: a line's node, rank and attempt (each a number).
+LOG_PREFIX_RE = re.compile("".join(
+    re.escape(text) + (rf"(?P<{name}>\d+)" if name else "")
+    for text, name, _, _ in string.Formatter().parse(LOG_PREFIX)))
+
+
+def parse_log_prefix(line: str) -> tuple[int, int, int, str] | None:
+    """(node, rank, attempt, the rest) of a line that starts with the log prefix; else None."""
+    match = LOG_PREFIX_RE.match(line)
+    if match is None:
+        return None
+    return (int(match["node"]), int(match["rank"]), int(match["attempt"]),
+            line[match.end():])
 
 
 def omp_threads(node_cpus: float | None, nproc_per_node: int) -> int:

@@ -17,11 +17,19 @@ the dropped node looks only at the wait list, finds it empty, and trains on: two
 one checkpoint directory. Here the agent also checks, each time it looks at the wait list,
 that its node is still a participant of the round it joined; when it is not, it restarts
 its workers (they checkpoint first) and joins the next round, as for a new node.
+
+And every line its workers print carries the one log prefix (``trainer.contract.LOG_PREFIX``:
+node, rank, attempt), through torch's tee with a line prefix (``python -m trainer.agent``
+turns the tee on). torch's template knows only the rank; the node (this agent's group rank
+in the round) and the attempt (its restarts so far, plus ``TORCHJOB_ATTEMPT_BASE`` when the
+scheduler itself ran the job again) are filled in here, each time the workers start.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from torch.distributed import DistError
@@ -30,6 +38,8 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 from torch.distributed.elastic.utils import store as store_util
+
+from trainer.contract import ATTEMPT_BASE_ENV, log_prefix
 
 BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at signals)
 
@@ -85,13 +95,36 @@ class MembershipWatch:
         return getattr(self._handler, "_state_holder", None)
 
 
+def attempt_base(environ: Mapping[str, str]) -> int:
+    """``TORCHJOB_ATTEMPT_BASE`` (0 when unset); a ValueError that names it when it is not a
+    whole number >= 0."""
+    raw = environ.get(ATTEMPT_BASE_ENV, "").strip() or "0"
+    if not raw.isdigit():
+        raise ValueError(f"{ATTEMPT_BASE_ENV}={raw!r} is not a whole number >= 0 (the attempt "
+                         "the scheduler runs the job for: 0 the first time)")
+    return int(raw)
+
+
 class Agent(LocalElasticAgent):
-    """torchrun's agent, with an exit barrier that a stop signal can interrupt and a watch on
-    its node's membership of the rendezvous."""
+    """torchrun's agent, with an exit barrier that a stop signal can interrupt, a watch on
+    its node's membership of the rendezvous, and the one log prefix on its workers' lines."""
 
     def __init__(self, spec: agent_api.WorkerSpec, *args: Any, **kwargs: Any) -> None:
         spec.rdzv_handler = MembershipWatch(spec.rdzv_handler)  # type: ignore[assignment]
         super().__init__(spec, *args, **kwargs)
+        self._attempt_base = attempt_base(os.environ)
+
+    def attempt(self) -> int:
+        """The attempt the workers started next run: the scheduler's base plus the restarts."""
+        spec = self._worker_group.spec
+        return self._attempt_base + spec.max_restarts - self._remaining_restarts
+
+    def _start_workers(self, worker_group: agent_api.WorkerGroup) -> dict[int, Any]:
+        # torch substitutes ${rank} (and ${local_rank}, ${role_name}) per worker
+        node = worker_group.group_rank  # set by the rendezvous that precedes every start
+        self._log_line_prefix_template = log_prefix("?" if node is None else node, "${rank}",
+                                                    self.attempt())
+        return super()._start_workers(worker_group)
 
     def _exit_barrier(self) -> None:
         # torch's own: one store.wait() of up to exit_barrier_timeout, deaf to signals

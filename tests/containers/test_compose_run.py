@@ -2,7 +2,8 @@
 
 Two node containers train like two local nodes (same world size, seed and data order: the
 same numbers); an elastic job loses a node and gets it back; a node killed again and again
-never stops the job; and every run leaves no container or network behind.
+never stops the job; a submitted run is a job (status, logs, cancel, list: docker:PROJECT);
+and every run leaves no container or network behind.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from jobs.backends.docker.render import compose_text, render_compose
 from jobs.load import loads
 from tests.procs import (PYTHON, ROOT, assert_bitwise_equal, env_for_tests, final_params,
                          last_step, wait_for)
+from tests.recorded import follow, status, submit, torchjob, wait_until
+from trainer.contract import parse_log_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 EXAMPLES = ROOT / "jobs" / "examples"
@@ -107,12 +110,15 @@ def test_two_node_containers_train_like_two_local_nodes(container_image: str,
             out = log.read()
         assert code == 0, out[-4000:]
         results[to] = json.loads((cwd / "runs" / "digits" / "summary.json").read_text())
-        if to == "docker":
-            assert "[node0] " in out and "[node1] " in out  # every line names its node
-            assert all(line.startswith(("[node0] ", "[node1] ", "torchjob: "))
+        if to == "docker":  # every line names its node; a worker's also its rank and attempt
+            assert all(line.startswith(("[node 0", "[node 1", "torchjob: "))
                        for line in out.splitlines()), out[-3000:]
-            assert (cwd / "runs" / "digits" / "compose.yaml").is_file()
-            assert_nothing_left(PROJECT.search(out).group(1))  # type: ignore[union-attr]
+            assert {prefix[:3] for prefix in map(parse_log_prefix, out.splitlines())
+                    if prefix} == {(0, 0, 0), (0, 1, 0), (1, 2, 0), (1, 3, 0)}, out[-3000:]
+            project = PROJECT.search(out).group(1)  # type: ignore[union-attr]
+            record = cwd / "runs" / "digits" / ".torchjob" / project
+            assert (record / "compose.yaml").is_file() and (record / "node-1.log").is_file()
+            assert_nothing_left(project)
     local, docker = results["local"], results["docker"]
     assert docker["world_size"] == local["world_size"] == 4
     assert docker["steps"] == local["steps"]
@@ -302,4 +308,45 @@ def test_crashed_node_is_restarted_by_the_policy_and_the_run_ends_bitwise_equal(
     assert "restart 1" in out  # node0's agent restarted its group once node1 was back
     assert_bitwise_equal(final_params(run_dir / "checkpoints"),
                          final_params(tmp_path / "local" / "runs" / "digits" / "checkpoints"))
+    assert_nothing_left(project)
+
+
+def test_a_submitted_run_is_followed_and_cancelled_from_another_terminal(
+        container_image: str, tmp_path: Path) -> None:
+    """``submit --to docker`` prints docker:PROJECT; from another process in another
+    directory: RUNNING, listed, logs with node, rank and attempt; ``cancel``: the workers
+    checkpoint, the run ends STOPPED with 143, compose down leaves nothing."""
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    handle = submit("docker", EXAMPLES / "default.yaml", here, "nnodes=2", "nproc_per_node=1",
+                    "trainer.args.epochs=50", "trainer.args.log_every=1",
+                    "trainer.args.progress=lines")
+    project = handle.partition(":")[2]
+    run_dir = here / "runs" / "digits"
+    try:
+        first = status(handle, elsewhere)
+        assert first["state"] == "RUNNING", first
+        wait_until(lambda: last_step(run_dir) >= 2, 300, "step 2 in metrics.jsonl",
+                   lambda: (status(handle, elsewhere),
+                            torchjob("logs", handle, cwd=elsewhere).stdout[-3000:]))
+        listed = torchjob("list", "--to", "docker", cwd=elsewhere).stdout
+        assert f"{handle}\tRUNNING\tdigits" in listed.splitlines(), listed
+        follower = follow(handle, elsewhere)
+        cancelled = torchjob("cancel", handle, cwd=elsewhere)
+        assert cancelled.returncode == 0 and "SIGTERM sent" in cancelled.stdout, cancelled
+        try:
+            followed, err = follower.communicate(timeout=300)
+        finally:
+            follower.kill()
+        end = status(handle, elsewhere)
+        assert (end["state"], end["exit_code"]) == ("STOPPED", 143), (end, followed[-3000:])
+    finally:
+        if not status(handle, elsewhere)["state"] in ("STOPPED", "SUCCEEDED", "FAILED"):
+            torchjob("cancel", handle, cwd=elsewhere)  # a second cancel kills at once
+            torchjob("cancel", handle, cwd=elsewhere)
+            wait_until(lambda: status(handle, elsewhere)["exit_code"] is not None, 120,
+                       "the run to end after a cancel", lambda: status(handle, elsewhere))
+    assert {prefix[:3] for prefix in map(parse_log_prefix, followed.splitlines())
+            if prefix} == {(0, 0, 0), (1, 1, 0)}, followed[-3000:]
+    assert followed.count("stopped by SIGTERM after step") == 2, followed[-3000:]
+    assert sorted((run_dir / "checkpoints").glob("step_*")), "no checkpoint on the host"
     assert_nothing_left(project)

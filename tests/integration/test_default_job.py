@@ -36,4 +36,4 @@ def test_elastic_example_runs_two_local_nodes(tmp_path: Path) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert json.loads((tmp_path / "summary.json").read_text())["world_size"] == 4
-    assert "[node 0]" in out and "[node 1]" in out
+    assert "[node 0 rank 0 attempt 0] " in out and "[node 1 rank 2 attempt 0] " in out

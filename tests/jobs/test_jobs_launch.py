@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from jobs.cli import free_port as find_free_port
+from tests.procs import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +46,7 @@ def start(tmp_path: Path, mode: str, *, nodes: int = 1, nproc: int = 2, restarts
     (tmp_path / "tinyworker.py").write_text(WORKER)
     (tmp_path / "job.yaml").write_text(
         f"name: tiny\nnnodes: {nodes}\nnproc_per_node: {nproc}\nmax_restarts: {restarts}\n"
-        f"env: {{PYTHONPATH: {str(tmp_path)!r}}}\n"
+        f"env: {{PYTHONPATH: {os.pathsep.join([str(tmp_path), str(ROOT)])!r}}}\n"
         f"rdzv: {{join_timeout: 60}}\n"
         f"trainer: {{module: tinyworker, args: {{out: {str(tmp_path)!r}, mode: {mode}}}}}\n")
     return subprocess.Popen([sys.executable, "-m", "jobs", "run", "job.yaml", *extra],
@@ -105,8 +106,9 @@ def test_stop_signal_exits_143_and_leaves_nothing(tmp_path: Path, sig: int, node
     assert code == 143, output
     assert time.monotonic() - started < 30
     assert "torchjob: stopping" in output
-    if nodes > 1:
-        assert "[node 0] worker" in output and "[node 1] worker" in output
+    if nodes > 1:  # worker lines carry the one prefix (the agent's own: [node I])
+        assert "[node 0 rank 0 attempt 0] worker" in output, output
+        assert "[node 1 rank 1 attempt 0] worker" in output, output
     assert_all_gone(pids)
 
 

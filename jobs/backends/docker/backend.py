@@ -1,17 +1,26 @@
 """The docker backend: one container per node from a compose file (``render.py``), run by
-podman-compose or ``docker compose`` (``launch.py``), always torn down at the end."""
+podman-compose or ``docker compose`` (``launch.py``), always torn down at the end. ``run`` is
+the foreground launcher; ``submit`` starts the same launcher detached. Either way the run is
+recorded in its run directory (``jobs.runs``: the compose file used, each node's log), so
+that ``status``, ``logs``, ``cancel`` (as Ctrl-C) and ``list`` work for ``docker:PROJECT``
+(the compose project) from any terminal."""
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
+from jobs import launcher, runs
 from jobs.backend import GRACE_S, BackendError, BaseBackend, Context, Handle, Request
 from jobs.backends.docker import launch
 from jobs.backends.docker.render import compose_text, render_compose
 from jobs.spec import JobSpec
 
 
-class DockerBackend(BaseBackend):
+class DockerBackend(runs.RecordedRuns, BaseBackend):
     name = "docker"
 
     def check(self, spec: JobSpec) -> None:
@@ -22,17 +31,36 @@ class DockerBackend(BaseBackend):
         return Request(self.name, spec.name, doc, compose_text(doc, source=context.source),
                        spec, context)
 
-    def run(self, request: Request) -> int:
+    def _start(self, request: Request) -> tuple[runs.Record, Callable[..., int]]:
+        """The run's record (this process its launcher for now) and the launcher, which
+        takes ``echo`` and ``err``."""
         spec, context = request.spec, request.context
         assert spec is not None and context is not None
         engine = launch.find_engine(spec.docker.engine)
-        return launch.run_docker(spec, engine=engine, cwd=Path(context.workdir),
-                                 compose=request.text,
-                                 grace=float(context.options.get("grace", GRACE_S)))
+        cwd = Path(context.workdir)
+        record = runs.create(self.name, context.run_id, cwd / spec.run_dir, name=spec.name,
+                             request={"text": request.text, "data": request.data,
+                                      "context": dataclasses.asdict(context)})
+
+        def start(*, echo: bool = True, err: IO[str] | None = None) -> int:
+            return launch.run_docker(spec, engine=engine, cwd=cwd, compose=request.text,
+                                     project=context.run_id, record=record,
+                                     grace=float(context.options.get("grace", GRACE_S)),
+                                     echo=echo, err=err)
+        return record, start
+
+    def run(self, request: Request) -> int:
+        record, start = self._start(request)
+        err = launcher.tee(record, sys.stderr)
+        try:
+            return launcher.perform(record, lambda: start(err=err))
+        finally:
+            err.close()
 
     def submit(self, request: Request) -> Handle:
-        raise BackendError("docker jobs run in the foreground: use 'torchjob run --to docker "
-                           "JOB.yaml'")
+        record, start = self._start(request)
+        launcher.detach(record, lambda: start(echo=False))
+        return Handle(self.name, record.path.name)
 
 
 def create(variant: str) -> DockerBackend:

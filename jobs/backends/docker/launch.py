@@ -1,5 +1,6 @@
 """The docker launcher: runs a compose file (``jobs.backends.docker.render``) with podman-compose or
-``docker compose``, streams each node's log with its name in front, and always tears down.
+``docker compose``, streams each node's log (worker lines with the one log prefix, the agent's
+own with ``[node I] ``), and always tears down.
 
 The engine's restart policy brings back a node whose agent crashed; a node stopped or killed
 from outside (``podman stop``/``kill``) stays down, and an elastic job carries on without it.
@@ -27,6 +28,8 @@ from typing import IO, Any, Callable
 
 import trainer
 from jobs.backends.docker.render import HOST_DIR_VAR, compose_text, render_compose, service_name
+from jobs.launcher import NodeOutput
+from jobs.runs import Record
 from jobs.spec import JobSpec
 from jobs.values import UserError
 from trainer.agent import exit_code
@@ -166,7 +169,6 @@ class _Run:
     nodes: list[_Node] = field(default_factory=list)
     signals: int = 0
     done: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ids(self) -> list[str]:
         return [node.cid for node in self.nodes]
@@ -196,10 +198,10 @@ class _Run:
                 or self.signals > 0 or time.monotonic() - node.exited_at > SETTLE_S)
 
 
-def _follow(run: _Run, node: _Node, out: IO[bytes]) -> None:
-    """Print the node's log, ``[nodeI] `` in front of every line, across restarts: the
-    engine keeps a container's log over its restarts, so lines already printed are skipped."""
-    prefix = f"[{node.name}] ".encode()
+def _follow(run: _Run, index: int, node: _Node, output: NodeOutput) -> None:
+    """Pass on the node's log (worker lines carry the log prefix; the agent's own get
+    ``[node I] ``) across restarts: the engine keeps a container's log over its restarts, so
+    lines already passed on are skipped."""
     while True:
         follow = [] if run.done.is_set() else ["-f"]
         seen_restarts = node.restarts
@@ -215,12 +217,7 @@ def _follow(run: _Run, node: _Node, out: IO[bytes]) -> None:
             count += 1
             if count > node.printed:
                 node.printed = count
-                with run.lock:
-                    try:
-                        out.write(prefix + line)
-                        out.flush()
-                    except (OSError, ValueError):
-                        pass
+                output.line(index, line)
         proc.wait()
         if not follow:
             return
@@ -263,13 +260,15 @@ def result(spec: JobSpec, nodes: list[_Node], signalled: bool) -> int:
 
 
 def run_docker(spec: JobSpec, *, engine: Engine, grace: float, cwd: Path | None = None,
-               compose: str | None = None, out: IO[bytes] | None = None,
+               compose: str | None = None, project: str | None = None,
+               record: Record | None = None, echo: bool = True,
                err: IO[str] | None = None) -> int:
     """Run the job as one container per node to the end; the exit code as for local runs.
     ``compose`` is the exact compose file to run (the backend's rendered request); by
-    default the spec's, rendered for ``cwd``."""
+    default the spec's, rendered for ``cwd``. With a ``record`` (``jobs.runs``) the file is
+    kept there, the project is the run's id, and each node's log goes to the record too;
+    with ``echo`` every node's lines also go to our stdout."""
     err = err or sys.stderr
-    out = out or sys.stdout.buffer
     cwd = cwd or Path.cwd()
     missing = [ref.env for ref in spec.secrets if ref.env not in os.environ]
     if missing:
@@ -277,11 +276,12 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, cwd: Path | None 
                         f"read secrets from your environment (export {missing[0]}=... first)")
     ensure_image(engine, spec.image, err)
     run_dir = prepare_dirs(spec, cwd)
-    file = run_dir / "compose.yaml"
+    file = (record.path if record is not None else run_dir) / "compose.yaml"
     file.write_text(compose if compose is not None
                     else compose_text(render_compose(spec, host_dir=str(cwd))))
-    run = _Run(engine, f"{spec.name}-{token_hex(3)}", file,
+    run = _Run(engine, project or f"{spec.name}-{token_hex(3)}", file,
                0 if spec.docker.restart == "no" else spec.max_restarts)
+    output = NodeOutput(record, out=sys.stdout.buffer if echo else None, err=None)
 
     def on_signal(signum: int, frame: Any) -> None:
         run.signals += 1
@@ -300,8 +300,11 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, cwd: Path | None 
             tail = "\n".join((up.stdout + up.stderr).splitlines()[-20:])
             print(f"torchjob: compose up failed (exit {up.returncode}):\n{tail}", file=err)
             return EXIT_CONFIG
-        for node in run.nodes:
-            node.pump = threading.Thread(target=_follow, args=(run, node, out), daemon=True)
+        if record is not None:
+            record.update(containers=[node.cid for node in run.nodes])
+        for index, node in enumerate(run.nodes):
+            node.pump = threading.Thread(target=_follow, args=(run, index, node, output),
+                                         daemon=True)
             node.pump.start()
         _wait(run, spec, grace, err)
     finally:
@@ -311,6 +314,7 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, cwd: Path | None 
             for node in run.nodes:
                 if node.pump is not None:
                     node.pump.join(timeout=30)
+        output.close()
         down(engine, run.project, file)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)

@@ -1,13 +1,20 @@
 """The local backend: ``torchrun`` agents on this machine (``local.nodes`` of them emulate
 several nodes), c10d rendezvous on a free loopback port. ``run`` is the foreground launcher
 (``launch.run_local``): Ctrl-C asks the workers to checkpoint, a second one kills.
+``submit`` starts the same launcher detached (its own session, its output in files). Either
+way the run is recorded in its run directory (``jobs.runs``), so that ``status``, ``logs``,
+``cancel`` (as Ctrl-C) and ``list`` work for ``local:RUN_ID`` from any terminal.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from pathlib import Path
+from typing import Any
 
+from jobs import launcher, runs
 from jobs.backend import GRACE_S, BackendError, BaseBackend, Context, Handle, Request
 from jobs.backends.local.launch import missing_secrets, run_local
 from jobs.backends.local.render import LocalPlan, render_local, render_text
@@ -15,7 +22,13 @@ from jobs.spec import JobSpec
 from jobs.values import UserError
 
 
-class LocalBackend(BaseBackend):
+def plan_data(plan: LocalPlan) -> dict[str, Any]:
+    """The plan as JSON data (what the record keeps of the request)."""
+    return {"commands": [list(command) for command in plan.commands], "env": dict(plan.env),
+            "secrets": list(plan.secrets), "script": plan.script}
+
+
+class LocalBackend(runs.RecordedRuns, BaseBackend):
     name = "local"
 
     def check(self, spec: JobSpec) -> None:
@@ -34,21 +47,43 @@ class LocalBackend(BaseBackend):
                             run_id=context.run_id, cpu_count=context.cpu_count)
         return Request(self.name, spec.name, plan, render_text(plan), spec, context)
 
-    def run(self, request: Request) -> int:
+    def _start(self, request: Request) -> tuple[LocalPlan, runs.Record, str, float]:
+        """The run's record (this process its launcher for now), the line that announces it,
+        the grace period."""
         plan: LocalPlan = request.data
         spec, context = request.spec, request.context
         assert spec is not None and context is not None
         for name in missing_secrets(plan, os.environ):  # checked before; the env may change
             raise UserError(f"secret variable {name} is not set")
-        print(f"torchjob: {spec.name}: {spec.local_nodes} node(s) x {spec.nproc_per_node} "
-              f"process(es), rendezvous 127.0.0.1:{context.port} id {context.run_id}, run dir "
-              f"{spec.run_dir}", file=sys.stderr, flush=True)
-        grace = float(context.options.get("grace", GRACE_S))
-        return run_local(plan, grace=grace)
+        record = runs.create(self.name, context.run_id, Path(context.workdir) / spec.run_dir,
+                             name=spec.name, request={
+                                 "text": request.text, "data": plan_data(plan),
+                                 "context": dataclasses.asdict(context)})
+        # the handle is local:RUN_ID ("id" below)
+        header = (f"torchjob: {spec.name}: {spec.local_nodes} node(s) x {spec.nproc_per_node} "
+                  f"process(es), rendezvous 127.0.0.1:{context.port} id {context.run_id}, run "
+                  f"dir {spec.run_dir}")
+        return plan, record, header, float(context.options.get("grace", GRACE_S))
+
+    def run(self, request: Request) -> int:
+        plan, record, header, grace = self._start(request)
+        err = launcher.tee(record, sys.stderr)
+        try:
+            print(header, file=err, flush=True)
+            return launcher.perform(record, lambda: run_local(plan, grace=grace, record=record,
+                                                          err=err))
+        finally:
+            err.close()
 
     def submit(self, request: Request) -> Handle:
-        raise BackendError("local jobs run in the foreground: use 'torchjob run JOB.yaml'; "
-                           "'torchjob submit --to local' does not exist")
+        plan, record, header, grace = self._start(request)
+
+        def launch() -> int:
+            print(header, file=sys.stderr, flush=True)
+            return run_local(plan, grace=grace, record=record, echo=False)
+
+        launcher.detach(record, launch)
+        return Handle(self.name, record.path.name)
 
 
 def create(variant: str) -> LocalBackend:

@@ -1,6 +1,9 @@
 """The local launcher: performs a LocalPlan. The only module here that starts processes.
 
-Each node (a torchrun agent) runs in its own session. A stop (SIGINT/SIGTERM) is forwarded
+Each node (a torchrun agent) runs in its own session; its output goes to its log in the run's
+record (``jobs.runs``) and, in the foreground, to the terminal: its workers' lines as the
+agent printed them (with the one log prefix: node, rank, attempt), the agent's own lines
+with ``[node I] `` in front. A stop (SIGINT/SIGTERM) is forwarded
 as SIGTERM to each agent, which passes it to its workers; they checkpoint and exit 143.
 After a grace period, or at a second Ctrl-C, everything is killed. Whatever way this
 function ends, nothing it started outlives it: torchrun starts each worker in a session of
@@ -21,6 +24,8 @@ from typing import IO, Any, NamedTuple
 
 from jobs.backend import GRACE_S
 from jobs.backends.local.render import LocalPlan
+from jobs.launcher import NodeOutput
+from jobs.runs import Proc, Record
 from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 
 _POLL = 0.1
@@ -79,6 +84,9 @@ class _Nodes:
         self.seen |= {(pid, table[pid].start) for pid in family if pid in table}
         self.last_scan = time.monotonic()
 
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self.procs]
+
     def terminate(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
@@ -116,25 +124,20 @@ def _killpg(pgid: int) -> None:
         pass
 
 
-def _pump(stream: IO[bytes], prefix: bytes, out: IO[bytes], lock: threading.Lock) -> None:
-    """Copy a node's output line by line, each line prefixed with ``[node i]``. If our own
+def _pump(stream: IO[bytes], node: int, output: NodeOutput, stderr: bool) -> None:
+    """Copy one of a node's streams line by line to its log file and the terminal. If our own
     output is gone (a closed pipe), keep draining so that the node never blocks on it."""
-    writable = True
     for line in iter(stream.readline, b""):
-        if writable:
-            with lock:
-                try:
-                    out.write(prefix + line)
-                    out.flush()
-                except (OSError, ValueError):
-                    writable = False
+        output.line(node, line, stderr=stderr)
     stream.close()
 
 
-def run_local(plan: LocalPlan, *, grace: float = GRACE_S,
-              out: IO[bytes] | None = None, err: IO[str] | None = None) -> int:
+def run_local(plan: LocalPlan, *, grace: float = GRACE_S, record: Record | None = None,
+              echo: bool = True, err: IO[str] | None = None) -> int:
     """Run every node of the plan to the end: 0 all done, 143 stopped, 1 a node failed,
-    2 a secret is missing or a node could not start."""
+    2 a secret is missing or a node could not start. Each node's output goes to its log in
+    ``record`` and, with ``echo``, to our stdout and stderr (as the node wrote it); the nodes'
+    processes are noted in the record."""
     err = err or sys.stderr
     missing = missing_secrets(plan, os.environ)
     if missing:
@@ -145,10 +148,10 @@ def run_local(plan: LocalPlan, *, grace: float = GRACE_S,
         print(f"torchjob: trainer.script {plan.script!r} is not a file (relative paths start "
               f"at {os.getcwd()}): fix the path in the job spec", file=err)
         return EXIT_CONFIG
-    out = out or sys.stdout.buffer
     env = {**os.environ, **plan.env}
-    many = len(plan.commands) > 1
-    nodes, lock, pumps = _Nodes(), threading.Lock(), []
+    output = NodeOutput(record, out=sys.stdout.buffer if echo else None,
+                        err=sys.stderr.buffer if echo else None)
+    nodes, pumps = _Nodes(), []
     deadline: float | None = None
     killed = False
 
@@ -164,17 +167,19 @@ def run_local(plan: LocalPlan, *, grace: float = GRACE_S,
                 break
             try:
                 proc = subprocess.Popen(command, env=env, start_new_session=True,
-                                        stdout=subprocess.PIPE if many else None,
-                                        stderr=subprocess.STDOUT if many else None)
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE)
             except OSError as exc:
                 print(f"torchjob: cannot start node {i} ({command[0]}): {exc}", file=err)
                 return EXIT_CONFIG
             nodes.procs.append(proc)
-            if many and proc.stdout is not None:
+            for stream, is_err in ((proc.stdout, False), (proc.stderr, True)):
                 pump = threading.Thread(target=_pump, daemon=True,
-                                        args=(proc.stdout, f"[node {i}] ".encode(), out, lock))
+                                        args=(stream, i, output, is_err))
                 pump.start()
                 pumps.append(pump)
+        if record is not None:
+            record.update(nodes=[p.__dict__ for p in map(Proc.of, nodes.pids()) if p])
         nodes.scan()
         while any(proc.poll() is None for proc in nodes.procs):
             if nodes.signals and deadline is None:
@@ -195,6 +200,7 @@ def run_local(plan: LocalPlan, *, grace: float = GRACE_S,
         nodes.kill()
         for pump in pumps:
             pump.join(timeout=2)
+        output.close()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     if nodes.signals:

@@ -1,0 +1,176 @@
+"""What a launcher on this machine (the local and docker backends) does with its run's
+record (``jobs.runs``): run as the record's launcher (``perform``), or detached from the
+terminal in a session of its own (``detach``, for ``submit``); each node's lines to its log
+in the record and the terminal (``NodeOutput``); its own lines to both (``tee``). Core
+module: imports no backend.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import select
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import IO, cast
+
+from jobs.runs import Record
+from jobs.values import UserError
+from trainer.contract import EXIT_CONFIG, EXIT_FAILED, LOG_PREFIX_RE
+
+START_TIMEOUT_S = 60.0  # a detached launcher that has not recorded itself by then failed
+
+
+def perform(record: Record, body: Callable[[], int]) -> int:
+    """Run the launcher ``body`` as the record's launcher: RUNNING, then its exit code (a
+    UserError: 2, raised again; any other exception: 1, raised again)."""
+    record.launched()
+    try:
+        code = body()
+    except UserError as exc:
+        record.finished(EXIT_CONFIG, str(exc))
+        raise
+    except BaseException as exc:
+        record.finished(EXIT_FAILED, f"the launcher failed: {type(exc).__name__}: {exc}")
+        raise
+    record.finished(code)
+    return code
+
+
+def detach(record: Record, body: Callable[[], int]) -> None:
+    """Run ``perform(record, body)`` in a new session, detached from this process and its
+    terminal (a grandchild: it outlives this process; stdin from /dev/null, stdout and stderr
+    to the record's launcher.log). Returns once it has recorded itself as the launcher; if it
+    could not, a UserError that names its log."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child (covered by the integration tests)
+        code = EXIT_FAILED
+        try:
+            os.close(read)
+            os.setsid()
+            if os.fork():
+                os._exit(0)
+            null = os.open(os.devnull, os.O_RDONLY)
+            log = os.open(record.launcher_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(null, 0)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(null)
+            os.close(log)
+            for stream in (sys.stdout, sys.stderr):
+                if isinstance(stream, io.TextIOWrapper):
+                    stream.reconfigure(line_buffering=True)
+
+            def started() -> int:
+                os.write(write, b"started")
+                os.close(write)
+                return body()
+
+            code = perform(record, started)
+        except UserError as exc:
+            print(f"torchjob: {exc}", file=sys.stderr)
+            code = EXIT_CONFIG
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    os.close(write)
+    os.waitpid(pid, 0)  # the child exits as soon as the grandchild exists
+    got = b""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    with os.fdopen(read, "rb") as pipe:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(pipe.fileno(), 64) if ready else b""
+            got += chunk
+            if not chunk:
+                break
+    if got != b"started":
+        tail = "".join(record.launcher_log.read_text(errors="replace").splitlines(True)[-20:]) \
+            if record.launcher_log.exists() else ""
+        raise UserError(f"the launcher of {record.path.name} did not start (see "
+                        f"{record.launcher_log}){':' if tail else ''}\n{tail}".rstrip())
+
+
+class NodeOutput:
+    """Where each node's lines go: its log file in the record (when there is one) and, in the
+    foreground, the terminal. A worker's line already carries the log prefix; any other line
+    (the agent's own) gets ``[node I] ``. One line, one write."""
+
+    def __init__(self, record: Record | None, *, out: IO[bytes] | None,
+                 err: IO[bytes] | None) -> None:
+        self.record, self.out, self.err = record, out, err
+        self.lock = threading.Lock()
+        self.files: dict[int, IO[bytes]] = {}
+        self.closed = False
+
+    def line(self, node: int, raw: bytes, *, stderr: bool = False) -> None:
+        if not LOG_PREFIX_RE.match(raw[:100].decode(errors="replace")):
+            raw = f"[node {node}] ".encode() + raw
+        if not raw.endswith(b"\n"):
+            raw += b"\n"
+        with self.lock:
+            if self.closed:  # a straggler after the end (the launcher waits 2 s for them)
+                return
+            if self.record is not None:
+                if node not in self.files:
+                    self.files[node] = open(self.record.node_log(node), "ab", buffering=0)
+                self.files[node].write(raw)
+            stream = self.err if stderr else self.out
+            if stream is not None:
+                try:
+                    stream.write(raw)
+                    stream.flush()
+                except (OSError, ValueError):  # our terminal is gone: the files go on
+                    if stderr:
+                        self.err = None
+                    else:
+                        self.out = None
+
+    def close(self) -> None:
+        with self.lock:
+            for f in self.files.values():
+                f.close()
+            self.files.clear()
+            self.closed = True
+
+
+class Tee(io.TextIOBase):
+    """The launcher's own lines: to the terminal (when there is one) and to launcher.log.
+    ``tee(record, terminal)`` gives it as the ``IO[str]`` the launchers take (they only
+    write and flush)."""
+
+    def __init__(self, record: Record, terminal: IO[str] | None) -> None:
+        super().__init__()
+        self.terminal = terminal
+        self.file = open(record.launcher_log, "a", buffering=1)
+
+    def write(self, text: str) -> int:
+        self.file.write(text)
+        if self.terminal is not None:
+            self.terminal.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.file.closed:
+            self.file.flush()
+        if self.terminal is not None:
+            self.terminal.flush()
+
+    def close(self) -> None:
+        super().close()
+        self.file.close()
+
+
+def tee(record: Record, terminal: IO[str] | None) -> IO[str]:
+    return cast(IO[str], Tee(record, terminal))

@@ -1,0 +1,313 @@
+"""Runs on this machine (the local and docker backends) recorded as jobs, so that ``torchjob
+status|logs|cancel BACKEND:RUN_ID`` and ``torchjob list`` work for them from any terminal and
+any directory, as for a cluster's jobs.
+
+A run's record lives in its run directory, ``RUN_DIR/.torchjob/RUN_ID/``:
+
+- ``run.json``: what was started (the request's data and text, the render context), by whom
+  (the launcher's pid, host and start time, so that a reused pid is never signalled), and
+  its state; the launcher writes its exit code there as it ends.
+- ``node-I.log``: node I's lines as the launcher printed them (worker lines carry the one log
+  prefix, ``trainer.contract.LOG_PREFIX``; the agent's own lines ``[node I] ``).
+- ``launcher.log``: the launcher's own lines (``torchjob: ...``).
+
+A per-user index, ``$XDG_STATE_HOME/torchjob/runs/BACKEND/RUN_ID`` (default
+``~/.local/state``), holds each record's directory. Only the launcher writes ``run.json``
+once it runs (the process that created the record hands over before it exits); what a
+launcher does with its record is in ``jobs.launcher``. Core module: imports no backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jobs.backend import BackendError, Handle, JobStatus, State
+from jobs.values import UserError
+from trainer.contract import EXIT_OK, EXIT_STOPPED
+
+RECORD_DIR = ".torchjob"  # under the run directory
+RECORD = "run.json"
+LAUNCHER_LOG = "launcher.log"
+FOLLOW_POLL_S = 0.2
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def state_home(environ: Mapping[str, str] = os.environ) -> Path:
+    """``$XDG_STATE_HOME/torchjob`` (default ``~/.local/state/torchjob``)."""
+    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                          "state")
+    return Path(base) / "torchjob"
+
+
+def index_dir(backend: str) -> Path:
+    return state_home() / "runs" / backend
+
+
+def check_run_id(backend: str, text: str) -> str:
+    """A run id as ``torchjob submit`` printed it (``NAME-1a2b3c``); else a BackendError."""
+    if not RUN_ID.fullmatch(text):
+        raise BackendError(f"{backend}:{text!r} is not a run id: write {backend}:RUN_ID as "
+                           f"torchjob submit or run printed it (torchjob list --to {backend} "
+                           "shows them)")
+    return text
+
+
+def _proc_start(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == b"Z" else fields[19].decode()
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A process, told apart from a later one with the same pid by its start time."""
+
+    pid: int
+    start: str
+    host: str
+    boot: str
+
+    @classmethod
+    def of(cls, pid: int) -> Proc | None:
+        start = _proc_start(pid)
+        return None if start is None else cls(pid, start, socket.gethostname(), _boot_id())
+
+    @classmethod
+    def load(cls, raw: Mapping[str, Any]) -> Proc:
+        return cls(int(raw["pid"]), str(raw["start"]), str(raw["host"]), str(raw["boot"]))
+
+    def here(self) -> bool:
+        return self.host == socket.gethostname()
+
+    def alive(self) -> bool:
+        """Still this very process (same host, boot, pid and start time)."""
+        return self.here() and self.boot == _boot_id() and _proc_start(self.pid) == self.start
+
+
+def state_of(code: int) -> State:
+    """The state a run ended in, from its exit code (README's table)."""
+    return {EXIT_OK: State.SUCCEEDED, EXIT_STOPPED: State.STOPPED}.get(code, State.FAILED)
+
+
+class Record:
+    """One run's record directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def launcher_log(self) -> Path:
+        return self.path / LAUNCHER_LOG
+
+    def node_log(self, node: int) -> Path:
+        return self.path / f"node-{node}.log"
+
+    def node_logs(self) -> list[Path]:
+        found = [(int(p.stem[5:]), p) for p in self.path.glob("node-*.log")
+                 if p.stem[5:].isdigit()]
+        return [path for _, path in sorted(found)]
+
+    def read(self) -> dict[str, Any]:
+        with open(self.path / RECORD) as f:
+            data: dict[str, Any] = json.load(f)
+        return data
+
+    def update(self, **fields: Any) -> None:
+        """Merge ``fields`` into run.json, atomically (readers see the old or the new)."""
+        data = {**self.read(), **fields}
+        tmp = self.path / f".{RECORD}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        os.replace(tmp, self.path / RECORD)
+
+    def launched(self) -> None:
+        """This process is the run's launcher, and the run has started."""
+        me = Proc.of(os.getpid())
+        self.update(state=State.RUNNING.value, started=time.time(),
+                    launcher=None if me is None else me.__dict__)
+
+    def finished(self, code: int, detail: str = "") -> None:
+        self.update(state=state_of(code).value, exit_code=code, ended=time.time(),
+                    detail=detail)
+
+
+def create(backend: str, run_id: str, run_dir: Path, *, name: str,
+           request: Mapping[str, Any]) -> Record:
+    """A new record in ``run_dir`` (made if need be), indexed under ``BACKEND/RUN_ID``; this
+    process is its launcher until ``detach`` hands over."""
+    check_run_id(backend, run_id)
+    path = run_dir.resolve() / RECORD_DIR / run_id
+    try:
+        path.mkdir(parents=True)
+    except FileExistsError:
+        raise UserError(f"{backend}:{run_id} exists already ({path})") from None
+    me = Proc.of(os.getpid())
+    (path / RECORD).write_text(json.dumps({
+        "backend": backend, "id": run_id, "name": name, "run_dir": str(run_dir.resolve()),
+        "created": time.time(), "state": State.PENDING.value, "exit_code": None, "detail": "",
+        "launcher": None if me is None else me.__dict__, "request": dict(request),
+    }, indent=1, default=str) + "\n")
+    index = index_dir(backend)
+    index.mkdir(parents=True, exist_ok=True)
+    (index / run_id).write_text(str(path) + "\n")
+    return Record(path)
+
+
+def find(backend: str, run_id: str, log_dir: str | None = None) -> Record:
+    """The record of ``BACKEND:RUN_ID``: from the index, or from ``log_dir`` (the record's
+    directory or its run directory) when given."""
+    check_run_id(backend, run_id)
+    if log_dir is not None:
+        for path in (Path(log_dir), Path(log_dir) / RECORD_DIR / run_id):
+            if (path / RECORD).is_file():
+                return Record(path)
+        raise UserError(f"{log_dir}: holds no record of {backend}:{run_id} (give the run "
+                        f"directory or RUN_DIR/{RECORD_DIR}/{run_id})")
+    try:
+        path = Path((index_dir(backend) / run_id).read_text().strip())
+    except FileNotFoundError:
+        raise UserError(f"no {backend} run {run_id!r} on this machine for this user "
+                        f"(torchjob list --to {backend} shows them)") from None
+    if not (path / RECORD).is_file():
+        raise UserError(f"{backend}:{run_id}: its record {path} is gone (was the run "
+                        "directory removed?)")
+    return Record(path)
+
+
+def records(backend: str) -> list[Record]:
+    """Every indexed run of ``backend`` whose record still exists, newest first."""
+    found = []
+    index = index_dir(backend)
+    for entry in sorted(index.iterdir()) if index.is_dir() else []:
+        try:
+            record = Record(Path(entry.read_text().strip()))
+            found.append((float(record.read()["created"]), record))
+        except (OSError, ValueError, KeyError):
+            continue  # a record removed with its run directory, or being written
+    return [record for _, record in sorted(found, key=lambda cr: -cr[0])]
+
+
+def _still_running(raw: Any) -> list[int]:
+    procs = [Proc.load(p) for p in raw or ()]
+    return [p.pid for p in procs if p.alive()]
+
+
+def status(record: Record, handle: Handle) -> JobStatus:
+    """The run's state from its record; a launcher that ended without writing its result is
+    FAILED with a detail that says so (never RUNNING forever)."""
+    data = record.read()
+    state = State(data["state"])
+    detail = data.get("detail", "")
+    raw = {**{key: value for key, value in data.items() if key != "request"},
+           "record": str(record.path),
+           "logs": [str(p) for p in record.node_logs()] + [str(record.launcher_log)]}
+    if not state.terminal and data.get("launcher"):
+        launcher = Proc.load(data["launcher"])
+        if not launcher.here():
+            state = State.UNKNOWN
+            detail = (f"launched on host {launcher.host}: its live state is known only "
+                      "there")
+        elif not launcher.alive():
+            state = State.FAILED
+            detail = (f"the launcher (pid {launcher.pid}) ended without writing the run's "
+                      "result: it was killed (SIGKILL, out of memory) or the machine "
+                      "restarted; see its logs")
+            if left := _still_running(data.get("nodes")):
+                detail += (f"; its node processes {', '.join(map(str, left))} are still "
+                           f"running (kill them: kill -TERM -PID for each)")
+    return JobStatus(handle=handle, state=state, exit_code=data.get("exit_code"),
+                     name=data.get("name", ""), detail=detail, raw=raw)
+
+
+def cancel(record: Record, handle: Handle) -> str:
+    """As Ctrl-C: SIGTERM to the launcher, whose workers checkpoint and exit 143 (a second
+    cancel kills them at once)."""
+    data = record.read()
+    if State(data["state"]).terminal:
+        return f"{handle} has already ended: {data['state']}" + (
+            f" (exit code {data['exit_code']})" if data.get("exit_code") is not None else "")
+    launcher = Proc.load(data["launcher"])
+    if not launcher.alive():  # never a signal to a pid that is no longer the launcher's
+        raise UserError(f"{handle}: {status(record, handle).detail}")
+    try:
+        os.kill(launcher.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return f"{handle} has just ended"
+    except PermissionError:
+        raise UserError(f"{handle}: not allowed to signal its launcher (pid "
+                        f"{launcher.pid}): it runs as another user") from None
+    return (f"{handle}: SIGTERM sent to its launcher (pid {launcher.pid}): the workers "
+            "checkpoint and exit 143 (cancel again to kill them now)")
+
+
+def _complete_lines(path: Path, offset: int, final: bool) -> tuple[list[str], int]:
+    """Whole lines of ``path`` from byte ``offset`` (and, when ``final``, a last partial
+    one); the offset after them."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = len(chunk) if final else chunk.rfind(b"\n") + 1
+    text = chunk[:end].decode(errors="replace")
+    return text.splitlines(), offset + end
+
+
+def logs(record: Record, handle: Handle, *, follow: bool = False,
+         sleep: Callable[[float], None] = time.sleep) -> Iterator[str]:
+    """Every node's lines (each with the log prefix or ``[node I] ``), then the launcher's;
+    with ``follow``, new lines as they come until the run has ended."""
+    offsets: dict[Path, int] = {}
+    while True:
+        ended = not follow or status(record, handle).state.terminal
+        for path in [*record.node_logs(), record.launcher_log]:
+            lines, offsets[path] = _complete_lines(path, offsets.get(path, 0), ended)
+            yield from lines
+        if ended:
+            return
+        sleep(FOLLOW_POLL_S)
+
+
+class RecordedRuns:
+    """``status``, ``logs``, ``cancel``, ``list`` and handles for a backend whose runs are
+    recorded here (``BACKEND:RUN_ID``)."""
+
+    name: str = ""
+
+    def parse_handle(self, text: str) -> Handle:
+        return Handle(self.name, check_run_id(self.name, text))
+
+    def status(self, handle: Handle) -> JobStatus:
+        return status(find(self.name, handle.id), handle)
+
+    def logs(self, handle: Handle, *, follow: bool = False,
+             log_dir: str | None = None) -> Iterator[str]:
+        return logs(find(self.name, handle.id, log_dir), handle, follow=follow)
+
+    def cancel(self, handle: Handle) -> str:
+        return cancel(find(self.name, handle.id), handle)
+
+    def list(self) -> list[JobStatus]:
+        return [status(record, Handle(self.name, record.path.name))
+                for record in records(self.name)]
