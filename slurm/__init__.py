@@ -1,4 +1,6 @@
-"""Slurm backend: the sbatch renderer (``sbatch``), submission through submitit with requeue
-(``submitit_job``), Slurm's command line (``slurm_cli``) and per-attempt logs (``slurm_logs``).
-``slurm/devcluster`` runs a real two-node Slurm cluster on this host for trying it and for tests.
+"""Slurm backend: the batch script (``sbatch``: the renderer; ``job.sh``: its shell), the
+backend (``backend``: ``slurm`` through submitit, whose executor ``engine`` submits that
+script; ``slurm:sbatch`` with plain sbatch), Slurm's command line (``slurm_cli``), a job's
+state and exit code from accounting (``status``) and its logs per attempt and rank
+(``slurm_logs``). ``slurm/devcluster`` runs a real two-node Slurm cluster on this host.
 """

@@ -1,89 +1,212 @@
-"""The Slurm backends: ``slurm`` (submitted through submitit) and ``slurm:sbatch`` (the
-rendered script, for ``sbatch`` by hand). Handles: ``slurm:JOB_ID``.
+"""The Slurm backend: ``slurm`` submits through submitit, ``slurm:sbatch`` with plain ``sbatch``;
+both send the batch script ``render`` prints (``slurm.sbatch``), byte for byte.
 
-Transitional: ``render`` shows the sbatch script of ``slurm.sbatch`` while ``submit`` still
-goes through submitit's per-rank TrainTask (``slurm.submitit_job``); issue 11 makes submitit
-submit the rendered script itself.
+A job's handle is ``slurm:JOB_ID`` (``slurm:1234``; a sweep's job array ``slurm:1234``, one of
+its points ``slurm:1234_0``). Status and the exit code come from accounting (``slurm.status``),
+logs from the files the script writes into the run directory (``slurm.slurm_logs``), found
+again through the job's working directory. ``cancel`` asks the job to checkpoint and stop
+(USR1 to the batch shell: exit 143, no requeue); ``run`` blocks like ``srun``: it follows the
+logs until the job has ended and returns its exit code (Ctrl-C stops the job the same way).
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
-from jobs.backend import BackendError, BaseBackend, Context, Handle, JobStatus, Request, State
+from jobs.backend import BackendError, BaseBackend, Context, Handle, JobStatus, Request
 from jobs.spec import JobSpec
-from slurm import slurm_cli
+from jobs.values import SpecError, UserError
+from slurm import slurm_cli, status
+from slurm.engine import CANCEL_SIGNAL, ScriptExecutor, sbatch_message
 from slurm.sbatch import render_sbatch
+from slurm.slurm_cli import SlurmError
+from slurm.slurm_logs import Follower, first_failures, job_logs
+from trainer.contract import EXIT_STOPPED
 
-STATES = {"PENDING": State.PENDING, "RUNNING": State.RUNNING, "REQUEUED": State.PENDING,
-          "COMPLETED": State.SUCCEEDED, "FAILED": State.FAILED, "CANCELLED": State.CANCELLED,
-          "TIMEOUT": State.FAILED, "OUT_OF_MEMORY": State.FAILED, "NODE_FAIL": State.FAILED,
-          "PREEMPTED": State.STOPPED, "BOOT_FAIL": State.FAILED, "DEADLINE": State.FAILED}
+JOB_ID = re.compile(r"\d+(_\d+)?")
+POLL_S = 0.5  # how often `run` and `logs --follow` read the logs and ask squeue
+SUBMITIT_FOLDER = "submitit"  # under the run directory: submitit's copy of the script
 
 
 class SlurmBackend(BaseBackend):
-    native_sweep = True  # job arrays
-    def __init__(self, variant: str) -> None:
-        self.variant = variant
-        self.name = f"slurm:{variant}" if variant else "slurm"
+    """One batch script per job, handed to sbatch by submitit."""
+
+    name = "slurm"
+    native_sweep = True  # a sweep is one job array (Context.options["sweep"])
+
+    # -- before anything is queued ---------------------------------------------------------
+
+    def check(self, spec: JobSpec) -> None:
+        slurm_cli.preflight(partition=spec.slurm.partition, min_nodes=spec.nnodes.min,
+                            max_nodes=spec.nnodes.max)
 
     def render(self, spec: JobSpec, context: Context) -> Request:
         try:
-            script = render_sbatch(spec, python=context.python, workdir=context.workdir)
-        except ValueError as exc:
-            raise BackendError(str(exc)) from None
-        return Request(self.name, spec.name, script, script, spec, context)
+            text = render_sbatch(spec, python=context.python, workdir=context.workdir,
+                                 sweep=context.options.get("sweep"))
+        except SpecError:
+            raise
+        except ValueError as exc:  # a value no #SBATCH line can hold, a relative workdir
+            raise UserError(str(exc)) from None
+        return Request(self.name, spec.name, text, text, spec, context)
+
+    # -- submitting ------------------------------------------------------------------------
 
     def submit(self, request: Request) -> Handle:
-        if self.variant == "sbatch":
-            raise BackendError("slurm:sbatch is a script to submit by hand: torchjob render "
-                               "--to slurm:sbatch JOB.yaml > job.sbatch && sbatch job.sbatch")
-        from slurm import submitit_job
-        assert request.spec is not None and request.context is not None
-        sweep = request.context.options.get("sweep") or {}
-        ids = submitit_job.submit_sweep(request.spec, sweep) if sweep \
-            else [submitit_job.submit(request.spec)]
-        return Handle("slurm", ",".join(ids))
+        """Create the run directory (Slurm opens the logs there before the script runs), then
+        hand the script to sbatch: through submitit, or directly."""
+        run_dir = self._run_dir(request)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return Handle("slurm", self._sbatch(request.data, run_dir))
+
+    def _sbatch(self, script: str, run_dir: Path) -> str:
+        """The job id; submitit keeps the script as RUN_DIR/submitit/JOB_ID_submission.sh."""
+        return ScriptExecutor(run_dir / SUBMITIT_FOLDER, script).submit_script().job_id
+
+    @staticmethod
+    def _run_dir(request: Request) -> Path:
+        if request.spec is None or request.context is None:
+            raise BackendError("a Slurm request carries its spec and context (from render)")
+        return Path(request.context.workdir, request.spec.run_dir)
+
+    def run(self, request: Request) -> int:
+        """Submit, then follow the logs until the job has ended; its exit code. Ctrl-C asks
+        the job to checkpoint and stop, a second one leaves it to stop on its own."""
+        handle = self.submit(request)
+        print(f"torchjob: submitted {handle}", file=sys.stderr, flush=True)
+        tasks = _tasks(handle, request.data)
+        follower = Follower(self._run_dir(request), tasks)
+        stopping = False
+        while True:
+            try:
+                for line in self._follow(handle, follower):
+                    print(line, flush=True)
+                break
+            except KeyboardInterrupt:
+                if stopping:
+                    print(f"torchjob: {handle} goes on stopping on its own; `torchjob status "
+                          f"{handle}` follows it", file=sys.stderr, flush=True)
+                    return EXIT_STOPPED
+                stopping = True
+                print(f"torchjob: {self.cancel(handle)}; Ctrl-C again to stop waiting",
+                      file=sys.stderr, flush=True)
+        return self.exit_code(self.status(handle))
+
+    def wait(self, handle: Handle) -> JobStatus:
+        while not self._ended(handle):
+            time.sleep(POLL_S)
+        return self.status(handle)
+
+    def _ended(self, handle: Handle) -> bool:
+        """Out of the queue, and accounting says it ended, twice a moment apart: a job being
+        requeued can look ended for an instant."""
+        for i in range(2):
+            if slurm_cli.queued(handle.id) or not status.current(handle).state.terminal:
+                return False
+            if i == 0:
+                time.sleep(POLL_S)
+        return True
+
+    def _follow(self, handle: Handle, follower: Follower) -> Iterator[str]:
+        while True:
+            ended = self._ended(handle)
+            yield from follower.poll(final=ended)
+            if ended:
+                return
+            time.sleep(POLL_S)
+
+    # -- a submitted job -------------------------------------------------------------------
 
     def parse_handle(self, text: str) -> Handle:
-        if not re.fullmatch(r"\d+(_\d+)?(,\d+(_\d+)?)*", text):
-            raise BackendError(f"{text!r} is not a Slurm job id (e.g. slurm:1234)")
+        if not JOB_ID.fullmatch(text):
+            raise BackendError(f"{text!r} is not a Slurm job id: write slurm:1234 (or "
+                               "slurm:1234_0 for one task of a job array)")
         return Handle("slurm", text)
 
     def status(self, handle: Handle) -> JobStatus:
-        state = slurm_cli.state(handle.id)
-        if not state:
-            raise slurm_cli.SlurmError(f"Slurm's accounting knows no job {handle.id!r}: check "
-                                       "the id that torchjob submit printed (sacct -X lists "
-                                       "recent jobs)")
-        word = state.split()[0].rstrip("+")
-        return JobStatus(handle, STATES.get(word, State.UNKNOWN), detail=state,
-                         raw={"sacct_state": state})
-
-    def cancel(self, handle: Handle) -> str:
-        slurm_cli.cancel(handle.id)
-        return f"cancelled {handle} (its tasks checkpoint and stop)"
+        return status.current(handle)
 
     def logs(self, handle: Handle, *, follow: bool = False,
              log_dir: str | None = None) -> Iterator[str]:
-        from slurm.slurm_logs import job_logs
-        folder = log_dir or slurm_cli.log_folder_of(handle.id)
-        if folder is None:
-            raise BackendError(f"Slurm no longer knows where job {handle.id} wrote its logs: "
-                               "pass --log-dir RUN_DIR/submitit/JOB_ID (submit) or RUN_DIR "
-                               "(a rendered sbatch script)")
-        logs = job_logs(folder, handle.id)
-        if not logs.lines:
-            raise BackendError(f"no logs of job {handle.id} in {folder}")
-        yield from logs.formatted()
-        for attempt, rank in sorted(logs.first_failing.items()):
-            print(f"attempt {attempt}: first failing rank: {rank}", file=sys.stderr)
+        """The run directory's logs (the job's working directory; ``log_dir`` once Slurm
+        has forgotten the job)."""
+        found = slurm_cli.where(handle.id)
+        if found is not None:
+            folder, tasks = Path(log_dir or found[0]), found[1]
+        elif log_dir is not None:  # an array's tasks, or the one job
+            folder = Path(log_dir)
+            tasks = sorted(p.name[6:-4] for p in folder.glob(f"slurm-{handle.id}_*.out")) \
+                or [handle.id]
+        else:
+            raise SlurmError(f"Slurm knows no job {handle.id!r}: check the id that torchjob "
+                             "submit printed (sacct -X lists recent jobs), or pass --log-dir "
+                             "RUN_DIR for a job Slurm has forgotten")
+        if follow:
+            yield from self._follow(handle, Follower(folder, tasks))
+            return
+        for task in tasks:
+            logs = job_logs(folder, task)
+            label = f"[{task}] " if len(tasks) > 1 else ""
+            yield from (label + line for line in logs.formatted())
+            yield from (label + line for line in first_failures(logs))
+
+    def cancel(self, handle: Handle) -> str:
+        self.status(handle)  # an unknown job is a SlurmError
+        running = slurm_cli.signal_batch(handle.id, CANCEL_SIGNAL)
+        pending = slurm_cli.queued(handle.id, states="PENDING")
+        if pending:
+            slurm_cli.run(["scancel", "--state=PENDING", handle.id])
+        done = []
+        if running:
+            done.append(f"asked {' '.join(running)} to checkpoint and stop (exit 143)")
+        if pending:
+            done.append(f"removed pending {' '.join(pending)}")
+        return "; ".join(done) or f"{handle} had already ended"
+
+    def list(self) -> list[JobStatus]:
+        live, records = slurm_cli.mine()
+        out = []
+        for record in (dict(r, JobID=task) for r in records
+                       for task in slurm_cli.task_ids([r["JobID"]])):
+            job_id = record["JobID"]
+            ours = job_id in live or any(
+                Path(record.get("WorkDir", ""), name).exists()
+                for name in (f"slurm-{job_id}.out", f"slurm-{job_id}.err"))
+            if ours:
+                handle = Handle("slurm", job_id)
+                out.append(status.from_records(handle, [record],
+                                               [job_id] if job_id in live else []))
+        return out
+
+
+def _tasks(handle: Handle, script: str) -> list[str]:
+    """The job's task ids: ``1234``, or an array's ``1234_0`` ... (``#SBATCH --array=0-N``)."""
+    found = re.search(r"^#SBATCH --array=0-(\d+)$", script, re.M)
+    return [f"{handle.id}_{i}" for i in range(int(found[1]) + 1)] if found else [handle.id]
+
+
+class SbatchBackend(SlurmBackend):
+    """The same script, handed to ``sbatch`` directly (on its standard input)."""
+
+    name = "slurm:sbatch"
+
+    def _sbatch(self, script: str, run_dir: Path) -> str:
+        proc = slurm_cli.run(["sbatch", "--parsable"], input=script)
+        if proc.returncode != 0:
+            raise SlurmError(f"sbatch refused the job: {sbatch_message(proc.stderr)}")
+        return proc.stdout.strip().split(";")[0]
+
+
+VARIANTS: dict[str, type[SlurmBackend]] = {"": SlurmBackend, "sbatch": SbatchBackend}
 
 
 def create(variant: str) -> SlurmBackend:
-    if variant not in ("", "sbatch"):
-        raise BackendError(f"unknown Slurm variant {variant!r}: slurm (through submitit) or "
-                           "slurm:sbatch")
-    return SlurmBackend(variant)
+    """The ``torchjob.backends`` entry point: ``slurm`` (submitit) or ``slurm:sbatch``."""
+    if variant not in VARIANTS:
+        raise BackendError(f"backend 'slurm' has no variant {variant!r}: use slurm (through "
+                           "submitit) or slurm:sbatch (plain sbatch)")
+    return VARIANTS[variant]()

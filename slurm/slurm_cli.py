@@ -7,17 +7,16 @@ queued becomes a ``SlurmError`` (exit code 2) that says what is wrong and how to
 
 from __future__ import annotations
 
+import os
+import pwd
 import shutil
 import subprocess
-import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from jobs.values import UserError
+from slurm.sbatch import COMMENT
+from trainer.contract import EXIT_CONFIG
 
-EXIT_CONFIG = 2
-TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
-                             "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "PREEMPTED"})
 _DEVCLUSTER = "for a local two-node cluster run `bash slurm/devcluster up`"
 
 
@@ -27,14 +26,17 @@ class SlurmError(UserError):
     exit_code = EXIT_CONFIG
 
 
-def run(argv: Sequence[str], *, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run one Slurm client command; a missing command becomes a SlurmError."""
+def run(argv: Sequence[str], *, timeout: float = 60,
+        input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one Slurm client command (``input`` on its standard input); a missing command
+    becomes a SlurmError."""
     if shutil.which(argv[0]) is None:
         raise SlurmError(f"`{argv[0]}` is not on PATH: this machine is not a Slurm submit host. "
                          f"Install Slurm's client commands (apt-get install slurm-client) and "
                          f"its configuration, or submit from a login node; {_DEVCLUSTER}")
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, check=False)
+                          input=input, stdin=None if input is not None else subprocess.DEVNULL,
+                          check=False)
 
 
 def _first_line(text: str) -> str:
@@ -71,8 +73,9 @@ def check_accounting() -> None:
                          f"sbatch the script yourself; {_DEVCLUSTER}")
 
 
-def preflight(*, partition: str | None, nodes: int) -> None:
-    """Stop before submitting: client commands, accounting, the partition and its size."""
+def preflight(*, partition: str | None, min_nodes: int, max_nodes: int) -> None:
+    """Stop before submitting: client commands, accounting, the partition and its size (an
+    elastic job needs MIN nodes there to start, and is given at most MAX)."""
     for command in ("sbatch", "srun"):
         if shutil.which(command) is None:
             run([command])  # raises the SlurmError naming the command
@@ -87,23 +90,12 @@ def preflight(*, partition: str | None, nodes: int) -> None:
         raise SlurmError(f"slurm.partition: {partition!r} is not a partition of this cluster; "
                          f"partitions: {known} (see `sinfo -s`)")
     have = len(parts[key])
-    if nodes > have:
+    if max_nodes > have:
         where = f"partition {partition!r}" if partition else "the default partition"
-        raise SlurmError(f"nnodes: {nodes} nodes were asked for but {where} has {have} "
+        asked = f"{max_nodes}" if min_nodes == max_nodes else f"up to {max_nodes}"
+        raise SlurmError(f"nnodes: {asked} nodes were asked for but {where} has {have} "
                          f"({', '.join(parts[key])}); lower nnodes to at most {have} or choose "
                          "a bigger partition with slurm.partition")
-
-
-def in_queue(job_id: str) -> bool:
-    """True while ``job_id`` (or any task of an array ``job_id``) is pending or running."""
-    proc = run(["squeue", "--noheader", "--jobs", job_id, "--format=%i"])
-    return proc.returncode == 0 and bool(proc.stdout.strip())
-
-
-def queued_by_name(name: str) -> list[str]:
-    """Ids of this user's queued jobs called ``name``."""
-    proc = run(["squeue", "--noheader", "--me", "--name", name, "--format=%i"])
-    return proc.stdout.split() if proc.returncode == 0 else []
 
 
 def state(job_id: str) -> str:
@@ -114,42 +106,97 @@ def state(job_id: str) -> str:
     return states[-1] if proc.returncode == 0 and states else ""
 
 
-def wait(job_id: str, *, timeout: float, poll: float = 1.0) -> str:
-    """Block until ``job_id`` has left the queue for good; its final state from sacct."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not in_queue(job_id):
-            final = state(job_id)
-            if final in TERMINAL_STATES and (final != "PREEMPTED" or not in_queue(job_id)):
-                return final
-        time.sleep(poll)
-    raise TimeoutError(f"Slurm job {job_id} still not finished after {timeout:.0f} s "
-                       f"(state {state(job_id) or 'unknown'})")
-
-
 def cancel(job_id: str) -> None:
     proc = run(["scancel", job_id])
     if proc.returncode != 0:
         raise SlurmError(f"scancel {job_id} failed: {_first_line(proc.stderr)}")
 
 
+def signal_batch(job_id: str, signal: str) -> list[str]:
+    """Send ``signal`` to the batch shell of every running task of ``job_id``; the tasks that
+    were running (none: all pending, or already gone)."""
+    running = queued(job_id, states="RUNNING")
+    if running:
+        proc = run(["scancel", "--batch", f"--signal={signal}", "--state=RUNNING", job_id])
+        if proc.returncode != 0:
+            raise SlurmError(f"scancel --batch --signal={signal} {job_id} failed: "
+                             f"{_first_line(proc.stderr)}")
+    return running
+
+
+def queued(job_id: str, *, states: str | None = None) -> list[str]:
+    """The queued tasks of ``job_id`` (``1234``, or ``1234_0`` ... for an array), in ``states``
+    (squeue's ``--states``, e.g. ``RUNNING``; default: pending, running and the like)."""
+    argv = ["squeue", "--noheader", "--array", "--jobs", job_id, "--format=%i"]
+    proc = run(argv + ([f"--states={states}"] if states else []))
+    return proc.stdout.split() if proc.returncode == 0 else []
+
+
+# what `sacct` tells about a job: one record per job, or per task of an array
+SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Submit", "Start", "End", "NodeList",
+                "WorkDir")
+
+
+def records(job_ids: Sequence[str] = (), *, user: str | None = None,
+            since: str = "now-7days") -> list[dict[str, str]]:
+    """Accounting records (``SACCT_FIELDS``) of ``job_ids``, or of ``user``'s jobs since
+    ``since``; an array's pending tasks may come as one record ``1234_[1-3]``."""
+    argv = ["sacct", "--noheader", "--allocations", "--parsable2",
+            f"--format={','.join(SACCT_FIELDS)}"]
+    argv += [f"--jobs={','.join(job_ids)}"] if job_ids else \
+        [f"--user={user}" if user else "--allusers", f"--starttime={since}"]
+    proc = run(argv)
+    if proc.returncode != 0:
+        raise SlurmError(f"sacct failed ({_first_line(proc.stderr)}): is slurmdbd running? "
+                         f"{_DEVCLUSTER}")
+    return [dict(zip(SACCT_FIELDS, line.split("|"))) for line in proc.stdout.splitlines()
+            if line.strip()]
+
+
+def task_ids(job_ids: Sequence[str]) -> list[str]:
+    """``1234_[0-2,5%2]`` -> ``1234_0 1234_1 1234_2 1234_5``; other ids as they are."""
+    out: list[str] = []
+    for job_id in job_ids:
+        main, bracket, ranges = job_id.partition("_[")
+        if not bracket:
+            out.append(job_id)
+            continue
+        for part in ranges.rstrip("]").split("%")[0].split(","):
+            low, _, high = part.partition("-")
+            out += [f"{main}_{i}" for i in range(int(low), int(high or low) + 1)]
+    return out
+
+
+def where(job_id: str) -> tuple[str, list[str]] | None:
+    """The working directory of ``job_id`` and its task ids (``1234``, or ``1234_0`` ... for an
+    array), from the queue while it is there, else from accounting; None if Slurm knows
+    neither."""
+    proc = run(["squeue", "--noheader", "--array", "--jobs", job_id, "--format=%i|%Z"])
+    rows = [line.split("|", 1) for line in proc.stdout.splitlines() if "|" in line] \
+        if proc.returncode == 0 else []
+    if not rows:
+        rows = [[r["JobID"], r["WorkDir"]] for r in records([job_id])]
+    if not rows:
+        return None
+    return rows[0][1], sorted(set(task_ids([r[0] for r in rows])), key=_task_order)
+
+
+def _task_order(job_id: str) -> tuple[int, int]:
+    main, _, task = job_id.partition("_")
+    return int(main), int(task or -1)
+
+
+def mine() -> tuple[list[str], list[dict[str, str]]]:
+    """This user's jobs: the ids in the queue with torchjob's comment, and accounting's records
+    of the last week."""
+    user = pwd.getpwuid(os.getuid()).pw_name
+    proc = run(["squeue", "--noheader", "--array", f"--user={user}", "--format=%i|%k"])
+    live = [line.split("|", 1)[0] for line in proc.stdout.splitlines()
+            if line.endswith(f"|{COMMENT}")] if proc.returncode == 0 else []
+    return live, records(user=user)
+
+
 def log_folder_of(job_id: str) -> str | None:
-    """Where a job's task logs are, from the controller's record (while it still knows it)."""
-    proc = run(["scontrol", "show", "job", "-o", job_id.split("_")[0]])
-    for word in proc.stdout.split():
-        if word.startswith("StdErr=") or word.startswith("StdOut="):
-            return str(Path(word.split("=", 1)[1]).parent)
-    return None
-
-
-def task_logs(folder: str | Path, job_id: str) -> dict[int, str]:
-    """Each rank's stderr then stdout, from submitit's log folder (``RUN_DIR/submitit/%j``):
-    ``{rank: text}``. Requeued attempts append to the same files."""
-    folder = Path(str(folder).replace("%j", job_id))
-    out: dict[int, str] = {}
-    for path in sorted(folder.glob(f"{job_id}_*_log.err")):
-        rank = int(path.name.removeprefix(f"{job_id}_").split("_")[0])
-        stdout = path.with_suffix(".out")
-        out[rank] = path.read_text(errors="replace") + (
-            stdout.read_text(errors="replace") if stdout.exists() else "")
-    return dict(sorted(out.items()))
+    """Where a job's logs are: its working directory (the run directory, ``--chdir``)."""
+    found = where(job_id)
+    return found[0] if found else None

@@ -1,11 +1,12 @@
-"""A Slurm job's logs, per attempt and per rank, for ``torchjob logs --to slurm JOB_ID``.
+"""A Slurm job's logs, per attempt and per rank, for ``torchjob logs slurm:JOB_ID``.
 
-A requeued job runs several times (attempts 0, 1, ...) and appends every attempt to the same
-files, so each attempt starts with a marker line (``torchjob: ... job J attempt N ...``):
-``TrainTask`` prints one into each rank's files (submitit: ``RUN_DIR/submitit/J/J_R_log.{out,
-err}``), and the rendered sbatch script into ``RUN_DIR/slurm-J.{out,err}``, where each worker
-line also carries ``[attempt N rank R]: `` (torchrun's ``--tee`` with a line prefix). Lines
-of the batch shell, srun and the agents belong to ``job`` instead of a rank.
+The batch script writes ``RUN_DIR/slurm-J.out`` and ``.err`` (an array task:
+``slurm-A_I.*``). A requeued job runs several times (attempts 0, 1, ...) and appends every
+attempt to the same files, so each attempt starts with a marker line (``torchjob: NAME job J
+attempt N ...``) in both; each worker line carries the one log prefix of every backend,
+``[node N rank R attempt A] `` (``trainer.contract.LOG_PREFIX``, written by torchrun's
+``--tee``). Lines of the batch shell, srun and the agents belong to the job, not to a rank:
+they are shown with node and rank ``-``.
 """
 
 from __future__ import annotations
@@ -15,24 +16,27 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainer.contract import LOG_PREFIX, log_prefix
+
 MARKER = re.compile(r"^torchjob: .*\bjob \S+ attempt (\d+)\b")
-# submitit's first line of an attempt, written just before TrainTask's marker
-SUBMITIT_START = re.compile(r"^submitit INFO \(.*\) - Starting with JobEnvironment")
-SUBMITIT_ERROR = re.compile(r"^submitit ERROR \((.*?)\) - Submitted job triggered an exception")
-RANK_PREFIX = re.compile(r"^\[attempt (\d+) rank (\d+)\]: ?")
+# the one prefix, as a pattern: "[node {node} rank {rank} attempt {attempt}] "
+RANK_PREFIX = re.compile("^" + re.escape(LOG_PREFIX).replace(r"\{node\}", r"(?P<node>\S+)")
+                         .replace(r"\{rank\}", r"(?P<rank>\d+)")
+                         .replace(r"\{attempt\}", r"(?P<attempt>\d+)"))
 # torchrun's report of a failed worker group: the rank that failed first on that node
 ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?time\s*: (\S+).*?"
                         r"rank\s*: (\d+)", re.S)
 FAILURE = re.compile(r"Traceback \(most recent call last\)|^trainer \[rank \d+\]: ")
-JOB = "job"  # lines of the batch shell, srun and the torchrun agents
+JOB = "-"  # node and rank of the lines of the batch shell, srun and the torchrun agents
 
 
 @dataclass
 class JobLogs:
-    """``lines[(attempt, rank or "job")]`` and, per attempt with a failure, the rank that
-    failed first."""
+    """``lines[(attempt, rank or JOB)]`` with the node each rank ran on, and, per attempt with
+    a failure, the rank that failed first."""
 
     lines: dict[tuple[int, int | str], list[str]] = field(default_factory=dict)
+    nodes: dict[tuple[int, int], str] = field(default_factory=dict)
     first_failing: dict[int, int] = field(default_factory=dict)
 
     def add(self, attempt: int, source: int | str, line: str) -> None:
@@ -42,72 +46,77 @@ class JobLogs:
         return sorted({attempt for attempt, _ in self.lines})
 
     def formatted(self) -> Iterator[str]:
-        """``[attempt A rank R] line``: attempt by attempt, rank by rank, then the job's."""
+        """``[node N rank R attempt A] line``: attempt by attempt, rank by rank, then the job's
+        own lines."""
         def order(key: tuple[int, int | str]) -> tuple[int, int, int]:
             attempt, source = key
             return (attempt, 1, 0) if isinstance(source, str) else (attempt, 0, source)
 
         for attempt, source in sorted(self.lines, key=order):
-            label = f"rank {source}" if isinstance(source, int) else source
+            node = self.nodes.get((attempt, source), JOB) if isinstance(source, int) else JOB
+            prefix = log_prefix(node, source, attempt)
             for line in self.lines[(attempt, source)]:
-                yield f"[attempt {attempt} {label}] {line}"
+                yield prefix + line
 
 
-def by_attempt(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
-    """Each line with the attempt it belongs to. A submitit start line opens the next attempt
-    before that attempt's marker says its number."""
-    attempt, seen, pending = 0, False, list[str]()
-    for line in lines:
-        found = MARKER.match(line)
-        if found:
-            attempt, seen = int(found.group(1)), True
-            yield from ((attempt, held) for held in pending)
-            pending = []
-            yield attempt, line
-        elif pending or SUBMITIT_START.match(line):
-            pending.append(line)
-        else:
-            yield attempt, line
-    yield from ((attempt + seen, held) for held in pending)
+class LineReader:
+    """One log file read as it grows: complete lines, each with its attempt (the last marker
+    seen)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.partial, self.attempt = path, 0, b"", 0
+
+    def read(self, *, final: bool = False) -> Iterator[tuple[int, str]]:
+        """The lines appended since the last read; ``final``: a last line without newline too."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        self.offset += len(data)
+        *complete, self.partial = (self.partial + data).split(b"\n")
+        if final and self.partial:
+            complete, self.partial = [*complete, self.partial], b""
+        for raw in complete:
+            line = raw.decode(errors="replace")
+            found = MARKER.match(line)
+            if found:
+                self.attempt = int(found.group(1))
+            yield self.attempt, line
 
 
-def _read(path: Path) -> list[str]:
-    return path.read_text(errors="replace").splitlines() if path.exists() else []
+def shown(line: str, attempt: int, *, err: bool) -> str | None:
+    """A log line as ``torchjob logs`` shows it: a worker's as written, with its prefix; any
+    other with the job's prefix. The attempt's marker in ``.err`` repeats ``.out``'s: None."""
+    if RANK_PREFIX.match(line):
+        return line
+    if err and MARKER.match(line):
+        return None
+    return log_prefix(JOB, JOB, attempt) + line
 
 
-def submitit_logs(folder: Path, job_id: str) -> JobLogs:
-    """Per-rank files ``J_R_log.err`` and ``.out``; the first failing rank of an attempt is the
-    one whose exception submitit logged first, else the lowest rank with a traceback."""
+def log_files(folder: Path, job_id: str) -> tuple[Path, Path]:
+    return folder / f"slurm-{job_id}.out", folder / f"slurm-{job_id}.err"
+
+
+def job_logs(folder: str | Path, job_id: str) -> JobLogs:
+    """The logs of ``job_id`` (an array task: ``A_I``) in the run directory ``folder``; the
+    first failing rank of an attempt is torchrun's first observed failure (the earliest over
+    the nodes), else the rank whose traceback comes first in the files."""
     logs = JobLogs()
-    errors: dict[int, list[tuple[str, int]]] = {}
-    for err in sorted(folder.glob(f"{job_id}_*_log.err")):
-        rank = int(err.name.removeprefix(f"{job_id}_").split("_")[0])
-        for path in (err, err.with_suffix(".out")):
-            for attempt, line in by_attempt(_read(path)):
-                logs.add(attempt, rank, line)
-                stamp = SUBMITIT_ERROR.match(line)
-                if stamp or FAILURE.search(line):
-                    errors.setdefault(attempt, []).append((stamp.group(1) if stamp else "~",
-                                                           rank))
-    logs.first_failing = {attempt: min(found)[1] for attempt, found in errors.items()}
-    return logs
-
-
-def sbatch_logs(folder: Path, job_id: str) -> JobLogs:
-    """The rendered script's ``slurm-J.out`` and ``.err``; the first failing rank of an attempt
-    is torchrun's first observed failure (the earliest over the nodes), else the rank whose
-    traceback comes first in the file."""
-    logs = JobLogs()
-    for name in (f"slurm-{job_id}.out", f"slurm-{job_id}.err"):
-        lines = list(by_attempt(_read(folder / name)))
+    for path in log_files(Path(folder), job_id):
+        lines = list(LineReader(path).read(final=True))
         for attempt, line in lines:
             prefix = RANK_PREFIX.match(line)
-            if name.endswith(".err") and MARKER.match(line):
+            if path.suffix == ".err" and MARKER.match(line):
                 continue  # the attempt's header, already shown from .out
             if prefix:
-                logs.add(int(prefix.group(1)), int(prefix.group(2)), line[prefix.end():])
-                if FAILURE.search(line[prefix.end():]):
-                    logs.first_failing.setdefault(int(prefix.group(1)), int(prefix.group(2)))
+                at, rank, rest = int(prefix["attempt"]), int(prefix["rank"]), line[prefix.end():]
+                logs.add(at, rank, rest)
+                logs.nodes[(at, rank)] = prefix["node"]
+                if FAILURE.search(rest):
+                    logs.first_failing.setdefault(at, rank)
             else:
                 logs.add(attempt, JOB, line)
         for attempt in {a for a, _ in lines}:
@@ -118,10 +127,27 @@ def sbatch_logs(folder: Path, job_id: str) -> JobLogs:
     return logs
 
 
-def job_logs(folder: str | Path, job_id: str) -> JobLogs:
-    """The logs of ``job_id`` in ``folder``: submitit's log folder (``RUN_DIR/submitit/J``,
-    ``%j`` allowed) or the run directory of a rendered sbatch script."""
-    path = Path(str(folder).replace("%j", job_id))
-    if any(path.glob(f"{job_id}_*_log.err")):
-        return submitit_logs(path, job_id)
-    return sbatch_logs(path, job_id)
+class Follower:
+    """The logs of a job's tasks (one, or an array's) read as they grow, each line shown as
+    ``torchjob logs`` shows it (an array task's with ``[A_I] `` in front)."""
+
+    def __init__(self, folder: Path, tasks: Iterable[str]) -> None:
+        tasks = list(tasks)
+        self.readers = [(f"[{task}] " if len(tasks) > 1 else "", LineReader(path))
+                        for task in tasks for path in log_files(folder, task)]
+
+    def poll(self, *, final: bool = False) -> Iterator[str]:
+        """The lines written since the last poll; ``final``: the job has ended, so a last
+        line without a newline is complete too."""
+        for label, reader in self.readers:
+            for attempt, line in reader.read(final=final):
+                text = shown(line, attempt, err=reader.path.suffix == ".err")
+                if text is not None:
+                    yield label + text
+
+
+def first_failures(logs: JobLogs) -> Iterable[str]:
+    """The closing lines: the rank that failed first in each attempt with a failure."""
+    for attempt, rank in sorted(logs.first_failing.items()):
+        node = logs.nodes.get((attempt, rank), JOB)
+        yield f"torchjob: attempt {attempt}: first failing rank: {rank} (node {node})"

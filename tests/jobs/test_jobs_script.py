@@ -1,5 +1,6 @@
 """``trainer.script``: a user's own script instead of a module, through every backend's one
-agent command, and for real through `torchjob run`, TorchX local_cwd and the submitit task."""
+agent command (the Slurm batch script's too), and for real through `torchjob run` and TorchX
+local_cwd."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from jobs.components import train
 from jobs.load import build
 from jobs.values import SpecError
 from k8s.trainjob import render_trainjob
-from slurm.submitit_job import TrainTask
+from slurm.sbatch import render_sbatch
 from tests.jobs.test_jobs_components import torchx_env
-from tests.procs import ROOT, env_for_tests, free_port
+from tests.procs import ROOT, env_for_tests
 
 SCRIPT = "jobs/examples/ddp_script.py"
 
@@ -68,27 +69,10 @@ def test_component_takes_a_script_or_a_module() -> None:
         train(m="trainer", script=SCRIPT)
 
 
-def test_submitit_task_carries_the_script() -> None:
-    task = TrainTask.from_spec(spec(script=SCRIPT, args={"steps": 5}))
-    assert (task.script, task.argv[:2]) == (SCRIPT, ("--steps", "5"))
-
-
-@pytest.mark.integration
-def test_submitit_task_runs_the_script_with_the_env_contract(tmp_path: Path) -> None:
-    """As one Slurm task of one: the task exports RANK/WORLD_SIZE/MASTER_* for env://."""
-    code = ("import sys; from slurm.submitit_job import TrainTask; "
-            f"t = TrainTask(argv=('--run-dir', {str(tmp_path)!r}, '--steps', '3'), env={{}}, "
-            f"checkpoint_dir={str(tmp_path)!r}, max_requeues=0, script={SCRIPT!r}); "
-            "sys.exit(t._run())")
-    env = env_for_tests(SLURM_JOB_ID="77", SLURM_PROCID="0", SLURM_LOCALID="0",
-                        SLURM_NTASKS="1", SLURM_NODEID="0", SLURM_JOB_NODELIST="localhost",
-                        SLURM_STEP_NODELIST="localhost", SLURM_STEP_TASKS_PER_NODE="1",
-                        SLURM_TASKS_PER_NODE="1", SLURM_NNODES="1",
-                        MASTER_PORT=str(free_port()))
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads((tmp_path / "result.json").read_text())["world_size"] == 1
+def test_slurm_script_runs_the_script_under_each_nodes_agent() -> None:
+    text = render_sbatch(spec(script=SCRIPT, args={"steps": 5}), python="py", workdir="/w")
+    assert f"--monitor-interval 0.1 {SCRIPT} --run-dir runs/s --checkpoint-dir " \
+        "runs/s/checkpoints --steps 5 &" in text
 
 
 @pytest.mark.integration

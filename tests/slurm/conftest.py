@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import subprocess
 import threading
 import time
@@ -82,6 +84,24 @@ def requeued_at_once(job_id: str) -> Iterator[None]:
         helper.join()
 
 
+def step_processes(job_id: str, node: str) -> list[int]:
+    """The processes of ``job_id``'s job step on ``node`` (wrapper, agent, workers), told by the
+    environment Slurm gave them; the batch shell (no SLURM_STEP_ID) is not one of them."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        env = dict(v.split(b"=", 1) for v in raw.split(b"\0") if b"=" in v)
+        if (env.get(b"SLURM_JOB_ID") == job_id.encode() and env.get(b"SLURMD_NODENAME")
+                == node.encode() and env.get(b"SLURM_STEP_ID", b"batch").isdigit()):
+            found.append(int(entry.name))
+    return found
+
+
 # The default job's trainer arguments at world size 4 (2 nodes x 2 processes): batch 16 per rank
 # is torchjob run's global batch of 64 (2 processes x 32). Same seed everywhere (the default).
 TWO_BY_TWO_SETS = ("nnodes=2", "nproc_per_node=2", "trainer.args.batch_size=16",
@@ -109,3 +129,30 @@ def assert_same_result(ours: dict[str, float], local: dict[str, float]) -> None:
     same model: accuracy and loss equal to the last bit."""
     keys = ("world_size", "steps", "accuracy", "final_loss")
     assert {k: ours[k] for k in keys} == {k: local[k] for k in keys}, (ours, local)
+
+
+@pytest.fixture(scope="session")
+def shellcheck() -> str:
+    """The ``shellcheck`` command, installed with apt-get (as root) when missing. A test that
+    needs it fails, never skips, when it cannot be had: the shell that reaches sbatch must be
+    checked."""
+    found = shutil.which("shellcheck")
+    if found:
+        return found
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        pytest.fail("shellcheck is missing and cannot be installed here (needs root and "
+                    "apt-get): apt-get install shellcheck", pytrace=False)
+    apt = ["apt-get", "install", "-y", "-q", "--no-install-recommends",
+           "-o", "DPkg::Lock::Timeout=600", "shellcheck"]
+    env = {**env_for_tests(), "DEBIAN_FRONTEND": "noninteractive"}
+    log = ""
+    for argv in (apt, ["apt-get", "update", "-q", "-o", "DPkg::Lock::Timeout=600"], apt):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env,
+                              stdin=subprocess.DEVNULL, check=False)
+        log += proc.stdout + proc.stderr
+        if argv is apt and proc.returncode == 0 and shutil.which("shellcheck"):
+            break
+    found = shutil.which("shellcheck")
+    if found is None:
+        pytest.fail(f"apt-get install shellcheck failed:\n{log[-3000:]}", pytrace=False)
+    return found

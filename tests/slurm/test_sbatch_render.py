@@ -1,4 +1,5 @@
-"""The sbatch renderer: whole-script golden files, options, and hostile strings run through bash.
+"""The sbatch renderer: whole-script golden files checked with shellcheck, options, sweeps, and
+hostile strings and the stop path run through bash with stand-ins for Slurm's commands.
 
 Golden files live in tests/slurm/golden/. After an intended change to the rendered script,
 regenerate them with one flag and review the diff:
@@ -21,10 +22,13 @@ import pytest
 
 from jobs.load import load, loads
 from jobs.spec import JobSpec
+from jobs.values import SpecError
 from slurm import sbatch
-from slurm.sbatch import agent_command, render_sbatch
+from jobs.sweep import sweep_specs
+from slurm.sbatch import agent_command, fill, render_sbatch
 from tests.test_layering import IO_MODULES, imported_roots
 from tests.procs import wait_for
+from trainer.contract import log_prefix
 from trainer.env import slurm_port
 
 HERE = Path(__file__).resolve().parent
@@ -64,20 +68,87 @@ HOSTILE = ["a'; touch {marker}", 'b"; touch {marker}; "', "$(touch {marker})", "
            "semi;colon", "*", "~", "back\\slash", "!event", "${HOME}", "$SLURM_JOB_ID"]
 
 
-def _specs() -> dict[str, JobSpec]:
-    return {"default": load(EXAMPLES / "default.yaml"), "elastic": load(EXAMPLES / "elastic.yaml"),
-            "gpu": loads(GPU), **{k: loads(v) for k, v in CONTAINERS.items()}}
+SWEEP = {"lr": ["1e-3", "3e-3"], "batch_size": ["16"]}
+GOLDEN = ["default", "elastic", "gpu", "pyxis", "apptainer", "sweep"]
 
 
-@pytest.mark.parametrize("name", ["default", "elastic", "gpu", "pyxis", "apptainer"])
+def _render(name: str) -> str:
+    if name == "sweep":
+        return render_sbatch(load(EXAMPLES / "default.yaml"), **FIXED, sweep=SWEEP)
+    specs = {"default": load(EXAMPLES / "default.yaml"),
+             "elastic": load(EXAMPLES / "elastic.yaml"), "gpu": loads(GPU),
+             **{k: loads(v) for k, v in CONTAINERS.items()}}
+    return render_sbatch(specs[name], **FIXED)
+
+
+@pytest.mark.parametrize("name", GOLDEN)
 def test_golden(name: str) -> None:
-    text = render_sbatch(_specs()[name], **FIXED)
+    text = _render(name)
     golden = HERE / "golden" / f"{name}.sbatch"
     if os.environ.get("TORCHJOB_REGEN_GOLDEN") == "1":
         golden.parent.mkdir(exist_ok=True)
         golden.write_text(text)
     assert text == golden.read_text(), f"regenerate with TORCHJOB_REGEN_GOLDEN=1 ({golden})"
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_shellcheck_passes_the_template_and_every_rendered_script(shellcheck: str,
+                                                                   tmp_path: Path) -> None:
+    """The shell that reaches sbatch: the template as shipped, and each golden job filled in
+    (including the hostile one, whose values are all quoted)."""
+    scripts = [Path(sbatch.__file__).with_name("job.sh")]
+    for name in GOLDEN:
+        scripts.append(tmp_path / f"{name}.sbatch")
+        scripts[-1].write_text(_render(name))
+    proc = subprocess.run([shellcheck, "--shell=bash", "--severity=style", *map(str, scripts)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    hostile = tmp_path / "hostile.sbatch"
+    hostile.write_text(render_sbatch(_hostile_spec(tmp_path / "m", tmp_path), **FIXED))
+    # SC2016 says '$HOME' does not expand: for these values, that is the point
+    proc = subprocess.run([shellcheck, "--shell=bash", "--severity=style", "--exclude=SC2016",
+                           str(hostile)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_worker_lines_carry_the_one_log_prefix() -> None:
+    """The wrapper's torchrun line prefix, as the shell expands it on node 1 in attempt 2, is
+    trainer.contract's prefix (torchrun fills in ${rank})."""
+    line = next(line for line in sbatch.TEMPLATE.splitlines()
+                if line.startswith("export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="))
+    got = subprocess.run(["bash", "-c", f'{line}; printf %s "$TORCHELASTIC_LOG_LINE_PREFIX_'
+                          'TEMPLATE"'], env={"SLURM_NODEID": "1", "TORCHJOB_ATTEMPT": "2"},
+                         capture_output=True, text=True, check=True).stdout
+    assert got == log_prefix(1, "${rank}", 2)
+
+
+def test_fill_uses_every_placeholder_and_value() -> None:
+    assert fill("a @x@ b\n  @block@\nc\n", {"x": "'1 2'", "block": "l1\nl2"}) == \
+        "a '1 2' b\nl1\nl2\nc\n"
+    assert fill("@gone@\nc\n", {"gone": ""}) == "c\n"
+    with pytest.raises(KeyError):
+        fill("@x@ @y@\n", {"x": ""})
+    with pytest.raises(ValueError, match="not in the template"):
+        fill("@x@\n", {"x": "", "y": ""})
+
+
+def test_a_sweep_is_one_job_array_of_its_points() -> None:
+    text = _render("sweep")
+    assert "--array=0-1" in directives(text)
+    assert "#SBATCH --output=/work/torchjob/runs/digits/slurm-%A_%a.out" in text.splitlines()
+    assert "     point=(--run-dir 'runs/digits/lr=1e-3,batch_size=16' --checkpoint-dir " \
+        "'runs/digits/lr=1e-3,batch_size=16/checkpoints' --epochs 12 --lr 0.001 " \
+        "--batch-size 16) ;;" in text.splitlines()
+    points = sweep_specs(load(EXAMPLES / "default.yaml"), SWEEP)
+    assert [(s.run_dir, s.checkpoint_dir, s.trainer.args["lr"]) for s in points] == [
+        ("runs/digits/lr=1e-3,batch_size=16", "runs/digits/lr=1e-3,batch_size=16/checkpoints",
+         1e-3),
+        ("runs/digits/lr=3e-3,batch_size=16", "runs/digits/lr=3e-3,batch_size=16/checkpoints",
+         3e-3)]
+    with pytest.raises(SpecError, match=r"sweep.lrr: is not a trainer argument"):
+        render_sbatch(load(EXAMPLES / "default.yaml"), **FIXED, sweep={"lrr": ["1"]})
+    with pytest.raises(SpecError, match=r"sweep.epochs: 'x' is not a int"):
+        render_sbatch(load(EXAMPLES / "default.yaml"), **FIXED, sweep={"epochs": ["x"]})
 
 
 def directives(text: str) -> list[str]:
@@ -95,7 +166,10 @@ def test_options() -> None:
                  "--error=/work/torchjob/runs/big/slurm-%j.err"):
         assert want in gpu
     assert gpu[-2:] == ["--gres-flags=enforce-binding", "--mail-type=END"]
-    assert "--no-kill" not in gpu
+    assert "--no-kill" not in gpu and "--array" not in " ".join(gpu)
+    # the run directory is the job's working directory (logs are found from it), the comment
+    # says it is torchjob's
+    assert "--chdir=/work/torchjob/runs/big" in gpu and "--comment=torchjob" in gpu
     elastic = directives(render_sbatch(load(EXAMPLES / "elastic.yaml"), **FIXED))
     assert "--nodes=1-2" in elastic and "--no-kill" in elastic
     plain = render_sbatch(loads("name: a\nslurm: {signal_delay: 0}\nrun_dir: /r/x y"), **FIXED)
@@ -205,10 +279,44 @@ def test_port_formula_matches_trainer_env() -> None:
     assert re.search(r"--rdzv-endpoint \"\$rdzv_host:\$port\"", text)
 
 
+# -- a sweep's array task picks its point ----------------------------------------------------
+
+def test_an_array_task_runs_its_point(tmp_path: Path) -> None:
+    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+    bin_dir.mkdir()
+    out.mkdir()
+    python = bin_dir / "python"
+    python.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                      "json.dump(sys.argv[1:], open(os.environ['STUB_OUT'] + '/argv.json', 'w'))\n")
+    (bin_dir / "srun").write_text(STUB_SRUN)
+    (bin_dir / "scontrol").write_text(STUB_SCONTROL)
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    spec = load(EXAMPLES / "default.yaml")
+    text = render_sbatch(spec, python=str(python), workdir=str(tmp_path), sweep=SWEEP)
+    env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", "STUB_OUT": str(out),
+           "SLURM_JOB_ID": "41", "SLURM_JOB_NODELIST": "n[7-8]", "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_ARRAY_JOB_ID": "40"}
+    proc = subprocess.run(["bash", "-c", text], env={**env, "SLURM_ARRAY_TASK_ID": "1"},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "torchjob: digits job 40_1 attempt 0 on 1 node(s)" in proc.stdout
+    assert "torchjob: sweep point 1: lr=3e-3,batch_size=16" in proc.stdout
+    want = list(agent_command(sweep_specs(spec, SWEEP)[1], python=str(python))[1:])
+    want[want.index("--rdzv-endpoint") + 1] = f"n7:{slurm_port(41)}"
+    want[want.index("--rdzv-id") + 1] = "41"
+    assert json.loads((out / "argv.json").read_text()) == want
+    proc = subprocess.run(["bash", "-c", text], env={**env, "SLURM_ARRAY_TASK_ID": "2"},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "a job array of sweep points 0-1; SLURM_ARRAY_TASK_ID is " \
+        "'2'" in proc.stderr, proc.stderr
+
+
 # -- the stop path with stand-ins: batch shell -> scancel URG -> wrapper -> TERM to the agent
 
 FAKE_AGENT = """#!/bin/bash
-trap 'echo TERM >> "$STUB_OUT/agent.signals"; exit 1' TERM  # as torchrun's agent: exit 1
+# as torchrun's agent: exit 1 after a forwarded stop; or 0, when the work had just ended
+trap 'echo TERM >> "$STUB_OUT/agent.signals"; exit "${FAKE_AGENT_EXIT:-1}"' TERM
 touch "$STUB_OUT/agent.ready"
 while :; do sleep 0.05; done
 """
@@ -230,9 +338,10 @@ esac
 """
 
 
-@pytest.mark.parametrize("restarts, requeued", [("", True), ("2", False)])
-def test_usr2_stops_the_agent_once_and_requeues(tmp_path: Path, restarts: str,
-                                                requeued: bool) -> None:
+def stop_with_stand_ins(tmp_path: Path, signals: list[signal.Signals], *, restarts: str = "",
+                        agent_exit: str = "1") -> tuple[int, str, Path]:
+    """Run the script of a job with slurm.max_requeues 2 against stand-ins; once the fake
+    agent runs, send ``signals`` to the batch shell. (exit code, output, the stand-ins' dir)."""
     bin_dir, out = tmp_path / "bin", tmp_path / "out"
     bin_dir.mkdir()
     out.mkdir()
@@ -243,19 +352,62 @@ def test_usr2_stops_the_agent_once_and_requeues(tmp_path: Path, restarts: str,
     spec = loads("name: job\nslurm: {max_requeues: 2}")
     text = render_sbatch(spec, python=str(bin_dir / "agent"), workdir=str(tmp_path))
     env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", "STUB_OUT": str(out),
-           "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1"}
+           "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1",
+           "FAKE_AGENT_EXIT": agent_exit}
     if restarts:
         env["SLURM_RESTART_COUNT"] = restarts
     proc = subprocess.Popen(["bash", "-c", text], env=env, cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: (out / "agent.ready").exists(), 30, "the fake agent")
-        proc.send_signal(signal.SIGUSR2)
+        if signals:
+            wait_for(lambda: (out / "agent.ready").exists(), 30, "the fake agent")
+        for i, sig in enumerate(signals):
+            if i:  # bash may drop a trap when two signals land within a moment
+                wait_for(lambda: (out / "scancel.calls").exists(), 30, "the first stop")
+            proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == 143, stdout + stderr
+    return proc.returncode, stdout + stderr, out
+
+
+@pytest.mark.parametrize("restarts, requeued", [("", True), ("1", True), ("2", False)])
+def test_usr2_stops_the_agent_once_and_requeues(tmp_path: Path, restarts: str,
+                                                requeued: bool) -> None:
+    """The time limit's USR2: one stop signal reaches the agent; the job is requeued while
+    slurm.max_requeues allows."""
+    code, output, out = stop_with_stand_ins(tmp_path, [signal.SIGUSR2], restarts=restarts)
+    assert code == 143, output
     assert (out / "agent.signals").read_text() == "TERM\n"  # one stop signal, no URG
     assert (out / "scancel.calls").read_text() == "--signal=URG 77\n"
-    assert "step exit 143" in stdout if requeued else "after 2 requeues" in stderr
+    assert ("step exit 143" in output) if requeued else ("after 2 requeues" in output)
     assert (out / "requeued").exists() == requeued
+
+
+def test_cancel_stops_for_good_and_a_second_signal_sends_nothing(tmp_path: Path) -> None:
+    """`torchjob cancel` (USR1), then the time limit's USR2 while the workers stop: one stop
+    signal reaches the agent, and the job is not requeued."""
+    code, output, out = stop_with_stand_ins(tmp_path, [signal.SIGUSR1, signal.SIGUSR2])
+    assert code == 143, output
+    assert (out / "agent.signals").read_text() == "TERM\n"
+    assert (out / "scancel.calls").read_text() == "--signal=URG 77\n"
+    assert "stopped by torchjob cancel after a checkpoint" in output
+    assert not (out / "requeued").exists()
+
+
+def test_a_late_usr2_does_not_requeue_a_finished_job(tmp_path: Path) -> None:
+    """The stop lands as the work ends: the agent exits 0, so the job is done (exit 0), not
+    requeued."""
+    code, output, out = stop_with_stand_ins(tmp_path, [signal.SIGUSR2], agent_exit="0")
+    assert code == 0, output
+    assert (out / "agent.signals").read_text() == "TERM\n"
+    assert not (out / "requeued").exists() and "requeueing" not in output
+
+
+def test_requeues_by_slurm_itself_are_bounded_too(tmp_path: Path) -> None:
+    """Preemption or `scontrol requeue` past slurm.max_requeues (attempt 3 of at most 2
+    requeues): the attempt stops at once with 143, before srun."""
+    code, output, out = stop_with_stand_ins(tmp_path, [], restarts="3")
+    assert code == 143, output
+    assert "requeued more often than slurm.max_requeues=2 allows" in output
+    assert not (out / "task.pid").exists()

@@ -1,0 +1,293 @@
+"""The Slurm backend (``slurm`` through submitit, ``slurm:sbatch``): what it submits is what
+``render`` prints, byte for byte; run, status, logs, cancel and list on the real local cluster;
+an elastic job whose worker is killed; a sweep as one job array; bad input stopped before
+anything is queued.
+
+Each job is named ``bk-...`` so that it can be told apart from other tests' jobs on the shared
+cluster; a test cancels only the job it submitted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from jobs.backend import BackendError, Context, Handle, State
+from jobs.load import load
+from jobs.spec import JobSpec
+from jobs.values import UserError
+from slurm.backend import SlurmBackend, create
+from slurm.slurm_cli import SlurmError
+from tests.procs import PYTHON, ROOT, cmdline, env_for_tests, last_step, parent, wait_for
+from tests.slurm.conftest import step_processes
+from trainer.contract import log_prefix
+
+if TYPE_CHECKING:
+    from tests.slurm.conftest import SlurmCluster
+
+DEFAULT = ROOT / "jobs" / "examples" / "default.yaml"
+SLURM_COMMANDS = ("sbatch", "srun", "sinfo", "squeue", "sacct", "scancel", "scontrol")
+REAL_PATH = os.environ["PATH"]
+SMALL = ("nproc_per_node=1", "trainer.args.batch_size=32", "trainer.args.max_steps=5")
+
+
+def context(**options: object) -> Context:
+    """What the command line passes: this interpreter, the directory it runs in."""
+    return Context(run_id="test", python=PYTHON, workdir=str(ROOT), options=options)
+
+
+def job_spec(run_dir: Path, *sets: str) -> JobSpec:
+    return load(DEFAULT, [f"name=bk-{uuid.uuid4().hex[:6]}", f"run_dir={json.dumps(str(run_dir))}",
+                          *sets])
+
+
+def torchjob(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "jobs", *argv], cwd=ROOT, env=env_for_tests(),
+                          capture_output=True, text=True, timeout=120)
+
+
+@contextlib.contextmanager
+def cancelled_on_failure(job_id: str) -> Iterator[None]:
+    """Cancel the job if the test fails before it ends (never leave it to hold the nodes)."""
+    try:
+        yield
+    except BaseException:
+        subprocess.run(["scancel", job_id], env=env_for_tests(), check=False)
+        raise
+
+
+# -- pure: no cluster -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sweep", [[], ["--sweep", "lr=1e-3,3e-3"]])
+def test_submit_dry_run_prints_exactly_what_render_prints(sweep: list[str]) -> None:
+    render = torchjob("render", "--to", "slurm", str(DEFAULT), *sweep)
+    dry_run = torchjob("submit", "--to", "slurm", "--dry-run", str(DEFAULT), *sweep)
+    assert render.returncode == 0, render.stderr
+    assert dry_run.stdout == render.stdout and dry_run.returncode == 0, dry_run.stderr
+    assert render.stdout.startswith("#!/bin/bash\n")
+    assert ("#SBATCH --array=0-1\n" in render.stdout) == bool(sweep)
+
+
+def test_the_request_is_the_rendered_script() -> None:
+    from slurm.sbatch import render_sbatch
+
+    spec = load(DEFAULT)
+    for name in ("", "sbatch"):
+        request = create(name).render(spec, context(sweep={"lr": ["1e-3", "3e-3"]}))
+        assert request.backend == ("slurm:sbatch" if name else "slurm")
+        assert request.data == request.text == render_sbatch(
+            spec, python=PYTHON, workdir=str(ROOT), sweep={"lr": ["1e-3", "3e-3"]})
+    with pytest.raises(BackendError, match="no variant 'x'"):
+        create("x")
+    assert create("").parse_handle("12_3") == Handle("slurm", "12_3")
+    with pytest.raises(BackendError, match="not a Slurm job id"):
+        create("").parse_handle("12;x")
+    with pytest.raises(UserError, match="must be an absolute path"):
+        create("").render(spec, Context(run_id="t", workdir="relative"))
+
+
+# -- on the cluster ---------------------------------------------------------------------------
+
+@pytest.mark.integration
+@pytest.mark.slurm
+def test_run_submits_through_submitit_exactly_what_render_prints(
+        slurm_cluster: SlurmCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`run`: the script submitit hands to sbatch is `torchjob render --to slurm`'s output,
+    byte for byte, even with a run directory no shell may split; run follows the logs with
+    the one prefix and returns the job's exit code; status, logs and list agree."""
+    marker = tmp_path / "pwned"
+    run_dir = tmp_path / f"a b'; touch {marker}; echo '"
+    sets = ("nnodes=2", *SMALL)
+    spec = job_spec(run_dir, *sets)
+    backend = create("")
+    backend.check(spec)
+    code = backend.run(backend.render(spec, context()))
+    out, err = capsys.readouterr()
+    job_id = re.search(r"torchjob: submitted slurm:(\d+)", err)[1]  # type: ignore[index]
+    assert code == 0, out[-3000:]
+    rendered = torchjob("render", "--to", "slurm", str(DEFAULT), "--set", f"name={spec.name}",
+                        "--set", f"run_dir={json.dumps(str(run_dir))}",
+                        *[w for s in sets for w in ("--set", s)])
+    assert rendered.returncode == 0, rendered.stderr
+    assert (run_dir / "submitit" / f"{job_id}_submission.sh").read_text() == rendered.stdout
+    assert not marker.exists() and json.loads((run_dir / "summary.json").read_text())["steps"] == 5
+    lines = out.splitlines()
+    for rank in (0, 1):
+        assert any(re.match(rf"\[node [01] rank {rank} attempt 0\] .*joined: rank {rank} ", line)
+                   for line in lines), lines[-40:]
+    assert lines[0].startswith(log_prefix("-", "-", 0) + f"torchjob: {spec.name} job {job_id} "
+                               "attempt 0 on 2 node(s)"), lines[:3]
+    handle = Handle("slurm", job_id)
+    status = backend.status(handle)
+    assert (status.state, status.exit_code, status.name) == (State.SUCCEEDED, 0, spec.name)
+    assert sorted(backend.logs(handle)) == sorted(lines)
+    assert handle in [s.handle for s in backend.list()]
+
+
+@pytest.mark.integration
+@pytest.mark.slurm
+def test_an_elastic_job_restarts_a_killed_worker(slurm_cluster: SlurmCluster,
+                                                 tmp_path: Path) -> None:
+    """nnodes 1:2 through submitit: the job asks for --nodes=1-2, its group forms on both
+    nodes; kill -9 of one worker makes the agents restart the group (max_restarts 2) from the
+    last checkpoint, and the job completes with exit code 0."""
+    run_dir = tmp_path / "run"
+    spec = job_spec(run_dir, "nnodes=1:2", "nproc_per_node=2", "max_restarts=2",
+                    "trainer.args.batch_size=16", "trainer.args.epochs=6",
+                    "trainer.args.log_every=1", "trainer.args.checkpoint_every=20")
+    backend = create("")
+    request = backend.render(spec, context())
+    assert "#SBATCH --nodes=1-2\n" in request.text and "#SBATCH --no-kill\n" in request.text
+    handle = backend.submit(request)
+    with cancelled_on_failure(handle.id):
+        wait_for(lambda: last_step(run_dir) >= 30, 180, "step 30")
+        workers = [pid for node in ("n1", "n2") for pid in step_processes(handle.id, node)
+                   if "multiprocessing.forkserver" in cmdline(parent(pid))]
+        assert len(workers) == 4, workers  # 2 nodes x 2 workers: the group formed on both
+        os.kill(workers[-1], signal.SIGKILL)
+        status = backend.wait(handle)
+    text = "\n".join(backend.logs(handle))
+    assert (status.state, status.exit_code) == (State.SUCCEEDED, 0), text[-3000:]
+    assert "attempt 0 on 2 node(s)" in text
+    # every worker joined again, restarted once by its agent (TORCHELASTIC_RESTART_COUNT)
+    assert len(re.findall(r"joined: rank \d local_rank \d world_size 4 .* restart 1$", text, re.M)) == 4, text
+    assert re.search(r"resumed from step_000000[2-9]0", text), text[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["steps"] == 6 * 22, summary
+
+
+@pytest.mark.integration
+@pytest.mark.slurm
+def test_a_sweep_is_one_job_array(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """--sweep lr=1e-3,3e-3 through submitit: one job array of two tasks, each point in its
+    own run directory with its own learning rate; the array's status is both tasks'."""
+    spec = job_spec(tmp_path, "nnodes=1", *SMALL)
+    backend = create("")
+    handle = backend.submit(backend.render(spec, context(sweep={"lr": ["1e-3", "3e-3"]})))
+    with cancelled_on_failure(handle.id):
+        status = backend.wait(handle)
+    assert (status.state, status.exit_code) == (State.SUCCEEDED, 0), status.detail
+    assert sorted(status.raw) == [f"{handle.id}_0", f"{handle.id}_1"]
+    lines = list(backend.logs(handle))
+    for i, lr in enumerate(("1e-3", "3e-3")):
+        summary = json.loads((tmp_path / f"lr={lr}" / "summary.json").read_text())
+        assert summary["steps"] == 5
+        config = json.loads(next((tmp_path / f"lr={lr}" / "checkpoints").glob(
+            "step_*/manifest.json")).read_text())["config"]
+        assert config["lr"] == float(lr)
+        assert f"[{handle.id}_{i}] {log_prefix('-', '-', 0)}torchjob: sweep point {i}: " \
+            f"lr={lr}" in lines
+    task = backend.status(Handle("slurm", f"{handle.id}_1"))
+    assert (task.state, task.exit_code) == (State.SUCCEEDED, 0)
+
+
+@pytest.mark.integration
+@pytest.mark.slurm
+def test_cancel_checkpoints_and_stops_for_good(slurm_cluster: SlurmCluster,
+                                              tmp_path: Path) -> None:
+    """slurm:sbatch: Slurm holds the rendered script as it is; `cancel` makes the workers
+    checkpoint and stop: the job ends STOPPED with 143, not requeued."""
+    run_dir = tmp_path / "run"
+    spec = job_spec(run_dir, "nnodes=1", "nproc_per_node=1", "trainer.args.batch_size=32",
+                    "trainer.args.epochs=500", "trainer.args.log_every=1",
+                    "trainer.args.checkpoint_every=0")
+    backend = create("sbatch")
+    request = backend.render(spec, context())
+    handle = backend.submit(request)
+    with cancelled_on_failure(handle.id):
+        held = subprocess.run(["scontrol", "write", "batch_script", handle.id, "-"],
+                              capture_output=True, text=True, env=env_for_tests())
+        assert held.stdout == request.text, held.stderr
+        wait_for(lambda: last_step(run_dir) >= 20, 180, "step 20")
+        assert backend.cancel(handle) == f"asked {handle.id} to checkpoint and stop (exit 143)"
+        status = backend.wait(handle)
+    text = "\n".join(backend.logs(handle))
+    assert (status.state, status.exit_code) == (State.STOPPED, 143), text[-3000:]
+    assert "stopped by torchjob cancel after a checkpoint" in text and "attempt 1" not in text
+    stopped = re.search(r"stopped by SIGTERM after step (\d+)", text)
+    assert stopped and (run_dir / "checkpoints" / f"step_{int(stopped[1]):08d}").is_dir(), text
+    assert backend.cancel(handle) == f"{handle} had already ended"
+
+
+# -- bad input: one clear error, exit code 2, nothing queued ----------------------------------
+
+def queued_named(name: str) -> list[str]:
+    env = env_for_tests(PATH=REAL_PATH)
+    out = subprocess.run(["squeue", "-h", "--name", name, "-o", "%i"], capture_output=True,
+                         text=True, env=env, check=True).stdout.split()
+    for job_id in out:  # never leave a wrongly accepted job behind
+        subprocess.run(["scancel", job_id], env=env, check=False)
+    return out
+
+
+def refused(backend: SlurmBackend, spec: JobSpec, match: str) -> SlurmError:
+    try:
+        with pytest.raises(SlurmError, match=match) as info:
+            backend.check(spec)
+            backend.submit(backend.render(spec, context()))
+    finally:
+        queued = queued_named(spec.name)
+    assert info.value.exit_code == 2 and queued == []
+    return info.value
+
+
+def fake_bin(tmp_path: Path, *, without: str = "", failing: str = "") -> str:
+    """A PATH with the real Slurm commands, minus ``without``, and ``failing`` as a stub that
+    fails like a cluster without accounting."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in SLURM_COMMANDS:
+        real = subprocess.run(["which", name], capture_output=True, text=True).stdout.strip()
+        if name == failing:
+            (bin_dir / name).write_text("#!/bin/sh\necho 'sacct: error: Slurm accounting "
+                                        "storage is disabled' >&2\nexit 1\n")
+            (bin_dir / name).chmod(0o755)
+        elif name != without and real:
+            (bin_dir / name).symlink_to(real)
+    return str(bin_dir)  # nothing else: no system sbatch either
+
+
+@pytest.mark.integration
+@pytest.mark.slurm
+@pytest.mark.parametrize("sets, match", [
+    (["slurm.partition=nope"], r"'nope' is not a partition of this cluster; partitions: debug"),
+    (["nnodes=3"], r"3 nodes were asked for but the default partition has 2 .*at most 2"),
+    (["nnodes=1:3"], r"up to 3 nodes were asked for"),
+    (["resources.memory=900Gi"], r"sbatch refused the job: .*(memory|not available)"),
+])
+def test_what_the_cluster_cannot_take(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                      sets: list[str], match: str) -> None:
+    refused(create(""), job_spec(tmp_path, *sets), match)
+
+
+@pytest.mark.integration
+@pytest.mark.slurm
+@pytest.mark.parametrize("without, failing, match", [
+    ("", "sacct", r"no job accounting.*slurmdbd"),
+    ("sbatch", "", r"`sbatch` is not on PATH.*slurm-client"),
+])
+def test_a_host_without_what_slurm_needs(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch, without: str,
+                                         failing: str, match: str) -> None:
+    monkeypatch.setenv("PATH", fake_bin(tmp_path, without=without, failing=failing))
+    refused(create("sbatch"), job_spec(tmp_path), match)
+
+
+@pytest.mark.integration
+@pytest.mark.slurm
+def test_an_unknown_job_id(slurm_cluster: SlurmCluster) -> None:
+    backend = create("")
+    for call in (backend.status, backend.cancel, lambda h: list(backend.logs(h))):
+        with pytest.raises(SlurmError, match="knows no job '999999'") as info:
+            call(Handle("slurm", "999999"))
+        assert info.value.exit_code == 2
