@@ -1,15 +1,17 @@
-"""Submit-to-first-step latency on the local Slurm cluster: torchjob's two Slurm paths, each as a
-ratio to ``torchx run -s slurm`` of the same job, measured side by side in this one run.
+"""Submit-to-first-step latency on the local Slurm cluster: ``torchjob run --to slurm`` (and
+``--to slurm:sbatch``) as a ratio to ``torchx run -s slurm`` of the same job, measured side by
+side in this one run.
 
     bash slurm/devcluster up && .venv/bin/python bench/slurm.py [ROUNDS]
 
 The job: the default trainer on 2 nodes x 2 processes (batch 16 per rank), 20 steps. Each
 round submits it once per path, in a rotating order, and times from the start of the submitting
 command to the first training step in metrics.jsonl; the next submission starts only after the
-job has left the queue. Paths:
-- ``submitit``: ``torchjob submit --to slurm`` (one Slurm task per rank, no torchrun);
-- ``sbatch``: ``torchjob render --to slurm`` into a file, then ``sbatch`` it (torchrun agents);
-- ``torchx``: ``torchx run -s slurm jobs/components.py:train -j 2x2`` (torchrun agents).
+job has left the queue (and `torchjob run`, which blocks like srun, has returned). Paths, all
+one torchrun agent per node with c10d rendezvous:
+- ``run``: ``torchjob run --to slurm`` (submitit hands sbatch the rendered script);
+- ``run-sbatch``: ``torchjob run --to slurm:sbatch`` (the same script on sbatch's stdin);
+- ``torchx``: ``torchx run -s slurm jobs/components.py:train -j 2x2``.
 Reports medians and ratios (lower is faster); writes bench/results/slurm.json. Not pass/fail.
 """
 
@@ -32,7 +34,8 @@ from run import ENV, PY, RESULTS, ROOT, metrics  # noqa: E402  (bench/run.py's h
 TORCHX = str(Path(PY).parent / "torchx")
 ARGS = {"batch_size": "16", "max_steps": "20", "log_every": "1", "progress": "lines"}
 FIRST_STEP_TIMEOUT_S = 300
-PATHS = ("torchx", "submitit", "sbatch")
+PATHS = ("torchx", "run", "run-sbatch")
+RUN_TIMEOUT_S = 300  # `torchjob run` returns when the job has ended
 BENCH_ENV = {**ENV, "PATH": f"{Path(PY).parent}:{ENV.get('PATH', '')}"}
 
 
@@ -51,21 +54,19 @@ def call(argv: list[str], cwd: Path) -> str:
     return proc.stdout
 
 
-def submit_submitit(name: str, work: Path) -> Path:
-    run_dir = work / name
-    call([PY, "-m", "jobs", "submit", "--to", "slurm", str(ROOT / "jobs/examples/default.yaml"),
-         *sets(name, run_dir)], ROOT)
-    return run_dir
+RUNNING: list[subprocess.Popen[str]] = []  # `torchjob run` of the current round
 
 
-def submit_sbatch(name: str, work: Path) -> Path:
-    run_dir = work / name
-    script = call([PY, "-m", "jobs", "render", "--to", "slurm",
-                  str(ROOT / "jobs/examples/default.yaml"), *sets(name, run_dir)], ROOT)
-    run_dir.mkdir(parents=True)
-    (work / f"{name}.sbatch").write_text(script)
-    call(["sbatch", "--parsable", str(work / f"{name}.sbatch")], ROOT)
-    return run_dir
+def run_torchjob(backend: str) -> Callable[[str, Path], Path]:
+    """``torchjob run --to BACKEND``: started, not waited for (it blocks until the job ends)."""
+    def start(name: str, work: Path) -> Path:
+        run_dir = work / name
+        RUNNING.append(subprocess.Popen(
+            [PY, "-m", "jobs", "run", "--to", backend, str(ROOT / "jobs/examples/default.yaml"),
+             *sets(name, run_dir)], cwd=ROOT, env=BENCH_ENV, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        return run_dir
+    return start
 
 
 def submit_torchx(name: str, work: Path) -> Path:
@@ -76,7 +77,22 @@ def submit_torchx(name: str, work: Path) -> Path:
 
 
 SUBMIT: dict[str, Callable[[str, Path], Path]] = {
-    "torchx": submit_torchx, "submitit": submit_submitit, "sbatch": submit_sbatch}
+    "torchx": submit_torchx, "run": run_torchjob("slurm"),
+    "run-sbatch": run_torchjob("slurm:sbatch")}
+
+
+def finish_run() -> None:
+    """Wait for `torchjob run` to return: 0, the job's own exit code."""
+    while RUNNING:
+        proc = RUNNING.pop()
+        try:
+            code = proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        if code != 0:
+            raise RuntimeError(f"torchjob run exited {code}: "
+                               f"{(proc.stderr.read() if proc.stderr else '')[-2000:]}")
 
 
 def queued(name: str) -> bool:
@@ -100,12 +116,15 @@ def first_step_latency(path: str, work: Path) -> float:
         latency = time.monotonic() - started
     except BaseException:
         subprocess.run(["scancel", "--name", name], env=BENCH_ENV, check=False)
+        for proc in RUNNING:
+            proc.kill()
         raise
     deadline = time.monotonic() + FIRST_STEP_TIMEOUT_S
     while queued(name) and time.monotonic() < deadline:
         time.sleep(0.5)
     if queued(name):
         subprocess.run(["scancel", "--name", name], env=BENCH_ENV, check=False)
+    finish_run()
     return latency
 
 
@@ -125,7 +144,7 @@ def main(rounds: int = 3) -> dict[str, object]:
         "bench": "slurm submit-to-first-step latency (2 nodes x 2 processes, local devcluster)",
         "rounds": rounds, "seconds": seconds, "median_s": median,
         "ratio_to_torchx": {p: round(median[p] / median["torchx"], 3)
-                            for p in ("submitit", "sbatch")},
+                            for p in ("run", "run-sbatch")},
         "note": "ratio < 1: faster than `torchx run -s slurm` of the same job"}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "slurm.json").write_text(json.dumps(result, indent=2) + "\n")
