@@ -45,8 +45,11 @@ class SlurmBackend(BaseBackend):
                             max_nodes=spec.nnodes.max)
 
     def render(self, spec: JobSpec, context: Context) -> Request:
+        # in a container (pyxis, apptainer) the image's interpreter, else this one's: the
+        # nodes share this file system
+        python = "python" if spec.slurm.container != "none" else context.python
         try:
-            text = render_sbatch(spec, python=context.python, workdir=context.workdir,
+            text = render_sbatch(spec, python=python, workdir=context.workdir,
                                  sweep=context.options.get("sweep"))
         except SpecError:
             raise

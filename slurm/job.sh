@@ -20,9 +20,9 @@ port=$((12000 + SLURM_JOB_ID % 20000))
 attempt=${SLURM_RESTART_COUNT:-0}
 job=$SLURM_JOB_ID
 if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}; fi
-# each worker's lines carry "[node N rank R attempt A] " (torchrun's --tee with a line prefix,
-# set per node by the wrapper below), so that `torchjob logs` can show them per attempt and rank
-export PET_TEE=3 TORCHJOB_ATTEMPT=$attempt
+# each worker's lines carry "[node N rank R attempt A] " (the agent's --tee with the one line
+# prefix; A counts from this attempt), so that `torchjob logs` can show them per attempt and rank
+export TORCHJOB_ATTEMPT_BASE=$attempt
 # each node's wrapper writes its exit code here (on the shared file system)
 export TORCHJOB_NODE_STATUS=@node_status@/"$SLURM_JOB_ID.$attempt"
 header="torchjob: $name job $job attempt $attempt on $SLURM_JOB_NUM_NODES node(s), rendezvous $rdzv_host:$port"
@@ -61,7 +61,6 @@ trap 'cancelled=1; stop_step "USR1 (torchjob cancel)"' USR1
 
 # one task per node: this wrapper around the agent (a constant; it takes the agent's command as "$@")
 read -r -d '' node <<'NODE' || true
-export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[node ${SLURM_NODEID:-0} rank \${rank} attempt ${TORCHJOB_ATTEMPT:-0}] "
 "$@" & agent=$!
 stopping=0 pending=0
 trap 'stopping=1 pending=1; kill -TERM "$agent" 2>/dev/null || true' URG

@@ -28,7 +28,7 @@ from jobs.sweep import sweep_specs
 from slurm.sbatch import agent_command, fill, render_sbatch
 from tests.test_layering import IO_MODULES, imported_roots
 from tests.procs import wait_for
-from trainer.contract import log_prefix
+from trainer.contract import ATTEMPT_BASE_ENV
 from trainer.env import slurm_port
 
 HERE = Path(__file__).resolve().parent
@@ -111,15 +111,18 @@ def test_shellcheck_passes_the_template_and_every_rendered_script(shellcheck: st
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_worker_lines_carry_the_one_log_prefix() -> None:
-    """The wrapper's torchrun line prefix, as the shell expands it on node 1 in attempt 2, is
-    trainer.contract's prefix (torchrun fills in ${rank})."""
-    line = next(line for line in sbatch.TEMPLATE.splitlines()
-                if line.startswith("export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="))
-    got = subprocess.run(["bash", "-c", f'{line}; printf %s "$TORCHELASTIC_LOG_LINE_PREFIX_'
-                          'TEMPLATE"'], env={"SLURM_NODEID": "1", "TORCHJOB_ATTEMPT": "2"},
-                         capture_output=True, text=True, check=True).stdout
-    assert got == log_prefix(1, "${rank}", 2)
+def test_worker_lines_count_attempts_from_the_requeue() -> None:
+    """The agent writes the one log prefix (tests/trainer/test_log_prefix.py); the script
+    tells it which attempt of the job this is: Slurm's restart count, as the shell expands it
+    in the third attempt."""
+    lines = [line for line in sbatch.TEMPLATE.splitlines()
+             if line.startswith(("attempt=", "export TORCHJOB_ATTEMPT_BASE="))]
+    got = subprocess.run(["bash", "-c", "; ".join(lines) + '; printf %s "$TORCHJOB_ATTEMPT_BASE"'],
+                         env={"SLURM_RESTART_COUNT": "2"}, capture_output=True, text=True,
+                         check=True).stdout
+    assert got == "2"
+    assert ATTEMPT_BASE_ENV == "TORCHJOB_ATTEMPT_BASE"
+    assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" not in sbatch.TEMPLATE  # the agent's job
 
 
 def test_fill_uses_every_placeholder_and_value() -> None:
