@@ -1,7 +1,7 @@
 """The Slurm backend (``slurm`` through submitit, ``slurm:sbatch``): what it submits is what
 ``render`` prints, byte for byte; run, status, logs, cancel and list on the real local cluster;
-an elastic job whose worker is killed; a sweep as one job array; bad input stopped before
-anything is queued.
+an elastic job whose worker is killed; a sweep as one job array; the README's Slurm session;
+bad input stopped before anything is queued.
 
 Each job is named ``bk-...`` so that it can be told apart from other tests' jobs on the shared
 cluster; a test cancels only the job it submitted.
@@ -29,6 +29,7 @@ from jobs.values import UserError
 from slurm.backend import SlurmBackend, create
 from slurm.slurm_cli import SlurmError
 from tests.procs import PYTHON, ROOT, cmdline, env_for_tests, last_step, parent, wait_for
+from tests.readme_sessions import run_session, sessions
 from tests.slurm.conftest import step_processes
 from trainer.contract import log_prefix
 
@@ -217,6 +218,13 @@ def test_cancel_checkpoints_and_stops_for_good(slurm_cluster: SlurmCluster,
     stopped = re.search(r"stopped by SIGTERM after step (\d+)", text)
     assert stopped and (run_dir / "checkpoints" / f"step_{int(stopped[1]):08d}").is_dir(), text
     assert backend.cancel(handle) == f"{handle} had already ended"
+
+
+@pytest.mark.integration
+@pytest.mark.slurm
+def test_the_readme_slurm_session(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """The README's Slurm session (run, status, a sweep's logs) prints what the README shows."""
+    run_session(sessions()["slurm"], tmp_path)
 
 
 # -- bad input: one clear error, exit code 2, nothing queued ----------------------------------
