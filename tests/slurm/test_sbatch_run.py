@@ -175,8 +175,11 @@ def test_a_failing_job_names_its_first_failing_rank(slurm_cluster: SlurmCluster,
     code, output = finish(proc, job_id, run_dir, 300)
     assert code == 2, f"{output}\n{logs(run_dir)[-3000:]}"
     lines = torchjob_logs(job_id)
-    failing = re.fullmatch(r"torchjob: attempt 0: first failing rank: ([0-3]) \(node [01]\)",
-                           lines[-1])
+    # the closing lines name each attempt's first failing rank (the agents' restarts count as
+    # attempts too: trainer.agent numbers them)
+    failing = next(filter(None, (re.fullmatch(r"torchjob: attempt 0: first failing rank: "
+                                              r"([0-3]) \(node [01]\)", line)
+                                 for line in lines)), None)
     assert failing, lines[-20:]
     rank = int(failing.group(1))
     for r in range(4):
