@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from jobs.command import agent_command
-from jobs.backends.docker.render import compose_text, escape, render_compose, restart_policy, run_mounts
+from jobs.backends.docker.render import (compose_text, escape, render_compose, restart_policy,
+                                         run_mounts)
 from jobs.backends.docker.launch import find_engine
 from jobs.load import load, loads
 from jobs.values import SpecError, UserError

@@ -105,8 +105,8 @@ def environment(spec: JobSpec) -> Obj:
     passes it through from the environment compose runs in)."""
     # the node's resources.cpu shared by its workers (one thread when unset, as on a laptop
     # where several node containers share the cores)
-    env: Obj = {"OMP_NUM_THREADS": str(omp_threads(spec.resources.cpu, spec.nproc_per_node)), "PYTHONUNBUFFERED": "1",
-                **spec.env}
+    env: Obj = {"OMP_NUM_THREADS": str(omp_threads(spec.resources.cpu, spec.nproc_per_node)),
+                "PYTHONUNBUFFERED": "1", **spec.env}
     env.update({ref.env: None for ref in spec.secrets})
     return env
 
