@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Protocol, runtime_checkable
@@ -149,6 +149,11 @@ class Backend(Protocol):
 
     def list(self) -> list[JobStatus]: ...
 
+    def validate(self, text: str, *, strict: bool = True) -> Sequence[str]:
+        """Problems of a file written for this backend by hand (a manifest), each naming the
+        rule and field; [] when it is valid. ``strict``: also the platform's own policy
+        (Pod Security "restricted" on Kubernetes)."""
+
     def parse_handle(self, text: str) -> Handle:
         """This backend's handle from the id part the user typed (``1234``, ``ns/name``)."""
 
@@ -201,6 +206,10 @@ class BaseBackend:
 
     def list(self) -> list[JobStatus]:
         raise self._unsupported("list")
+
+    def validate(self, text: str, *, strict: bool = True) -> Sequence[str]:
+        raise self._unsupported("validator of hand-written files",
+                                f"torchjob render --to {self.name} JOB.yaml checks a job spec")
 
     def parse_handle(self, text: str) -> Handle:
         if not text:

@@ -152,16 +152,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Check Kubernetes manifests (rendered or hand-written) against the upstream CRDs, the
-    operators' admission rules and Pod Security "restricted"."""
-    from k8s.validate import validate_text  # the one command that is not a backend's
+    """Check hand-written files for a backend: for Kubernetes (the default), manifests of any
+    kind against the upstream CRDs, the operators' admission rules and Pod Security
+    "restricted"."""
+    backend = registry.get(args.to)
     failed = 0
     for name in args.files:
         try:
             text = sys.stdin.read() if name == "-" else Path(name).read_text()
         except OSError as exc:
             raise UserError(f"{name}: cannot read it ({exc.strerror})") from None
-        problems = validate_text(text, pod_security=not args.no_pod_security)
+        problems = backend.validate(text, strict=not args.no_pod_security)
         for problem in problems:
             print(f"{name}: {problem}", file=sys.stderr)
         print(f"{name}: {'valid' if not problems else f'{len(problems)} problem(s)'}")
@@ -250,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "CRDs, admission rules and Pod Security 'restricted'",
                            description=cmd_validate.__doc__)
     check.add_argument("files", nargs="+", metavar="FILE", help="manifest files ('-': stdin)")
+    check.add_argument("--to", default="k8s", metavar="BACKEND",
+                       help="whose files these are (default: %(default)s)")
     check.add_argument("--no-pod-security", action="store_true",
                        help="skip the Pod Security 'restricted' rules")
     check.set_defaults(func=cmd_validate)
@@ -266,5 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     except KeyboardInterrupt:  # before anything started (launchers handle their own Ctrl-C)
         return 130
+    except BrokenPipeError:  # the reader went away (| head): as other Unix tools, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return code
 

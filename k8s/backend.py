@@ -9,13 +9,14 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from jobs.backend import BackendError, BaseBackend, Context, Handle, JobStatus, Request, State
 from jobs.spec import JobSpec
 from k8s.client import Cluster, JobRef
 from k8s.pod import manifest_text
 from k8s.render import TARGETS, render_object
+from k8s.validate import validate_text
 
 KIND = {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob"}
 STATES = {"Created": State.PENDING, "Pending": State.PENDING, "Running": State.RUNNING,
@@ -92,6 +93,10 @@ class K8sBackend(BaseBackend):
         return [JobStatus(Handle(self.name, f"{ref.namespace}/{ref.name}"),
                           STATES.get(state, State.UNKNOWN), name=ref.name)
                 for ref, state in Cluster().list(kind)]
+
+
+    def validate(self, text: str, *, strict: bool = True) -> Sequence[str]:
+        return [str(problem) for problem in validate_text(text, pod_security=strict)]
 
 
 def create(variant: str) -> K8sBackend:

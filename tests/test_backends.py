@@ -47,6 +47,17 @@ def test_an_unknown_backend_lists_the_known_ones() -> None:
         registry.get("mars")
 
 
+def test_validate_goes_through_the_registry(tmp_path: Path) -> None:
+    """``validate`` asks the backend (the CLI imports none); one without a validator says what
+    to use instead, exit 2."""
+    manifest = ROOT / "k8s" / "manifests" / "pytorchjob-default.yaml"
+    assert registry.get("k8s:trainjob").validate(manifest.read_text()) == []
+    proc = torchjob("validate", "--to", "slurm", str(manifest))
+    assert proc.returncode == 2 and proc.stderr == (
+        "torchjob: backend 'slurm' has no validator of hand-written files: torchjob render "
+        "--to slurm JOB.yaml checks a job spec\n"), proc.stderr
+
+
 @pytest.mark.parametrize("text, backend, ident", [
     ("slurm:1234", "slurm", "1234"),
     ("slurm:1234_7", "slurm", "1234_7"),

@@ -132,6 +132,21 @@ def test_no_import_cycles() -> None:
     assert not cycles, f"modules that import each other in a cycle: {cycles}"
 
 
+def test_no_package_imports_another_in_a_cycle() -> None:
+    """Top-level packages too: ``jobs`` (core, CLI, three backends) reaches ``k8s`` and
+    ``slurm`` only through the registry's entry points, never by import."""
+    edges: dict[str, set[str]] = {}
+    for module, targets in graph().items():
+        edges.setdefault(module.split(".")[0], set()).update(
+            t.split(".")[0] for t in targets if t.split(".")[0] != module.split(".")[0])
+    reach = {package: set(targets) for package, targets in edges.items()}
+    for _ in edges:  # transitive closure, a handful of packages
+        for package in reach:
+            reach[package] |= {far for near in reach[package] for far in reach.get(near, ())}
+    cycles = sorted(package for package in reach if package in reach[package])
+    assert not cycles, f"packages that import each other in a cycle: {cycles} ({edges})"
+
+
 def test_trainer_imports_nothing_from_the_launcher_side() -> None:
     for module, targets in graph().items():
         if component(module) == "trainer":
