@@ -26,9 +26,11 @@ import tempfile
 import uuid
 from typing import Any, Sequence
 
-from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED
+from trainer.contract import EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED, job_exit_code
 
 FAST_MODULE = "trainer"
+SCRIPT_MODULE = "trainer.script"  # runs any other worker, as python would (trainer/script.py)
+RETRY_ON_ERROR = "--retry-on-error"  # ours, before torchrun's arguments: restart on exceptions
 PRELOAD = ["trainer.train", "torch._dynamo"]  # torch.optim imports torch._dynamo on first use
 
 
@@ -43,7 +45,18 @@ def worker(*argv: str) -> None:
     """
     from trainer.train import main
 
-    code = main(list(argv), stopped_after_the_work=EXIT_STOPPED)
+    try:
+        code = main(list(argv), stopped_after_the_work=EXIT_STOPPED)
+    except Exception as exc:
+        from trainer.failures import is_peer_loss
+        from trainer.script import record
+
+        if not is_peer_loss(exc):
+            raise  # torch's @record writes the error file; the exit code is 1
+        record(exc)
+        import traceback
+        traceback.print_exc()
+        code = EXIT_RETRY
     if code:
         sys.exit(code)
 
@@ -61,7 +74,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"torchjob: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     launcher_api.LocalElasticAgent = Agent  # type: ignore[misc]  # launch_agent makes one
-    args = parse_args(list(argv) if argv is not None else None)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [RETRY_ON_ERROR]:
+        Agent.retry_on_error = True
+        argv = argv[1:]
+    args = parse_args(argv)
     own_log_dir = None
     if args.tee == "0" and args.redirects == "0":  # the workers' lines reach us to be prefixed
         args.tee = "3"
@@ -85,6 +102,10 @@ def launch(args: Any) -> None:
     from torch.distributed.run import config_from_args, parse_min_max_nnodes, run
 
     if not (args.module and args.training_script == FAST_MODULE and not args.no_python):
+        if not args.no_python:  # tells its agent how it failed; otherwise exactly as python
+            args.training_script_args = [*(["-m"] if args.module else []),
+                                         args.training_script, *args.training_script_args]
+            args.training_script, args.module = SCRIPT_MODULE, True
         run(args)
         return
     single_static = (args.rdzv_backend == "static" and not args.rdzv_endpoint
@@ -100,15 +121,7 @@ def launch(args: Any) -> None:
     elastic_launch(config=config, entrypoint=worker)(*args.training_script_args)
 
 
-def exit_code(worker_codes: set[int]) -> int:
-    """The agent's exit code from its failed workers', in the trainer's vocabulary: 2 if any
-    configuration error, 143 if every worker stopped after a checkpoint, else 1. Schedulers
-    retry 143 (PyTorchJob's ExitCode policy, Slurm requeue) and never 1 or 2."""
-    if EXIT_CONFIG in worker_codes:
-        return EXIT_CONFIG
-    if worker_codes == {EXIT_STOPPED}:
-        return EXIT_STOPPED
-    return EXIT_FAILED
+exit_code = job_exit_code  # the agent's exit code from its failed workers'
 
 
 if __name__ == "__main__":
@@ -118,7 +131,10 @@ if __name__ == "__main__":
     try:
         main()
     except ChildFailedError as exc:
-        print(exc, file=sys.stderr)
+        from trainer.elastic_agent import Agent
+
+        print(f"torchjob: the job failed: {Agent.closing}" if Agent.closing else exc,
+              file=sys.stderr, flush=True)
         sys.exit(exit_code({failure.exitcode for failure in exc.failures.values()}))
     except SignalException as exc:  # told to stop: the workers were asked to checkpoint
         sys.exit(128 + int(exc.sigval))

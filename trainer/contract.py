@@ -13,6 +13,23 @@ EXIT_OK = 0  # done
 EXIT_FAILED = 1  # the job failed: user code raised, or workers kept dying past max_restarts
 EXIT_CONFIG = 2  # bad configuration: spec, options or environment; never retried
 EXIT_STOPPED = 143  # 128 + SIGTERM: stopped or preempted after a checkpoint; run again
+# Between a worker and its agent only, never a job's exit code: the worker lost a peer (a
+# collective failed because another process died or vanished), so a restart may help.
+# sysexits' EX_TEMPFAIL, "a temporary failure: the user is invited to retry".
+EXIT_RETRY = 75
+
+
+def job_exit_code(codes: set[int]) -> int:
+    """One exit code in the table from several (workers', nodes'): 0 when all are 0, 2 if
+    any is a configuration error, 143 if all that failed stopped after a checkpoint, else 1."""
+    failed = codes - {EXIT_OK}
+    if not failed:
+        return EXIT_OK
+    if EXIT_CONFIG in failed:
+        return EXIT_CONFIG
+    if failed == {EXIT_STOPPED}:
+        return EXIT_STOPPED
+    return EXIT_FAILED
 
 # One prefix for every log line a job prints, on every backend: node, rank, attempt.
 LOG_PREFIX = "[node {node} rank {rank} attempt {attempt}] "

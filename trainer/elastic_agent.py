@@ -40,8 +40,15 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousIn
 from torch.distributed.elastic.utils import store as store_util
 
 from trainer.contract import ATTEMPT_BASE_ENV, log_prefix
+from trainer.failures import Failure, Verdict, judge, last_line
 
 BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at signals)
+# A node whose workers only lost a peer waits this long for the verdict of the node where the
+# failure began (its agent decides within a monitor interval); none by then: the node is gone,
+# restart. A node that fails the job waits as long for the others to have read that.
+VERDICT_WAIT_S = 10.0
+VERDICT_KEY = "torchjob.verdict"  # in the round's own store: each round decides afresh
+VERDICT_READ_KEY = "torchjob.verdict.read"
 
 log = agent_api.logger  # torchrun's own agent log, with its format
 
@@ -95,6 +102,10 @@ class MembershipWatch:
         return getattr(self._handler, "_state_holder", None)
 
 
+def _cause(verdict: Verdict) -> str:
+    return verdict.cause.describe() if verdict.cause else "a worker failed"
+
+
 def attempt_base(environ: Mapping[str, str]) -> int:
     """``TORCHJOB_ATTEMPT_BASE`` (0 when unset); a ValueError that names it when it is not a
     whole number >= 0."""
@@ -107,12 +118,91 @@ def attempt_base(environ: Mapping[str, str]) -> int:
 
 class Agent(LocalElasticAgent):
     """torchrun's agent, with an exit barrier that a stop signal can interrupt, a watch on
-    its node's membership of the rendezvous, and the one log prefix on its workers' lines."""
+    its node's membership of the rendezvous, the one log prefix on its workers' lines, and
+    restarts only for lost workers (trainer.failures), decided alike on every node."""
+
+    retry_on_error = False  # set by ``python -m trainer.agent --retry-on-error``
+    closing: str | None = None  # why the job failed, for the agent's last line
 
     def __init__(self, spec: agent_api.WorkerSpec, *args: Any, **kwargs: Any) -> None:
         spec.rdzv_handler = MembershipWatch(spec.rdzv_handler)  # type: ignore[assignment]
         super().__init__(spec, *args, **kwargs)
         self._attempt_base = attempt_base(os.environ)
+        self.verdict: Verdict | None = None  # the last failure's, for the closing line
+
+    def _monitor_workers(self, worker_group: agent_api.WorkerGroup) -> agent_api.RunResult:
+        result = super()._monitor_workers(worker_group)
+        if result.state in {agent_api.WorkerState.FAILED, agent_api.WorkerState.UNHEALTHY}:
+            node = worker_group.group_rank or 0
+            failures = [Failure(node, rank, f.exitcode, last_line(f.message), f.timestamp)
+                        for rank, f in result.failures.items()]
+            verdict = judge(failures, retry_on_error=self.retry_on_error)
+            if verdict.restart and self._remaining_restarts <= 0:
+                verdict = Verdict(False, verdict.cause, f"{_cause(verdict)}: no restarts left "
+                                  f"(max_restarts: {worker_group.spec.max_restarts})")
+            verdict = self._shared(verdict)
+            self.verdict = verdict
+            log.warning("torchjob: %s", verdict.why)
+            if not verdict.restart:
+                Agent.closing = f"{verdict.why} (attempt {self.attempt()})"
+                self._remaining_restarts = 0  # torch's loop then stops the group and returns
+        return result
+
+    def _shared(self, verdict: Verdict) -> Verdict:
+        """The verdict every node of the round acts on: a node where the failure began says
+        it (a failure beats a restart); a node that only lost a peer waits to hear it."""
+        store, nodes = self._store, self._worker_group.group_world_size or 1
+        if store is None or nodes == 1:
+            return verdict if verdict.restart is not None else \
+                Verdict(True, verdict.cause, f"{_cause(verdict)}: restarting the workers")
+        if verdict.restart is None:
+            heard = self._hear(store)
+            if heard is None:
+                return Verdict(True, verdict.cause, f"{_cause(verdict)}; no other node said "
+                               f"why within {VERDICT_WAIT_S:g} s: restarting the workers")
+            return heard
+        if verdict.restart:
+            try:  # the first to say restart, unless another node already failed the job
+                now = store.compare_set(VERDICT_KEY, "", verdict.encode())
+                said = Verdict.decode(now.decode() if isinstance(now, bytes) else str(now))
+                store.add(VERDICT_READ_KEY, 1)
+            except DistError:
+                return verdict
+            return verdict if said.restart else said
+        self._publish(verdict)
+        return verdict
+
+    def _hear(self, store: Any) -> Verdict | None:
+        deadline = time.monotonic() + VERDICT_WAIT_S
+        try:
+            while not store.check([VERDICT_KEY]):
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(BARRIER_SLICE_S / 4)
+            text = store.get(VERDICT_KEY).decode()
+            store.add(VERDICT_READ_KEY, 1)
+        except DistError:  # the store's host left: it failed the job or is lost
+            return Verdict(False, None, "the rendezvous store is gone (its node left): "
+                           "stopping")
+        heard = Verdict.decode(text)
+        return Verdict(heard.restart, None, ("another node: " if heard.restart else
+                                             "stopping: ") + heard.why)
+
+    def _publish(self, verdict: Verdict) -> None:
+        """Fail the job on every node: say so in the round's store, then give the other
+        nodes time to read it (this node may host the store, which ends with it)."""
+        store, nodes = self._store, self._worker_group.group_world_size or 1
+        if store is None or nodes == 1:
+            return
+        try:
+            store.set(VERDICT_KEY, verdict.encode())
+            read = store.add(VERDICT_READ_KEY, 1)
+            deadline = time.monotonic() + VERDICT_WAIT_S
+            while read < nodes and time.monotonic() < deadline:
+                time.sleep(BARRIER_SLICE_S / 4)
+                read = store.add(VERDICT_READ_KEY, 0)
+        except DistError:
+            pass  # the store is gone: the other nodes fail on their own
 
     def attempt(self) -> int:
         """The attempt the workers started next run: the scheduler's base plus the restarts."""

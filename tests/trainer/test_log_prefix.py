@@ -12,10 +12,10 @@ import pytest
 from tests.procs import PYTHON, ROOT, env_for_tests
 from trainer.contract import LOG_PREFIX, log_prefix, parse_log_prefix
 
-# rank 1 of the first attempt fails once rank 0 has written its lines (the agent stops rank 0
-# then): the agent restarts both workers once
+# rank 1 of the first attempt is killed once rank 0 has written its lines (the agent stops rank
+# 0 then): the agent restarts both workers once
 WORKER = """
-import os, sys, time
+import os, signal, sys, time
 rank, restart = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
 sys.stdout.write(f"out of {rank}\\n")
 sys.stdout.flush()
@@ -27,7 +27,7 @@ elif restart == "0":
     deadline = time.monotonic() + 60
     while not os.path.exists("rank0-wrote-0") and time.monotonic() < deadline:
         time.sleep(0.01)
-    sys.exit(3)
+    os.kill(os.getpid(), signal.SIGKILL)
 """
 
 

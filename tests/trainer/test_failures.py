@@ -1,0 +1,151 @@
+"""A restart is for a lost worker, not for a bug (trainer.failures), decided alike on every node
+by the agent (trainer.elastic_agent), for the built-in trainer and any user script
+(trainer.script runs those as python would)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.procs import PYTHON, ROOT, env_for_tests, free_port
+from trainer.contract import EXIT_RETRY
+from trainer.failures import Failure, is_peer_loss, judge, last_line
+
+# rank BAD of the first attempt does WHAT at step 20 (raise, kill, usage: exit 2, flaky:
+# raises on the first attempt only); every rank prints its argv, sys.path[0] and attempt
+SCRIPT = """
+import os, signal, sys
+import torch, torch.distributed as dist
+print("argv", sys.argv[1:], "path0", sys.path[0], flush=True)
+what, bad = sys.argv[1], int(sys.argv[2])
+dist.init_process_group("gloo")
+rank, restart = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+print("attempt", restart, flush=True)
+t = torch.ones(4)
+for step in range(40):
+    if rank == bad and step == 20 and restart == 0:
+        if what in ("raise", "flaky"):
+            raise ValueError(f"bad value at step {step}")
+        if what == "usage":
+            sys.exit(2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(t)
+print("finished", rank, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def failure(code: int, rank: int = 0, at: float = 1.0, message: str = "") -> Failure:
+    return Failure(0, rank, code, message, at)
+
+
+@pytest.mark.parametrize("codes, restart, cause", [
+    ({1: 1, 0: EXIT_RETRY}, False, 1),  # rank 1 raised, rank 0 lost it: a bug, not retried
+    ({0: 2, 1: -15}, False, 0),  # a configuration error, the other closed by torch
+    ({0: -15, 1: -9}, True, 1),  # kill -9 of rank 1; torch's SIGTERM to rank 0 is no cause
+    ({0: -6, 1: -9}, True, 1),  # a SIGABRT is more often the consequence
+    ({0: EXIT_RETRY, 1: -15}, None, 0),  # only lost a peer: the cause is on another node
+    ({0: -15}, True, 0),  # SIGTERM to this node's workers alone, from outside
+])
+def test_the_verdict(codes: dict[int, int], restart: bool | None, cause: int) -> None:
+    verdict = judge([failure(code, rank) for rank, code in codes.items()], retry_on_error=False)
+    assert verdict.restart is restart and verdict.cause is not None
+    assert verdict.cause.rank == cause
+
+
+def test_retry_on_error_restarts_a_bug_but_never_a_configuration_error() -> None:
+    assert judge([failure(1)], retry_on_error=True).restart is True
+    assert judge([failure(2), failure(1, 1)], retry_on_error=True).restart is False
+
+
+def test_what_a_lost_peer_looks_like() -> None:
+    from torch.distributed import DistNetworkError
+    assert is_peer_loss(RuntimeError("[/x/gloo/transport/tcp/pair.cc:553] Connection closed "
+                                     "by peer [127.0.0.1]:5"))
+    assert is_peer_loss(DistNetworkError("store down"))
+    try:
+        try:
+            raise DistNetworkError("gone")
+        except DistNetworkError as exc:
+            raise ValueError("wrapped") from exc
+    except ValueError as exc:
+        assert is_peer_loss(exc)
+    assert not is_peer_loss(ValueError("Connection closed by peer"))  # a user's own
+    assert not is_peer_loss(RuntimeError("shape mismatch"))
+    assert last_line({"message": "ValueError: x\ny", "extraInfo": {}}) == "y"
+    assert last_line("To enable traceback see: https://...") == ""
+
+
+def agents(tmp_path: Path, what: str, bad: int, *, nodes: int = 1, restarts: int = 3,
+           extra: tuple[str, ...] = ()) -> list[subprocess.CompletedProcess[str]]:
+    """``nodes`` agents of 2 workers each running SCRIPT on this host, each to its end."""
+    script = tmp_path / "job" / "train.py"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(SCRIPT)
+    port = free_port()
+    procs = [subprocess.Popen(
+        [PYTHON, "-m", "trainer.agent", *extra, "--nnodes", str(nodes), "--nproc-per-node",
+         "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+         "t", "--max-restarts", str(restarts), "--monitor-interval", "0.1", str(script), what,
+         str(bad)], cwd=tmp_path, env=env_for_tests(PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(nodes)]
+    done = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.send_signal(signal.SIGKILL)
+            raise
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out))
+    return done
+
+
+def closing(proc: subprocess.CompletedProcess[str]) -> str:
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.integration
+def test_a_user_exception_fails_at_once_and_names_its_rank(tmp_path: Path) -> None:
+    [proc] = agents(tmp_path, "raise", 1)
+    assert proc.returncode == 1, proc.stdout
+    assert "attempt 1" not in proc.stdout  # not retried, though max_restarts is 3
+    assert closing(proc) == (
+        "torchjob: the job failed: node 0 rank 1 raised ValueError: bad value at step 20: not "
+        "retried (a restart is for a lost worker, not a bug; retry_on_error: true retries it) "
+        "(attempt 0)"), proc.stdout
+    # the script ran as python runs it: its own argv, its own directory first on sys.path
+    assert f"argv ['raise', '1'] path0 {tmp_path / 'job'}" in proc.stdout, proc.stdout
+
+
+@pytest.mark.integration
+def test_a_usage_error_exits_2_and_is_never_retried(tmp_path: Path) -> None:
+    [proc] = agents(tmp_path, "usage", 0, extra=("--retry-on-error",))
+    assert proc.returncode == 2 and "attempt 1" not in proc.stdout, proc.stdout
+    assert "configuration error is never retried" in closing(proc), proc.stdout
+
+
+@pytest.mark.integration
+def test_retry_on_error_restarts_flaky_user_code(tmp_path: Path) -> None:
+    [proc] = agents(tmp_path, "flaky", 0, extra=("--retry-on-error",))
+    assert proc.returncode == 0, proc.stdout
+    assert "attempt 1" in proc.stdout and "finished 1" in proc.stdout
+
+
+@pytest.mark.integration
+def test_two_nodes_fail_together_on_a_bug_and_restart_together_on_a_kill(
+        tmp_path: Path) -> None:
+    """Rank 3 (node 1) raises: both nodes stop at once with exit 1, the other node naming
+    it. Rank 3 killed: both restart and finish."""
+    failed = agents(tmp_path, "raise", 3, nodes=2)
+    assert [p.returncode for p in failed] == [1, 1], [p.stdout for p in failed]
+    for proc in failed:
+        assert "node 1 rank 3 raised ValueError: bad value at step 20" in closing(proc), \
+            proc.stdout
+        assert "attempt 1" not in proc.stdout
+    killed = agents(tmp_path, "kill", 3, nodes=2)
+    assert [p.returncode for p in killed] == [0, 0], [p.stdout for p in killed]
+    assert all("finished" in p.stdout and "attempt 1" in p.stdout for p in killed)

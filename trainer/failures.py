@@ -1,0 +1,140 @@
+"""Why workers failed, and whether a restart can help: the rule every backend's agent applies.
+
+A restart is for a lost worker, not for a bug. A worker killed by a signal (kill -9, the OOM
+killer, a lost node) or one that only lost a peer (a collective failed because another
+process died: exit ``EXIT_RETRY``) is restarted, up to ``max_restarts``. A worker that raised
+(exit 1, or any other code of its own) fails the job at once, unless the job opts in with
+``retry_on_error``; a configuration error (exit 2) is never retried. Pure: the agent
+(trainer.elastic_agent) gathers the failures and shares the verdict with the other nodes.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.contract import EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED
+
+# what a collective raises when another process of the group is gone (gloo's transport,
+# NCCL's abort); torch's own DistError types are recognised by class
+PEER_LOSS_TEXT = ("/gloo/transport/", "Connection closed by peer", "Connection reset by peer",
+                  "NCCL communicator was aborted", "ncclRemoteError", "ncclSystemError")
+
+
+def is_peer_loss(exc: BaseException) -> bool:
+    """True when ``exc`` (or what it was raised from) says another process of the group is
+    gone, rather than that this process's own code failed."""
+    from torch.distributed import DistError
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DistError):
+            return True
+        if isinstance(current, RuntimeError) and any(t in str(current) for t in PEER_LOSS_TEXT):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed worker: where, its exit code and the last line of what it raised."""
+
+    node: int
+    rank: int
+    exitcode: int
+    message: str
+    timestamp: float
+
+    @property
+    def kind(self) -> str:
+        """``config``, ``error`` (its own code failed), ``killed`` (a signal), ``peer`` (lost
+        another process), ``stopped`` (checkpointed on a stop signal) or ``terminated``
+        (SIGTERM: mostly torch closing the rest of the group once one worker failed)."""
+        if self.exitcode == -signal.SIGTERM:
+            return "terminated"
+        if self.exitcode == EXIT_CONFIG:
+            return "config"
+        if self.exitcode == EXIT_RETRY:
+            return "peer"
+        if self.exitcode == EXIT_STOPPED:
+            return "stopped"
+        if self.exitcode < 0 or self.exitcode > 128:  # a signal, or a shell's 128+N for one
+            return "killed"
+        return "error"
+
+    def describe(self) -> str:
+        """``node 0 rank 1 raised ValueError: bad`` / ``... was killed by SIGKILL``."""
+        where = f"node {self.node} rank {self.rank}"
+        kind = self.kind
+        if kind in ("killed", "terminated"):
+            number = -self.exitcode if self.exitcode < 0 else self.exitcode - 128
+            try:
+                name = signal.Signals(number).name
+            except ValueError:
+                name = f"signal {number}"
+            return f"{where} was killed by {name}"
+        what = f" ({self.message})" if self.message else ""
+        if kind == "config":
+            return f"{where} stopped on a configuration error (exit 2){what}"
+        if kind == "peer":
+            return f"{where} lost a peer{what}"
+        if kind == "stopped":
+            return f"{where} stopped after a checkpoint (exit 143)"
+        return (f"{where} raised {self.message}" if self.message
+                else f"{where} exited with code {self.exitcode}")
+
+
+def last_line(message: Any) -> str:
+    """The exception's last line from torch's error-file message (a string, or a dict whose
+    ``message`` is ``Type: text``); '' when there is none."""
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    text = str(message or "").strip()
+    if text.startswith("To enable traceback see:"):  # torch's filler when nothing was recorded
+        return ""
+    return text.splitlines()[-1] if text else ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``restart``: True restart, False fail the job, None no cause here (ask the others).
+    ``cause``: the failure it rests on; ``why``: one line for the log."""
+
+    restart: bool | None
+    cause: Failure | None
+    why: str
+
+    def encode(self) -> str:
+        return ("restart" if self.restart else "fail") + "\n" + self.why
+
+    @staticmethod
+    def decode(text: str) -> "Verdict":
+        head, _, why = text.partition("\n")
+        return Verdict(head == "restart", None, why)
+
+
+def judge(failures: list[Failure], *, retry_on_error: bool) -> Verdict:
+    """The verdict of one node's failed workers (the earliest failure of the deciding kind)."""
+    def first(kind: str) -> Failure | None:
+        # the failure times are whole seconds; a SIGABRT is more often the consequence (a
+        # C++ abort on a broken connection) than the cause
+        found = [f for f in failures if f.kind == kind]
+        return min(found, key=lambda f: (f.exitcode == -signal.SIGABRT, f.timestamp, f.rank)) \
+            if found else None
+
+    if cause := first("config"):
+        return Verdict(False, cause, f"{cause.describe()}: a configuration error is never "
+                       "retried; fix it and run again")
+    if (cause := first("error")) and not retry_on_error:
+        return Verdict(False, cause, f"{cause.describe()}: not retried (a restart is for a "
+                       "lost worker, not a bug; retry_on_error: true retries it)")
+    cause = first("killed") or first("error") or first("stopped")
+    if cause is None and not first("peer"):
+        cause = first("terminated")  # SIGTERM from outside, to this node's workers alone
+    if cause is not None:
+        return Verdict(True, cause, f"{cause.describe()}: restarting the workers")
+    return Verdict(None, first("peer"), "")

@@ -1,0 +1,69 @@
+"""``python -m trainer.script SCRIPT ARGS...`` (or ``-m MODULE ARGS...``): a user's script run
+exactly as ``python SCRIPT ARGS...`` runs it, with one addition: how it failed is told to its
+agent (trainer.failures). The agent starts every worker that is not the built-in trainer
+through this.
+
+As the interpreter does: ``sys.argv`` is ``[SCRIPT, *ARGS]``, the script's own directory
+(symlinks resolved) comes first on ``sys.path``, it runs as ``__main__`` in the directory it
+was started in. An exception that only says another process of the group is gone exits
+``EXIT_RETRY`` (the agent restarts the group); any other is recorded in torchelastic's error
+file, so that the agent can name it, and exits 1 as it would have.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+
+from trainer.contract import EXIT_CONFIG, EXIT_RETRY
+
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set by torch's agent for each worker
+
+
+def record(exc: BaseException) -> None:
+    """Write ``exc`` to the worker's error file in torchelastic's format (what its
+    ``@record`` writes), when the agent asked for one."""
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path:
+        return
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": {
+        "py_callstack": "".join(traceback.format_exception(exc)),
+        "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        pass  # the agent then names the exit code alone
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] == "-m" and len(argv) < 2:
+        print("usage: python -m trainer.script SCRIPT [ARGS...] | -m MODULE [ARGS...]",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        from trainer.failures import is_peer_loss
+
+        record(exc)
+        traceback.print_exc()
+        sys.stderr.flush()
+        return EXIT_RETRY if is_peer_loss(exc) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
