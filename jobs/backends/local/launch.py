@@ -26,7 +26,7 @@ from jobs.backend import GRACE_S
 from jobs.backends.local.render import LocalPlan
 from jobs.launcher import NodeOutput
 from jobs.runs import Proc, Record
-from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+from trainer.contract import EXIT_CONFIG, EXIT_STOPPED, job_exit_code
 
 _POLL = 0.1
 _SCAN_EVERY = 0.5
@@ -207,6 +207,6 @@ def run_local(plan: LocalPlan, *, grace: float = GRACE_S, record: Record | None 
         return EXIT_STOPPED
     failed = [(i, p.returncode) for i, p in enumerate(nodes.procs) if p.returncode != 0]
     for i, code in failed:
-        print(f"torchjob: node {i} failed with exit code {code} (its output is above)",
-              file=err)
-    return EXIT_FAILED if failed else EXIT_OK
+        where = f"its log: {record.node_log(i)}" if record is not None else "its output is above"
+        print(f"torchjob: node {i} failed with exit code {code} ({where})", file=err)
+    return job_exit_code({p.returncode for p in nodes.procs})
