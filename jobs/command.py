@@ -18,6 +18,7 @@ def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str
                  f"last_call_timeout={spec.rdzv.last_call_timeout}")
     return (
         python, "-m", "trainer.agent",
+        *(["--retry-on-error"] if spec.retry_on_error else []),
         "--nnodes", str(spec.nnodes),
         "--nproc-per-node", str(spec.nproc_per_node),
         "--rdzv-backend", spec.rdzv.backend,

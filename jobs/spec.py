@@ -310,8 +310,10 @@ class JobSpec(Section):
     mounts: tuple[Mount, ...] = spec_field("host paths or volumes to mount", ())
     run_dir: str = spec_field("metrics, summary and plot; default runs/NAME", "")
     checkpoint_dir: str = spec_field("checkpoints; default RUN_DIR/checkpoints", "")
-    max_restarts: int = spec_field("restarts of the whole worker group after a failure", 3,
-                                   check=at_least(0))
+    max_restarts: int = spec_field("restarts of the whole worker group after a worker was "
+                                   "killed or lost", 3, check=at_least(0))
+    retry_on_error: bool = spec_field("restart also when user code raised (for flaky code; "
+                                      "by default an exception fails the job at once)", False)
     trainer: TrainerSection = spec_field("what every worker runs", factory=TrainerSection)
     rdzv: Rdzv = spec_field("rendezvous settings", factory=Rdzv)
     local: Local = spec_field("local backend settings", factory=Local)

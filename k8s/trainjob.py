@@ -45,6 +45,9 @@ def render_trainjob(spec: JobSpec) -> Obj:
         if getattr(spec.k8s, field):
             raise SpecError(f"k8s.{field}", "is not supported by TrainJob, whose pods come "
                             "from the ClusterTrainingRuntime: set it there, or use --to k8s")
+    if spec.retry_on_error:
+        raise SpecError("retry_on_error", "is not supported by TrainJob, whose nodes run plain "
+                        "torchrun: use --to k8s")
     if spec.mounts:
         raise SpecError("mounts", "TrainJob takes volumes from its runtime; use --to k8s")
     spec = on_cluster(spec)
