@@ -26,6 +26,9 @@ RANK_PREFIX = re.compile("^" + re.escape(LOG_PREFIX).replace(r"\{node\}", r"(?P<
 # torchrun's report of a failed worker group: the rank that failed first on that node
 ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?time\s*: (\S+).*?"
                         r"rank\s*: (\d+)", re.S)
+# the agent's closing line (trainer.elastic_agent): the job's first failure, as decided
+CLOSING = re.compile(r"torchjob: the job failed: (?:stopping: |another node: )?node (\d+) rank "
+                     r"(\d+) (.*) \(attempt (\d+)\)$")
 FAILURE = re.compile(r"Traceback \(most recent call last\)|^trainer \[rank \d+\]: ")
 JOB = "-"  # node and rank of the lines of the batch shell, srun and the torchrun agents
 
@@ -38,6 +41,8 @@ class JobLogs:
     lines: dict[tuple[int, int | str], list[str]] = field(default_factory=dict)
     nodes: dict[tuple[int, int], str] = field(default_factory=dict)
     first_failing: dict[int, int] = field(default_factory=dict)
+    what: dict[int, str] = field(default_factory=dict)  # attempt -> what its first failure did
+    files: list[Path] = field(default_factory=list)  # where the full logs are
 
     def add(self, attempt: int, source: int | str, line: str) -> None:
         self.lines.setdefault((attempt, source), []).append(line)
@@ -105,7 +110,9 @@ def job_logs(folder: str | Path, job_id: str) -> JobLogs:
     first failing rank of an attempt is torchrun's first observed failure (the earliest over
     the nodes), else the rank whose traceback comes first in the files."""
     logs = JobLogs()
+    closing: dict[int, tuple[int, str, str]] = {}
     for path in log_files(Path(folder), job_id):
+        logs.files.append(path)
         lines = list(LineReader(path).read(final=True))
         for attempt, line in lines:
             prefix = RANK_PREFIX.match(line)
@@ -119,11 +126,18 @@ def job_logs(folder: str | Path, job_id: str) -> JobLogs:
                     logs.first_failing.setdefault(at, rank)
             else:
                 logs.add(attempt, JOB, line)
+                if found := CLOSING.search(line):
+                    node, rank, what, at = found.groups()
+                    closing.setdefault(int(at), (int(rank), node, what))
         for attempt in {a for a, _ in lines}:
             text = "\n".join(line for a, line in lines if a == attempt)
             causes = sorted((stamp, int(rank)) for stamp, rank in ROOT_CAUSE.findall(text))
             if causes:
                 logs.first_failing[attempt] = causes[0][1]
+    for attempt, (rank, node, what) in closing.items():  # the agents' word is the last
+        logs.first_failing[attempt] = rank
+        logs.nodes[(attempt, rank)] = node
+        logs.what[attempt] = what
     return logs
 
 
@@ -148,6 +162,9 @@ class Follower:
 
 def first_failures(logs: JobLogs) -> Iterable[str]:
     """The closing lines: the rank that failed first in each attempt with a failure."""
+    where = " and ".join(str(path) for path in logs.files if path.exists())
     for attempt, rank in sorted(logs.first_failing.items()):
         node = logs.nodes.get((attempt, rank), JOB)
-        yield f"torchjob: attempt {attempt}: first failing rank: {rank} (node {node})"
+        what = f": {logs.what[attempt]}" if attempt in logs.what else ""
+        yield (f"torchjob: attempt {attempt}: first failing rank: {rank} (node {node}){what}"
+               + (f"; full log: {where}" if where else ""))

@@ -167,7 +167,7 @@ def test_a_failing_job_names_its_first_failing_rank(slurm_cluster: SlurmCluster,
                                                     tmp_path: Path) -> None:
     """A batch too big for a rank's share of the data: every rank stops with a configuration
     error (exit 2, never retried); ``torchjob logs`` shows each rank's message and names the
-    rank torchrun saw fail first."""
+    rank that failed first."""
     script, run_dir = submit(tmp_path, "sbatch-test-failing", TWO_BY_TWO.replace(
         "batch_size: 16", "batch_size: 1000") % "epochs: 1")
     proc = sbatch_wait(script, 300)
@@ -175,18 +175,19 @@ def test_a_failing_job_names_its_first_failing_rank(slurm_cluster: SlurmCluster,
     code, output = finish(proc, job_id, run_dir, 300)
     assert code == 2, f"{output}\n{logs(run_dir)[-3000:]}"
     lines = torchjob_logs(job_id)
-    # the closing lines name each attempt's first failing rank (the agents' restarts count as
-    # attempts too: trainer.agent numbers them)
-    failing = next(filter(None, (re.fullmatch(r"torchjob: attempt 0: first failing rank: "
-                                              r"([0-3]) \(node [01]\)", line)
-                                 for line in lines)), None)
+    # never retried (no attempt 1); the closing line names the first failing rank, what it
+    # did and where the full log is
+    assert not any(of_rank(line, r, 1) for line in lines for r in range(4)), lines[-20:]
+    failing = next(filter(None, (re.fullmatch(
+        r"torchjob: attempt 0: first failing rank: ([0-3]) \(node [01]\): stopped on a "
+        r"configuration error \(exit 2\): a configuration error is never retried; fix it and "
+        r"run again; full log: \S+/slurm-\d+\.out and \S+/slurm-\d+\.err", line)
+        for line in lines)), None)
     assert failing, lines[-20:]
-    rank = int(failing.group(1))
     for r in range(4):
         assert any(of_rank(line, r, 0) and f"trainer [rank {r}]: one "
                    "optimizer step needs 1000 samples per rank" in line
                    for line in lines), (r, lines[-50:])
-    assert any(f"rank      : {rank} (local_rank: {rank % 2})" in line for line in lines)
     assert backend_status(job_id) == ("FAILED", 2)
 
 

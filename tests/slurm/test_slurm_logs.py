@@ -56,7 +56,24 @@ def test_logs_per_attempt_rank_and_first_failure(tmp_path: Path) -> None:
                          "[node 1 rank 2 attempt 0] stopped by SIGTERM",
                          f"{JOB}torchjob: j job 7 attempt 0 on 2 node(s), rendezvous n1:12007"]
     assert "[node 1 rank 3 attempt 1] RuntimeError: boom" in shown
-    assert list(first_failures(logs)) == ["torchjob: attempt 1: first failing rank: 1 (node 0)"]
+    assert list(first_failures(logs)) == [
+        "torchjob: attempt 1: first failing rank: 1 (node 0); full log: "
+        f"{tmp_path / 'slurm-7.out'} and {tmp_path / 'slurm-7.err'}"]
+
+
+def test_the_agents_closing_line_names_the_first_failure(tmp_path: Path) -> None:
+    (tmp_path / "slurm-8.out").write_text("")
+    (tmp_path / "slurm-8.err").write_text(
+        "torchjob: j job 8 attempt 0 on 2 node(s), rendezvous n1:12007\n"
+        "[node 0 rank 1 attempt 0] RuntimeError: [gloo/transport/tcp] Connection closed\n"
+        "[node 1 rank 3 attempt 0] ValueError: boom\n"
+        "torchjob: the job failed: stopping: node 1 rank 3 raised ValueError: boom: not "
+        "retried (...) (attempt 0)\n"
+        "torchjob: the job failed: node 1 rank 3 raised ValueError: boom: not retried (...) "
+        "(attempt 0)\n")
+    assert list(first_failures(job_logs(tmp_path, "8"))) == [
+        "torchjob: attempt 0: first failing rank: 3 (node 1): raised ValueError: boom: not "
+        f"retried (...); full log: {tmp_path / 'slurm-8.out'} and {tmp_path / 'slurm-8.err'}"]
 
 
 def test_follow_reads_what_was_appended_and_each_line_once(tmp_path: Path) -> None:
