@@ -127,8 +127,8 @@ def job_logs(folder: str | Path, job_id: str) -> JobLogs:
             else:
                 logs.add(attempt, JOB, line)
                 if found := CLOSING.search(line):
-                    node, rank, what, at = found.groups()
-                    closing.setdefault(int(at), (int(rank), node, what))
+                    node, failing, what, agent_attempt = found.groups()
+                    closing.setdefault(int(agent_attempt), (int(failing), node, what))
         for attempt in {a for a, _ in lines}:
             text = "\n".join(line for a, line in lines if a == attempt)
             causes = sorted((stamp, int(rank)) for stamp, rank in ROOT_CAUSE.findall(text))

@@ -8,16 +8,24 @@ As the interpreter does: ``sys.argv`` is ``[SCRIPT, *ARGS]``, the script's own d
 was started in. An exception that only says another process of the group is gone exits
 ``EXIT_RETRY`` (the agent restarts the group); any other is recorded in torchelastic's error
 file, so that the agent can name it, and exits 1 as it would have.
+
+It leaves as the interpreter does (non-daemon threads joined, atexit handlers run, output
+flushed) but skips the C++ teardown: with a process group the script did not destroy, torch's
+gloo threads abort the process there (SIGABRT, "terminate called without an active
+exception"), and the exit code the script meant, 0, 1 or its own, would be lost.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import runpy
 import sys
+import threading
 import time
 import traceback
+from typing import NoReturn
 
 from trainer.contract import EXIT_CONFIG, EXIT_RETRY
 
@@ -53,8 +61,14 @@ def main(argv: list[str]) -> int:
             sys.argv = list(argv)
             sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
             runpy.run_path(argv[0], run_name="__main__")
-    except (SystemExit, KeyboardInterrupt):
-        raise
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        return 130
     except BaseException as exc:
         from trainer.failures import is_peer_loss
 
@@ -65,5 +79,19 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def leave(code: int) -> NoReturn:
+    """Exit with ``code`` as the interpreter would, without its C++ teardown (module doc)."""
+    shutdown = getattr(threading, "_shutdown", None)  # joins non-daemon threads, as at exit
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code & 0xFF)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    leave(main(sys.argv[1:]))

@@ -148,4 +148,5 @@ def test_two_nodes_fail_together_on_a_bug_and_restart_together_on_a_kill(
         assert "attempt 1" not in proc.stdout
     killed = agents(tmp_path, "kill", 3, nodes=2)
     assert [p.returncode for p in killed] == [0, 0], [p.stdout for p in killed]
-    assert all("finished" in p.stdout and "attempt 1" in p.stdout for p in killed)
+    for proc in killed:
+        assert "finished" in proc.stdout and "attempt 1" in proc.stdout, proc.stdout
