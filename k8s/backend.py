@@ -80,7 +80,7 @@ class K8sBackend(BaseBackend):
 
     def logs(self, handle: Handle, *, follow: bool = False,
              log_dir: str | None = None) -> Iterator[str]:
-        return Cluster().logs(self._ref(handle))
+        return Cluster().logs(self._ref(handle), follow=follow)
 
     def cancel(self, handle: Handle) -> str:
         ref = self._ref(handle)
