@@ -1,4 +1,4 @@
-"""`torchjob logs --follow` follows the pods' logs while the job runs:
+"""`torchjob run --to k8s` and `torchjob logs --follow` follow the pods' logs while the job runs:
 real processes and real HTTP against the API EMULATOR (tests/k8s/emulator.py), since no API
 server can run on these machines. The test plays the operator and the kubelet, and moves on
 only when the output it waits for has shown (no sleeps); every wait has a deadline."""
@@ -102,8 +102,67 @@ def torchjob(emulator: Emulator) -> Iterator[Any]:
         proc.close()
 
 
+def submitted(emulator: Emulator) -> None:
+    emulator.wait(lambda: JOB in emulator.objects, WAIT_S, f"the PyTorchJob {JOB} to be created")
+
+
 def refused_reads(emulator: Emulator) -> list[tuple[str, bool, int]]:
     return [read for read in emulator.log_reads if read[2] != 200]
+
+
+@pytest.mark.parametrize("succeeded, code", [(True, 0), (False, 1)])
+def test_run_prints_lines_while_the_job_runs(emulator: Emulator, torchjob: Any,
+                                             succeeded: bool, code: int) -> None:
+    emulator.chunk_size = 3  # every line comes cut, some inside a UTF-8 character
+    run = torchjob("run", "--to", "k8s", SPEC)
+    submitted(emulator)
+    emulator.add_pod("default", "digits-master-0", labels("master", 0), "step 1 loss ½\n")
+    run.expect("[master-0] step 1 loss ½")
+    emulator.append_log("default", "digits-master-0", "step 2 — €\n")
+    run.expect("[master-0] step 2 — €")  # while the job runs: it is not finished yet
+    assert "status" not in emulator.objects[JOB] or all(
+        c["type"] not in ENDED for c in emulator.objects[JOB]["status"]["conditions"])
+    emulator.finish("default", "digits", succeeded=succeeded)
+    assert run.exit_code() == code, run.saw()
+    assert run.stdout == ["[master-0] step 1 loss ½", "[master-0] step 2 — €"], run.saw()
+    assert run.stderr == ["torchjob: submitted k8s:default/digits"], run.saw()
+    assert ("digits-master-0", True, 200) in emulator.log_reads  # a followed stream
+    assert not refused_reads(emulator)
+
+
+def test_run_follows_pods_that_come_later_and_restarted_containers(
+        emulator: Emulator, torchjob: Any) -> None:
+    run = torchjob("run", "--to", "k8s", SPEC)
+    submitted(emulator)
+    emulator.add_pod("default", "digits-master-0", labels("master", 0), "master run 0\n")
+    run.expect("[master-0] master run 0")
+
+    # a pod that comes later, seen while its container is created: not read before it runs
+    emulator.add_pod("default", "digits-worker-0", labels("worker", 0), waiting=True)
+    lists = emulator.pod_lists
+    emulator.wait(lambda: emulator.pod_lists >= lists + 2, WAIT_S,
+                  f"two more pod listings after worker-0 was added (saw {emulator.pod_lists})")
+    emulator.start("default", "digits-worker-0")
+    emulator.append_log("default", "digits-worker-0", "worker run 0\n")
+    run.expect("[worker-0] worker run 0")
+
+    # the container restarts (restartCount 1) with a new log
+    emulator.restart("default", "digits-master-0", "master run 1\n")
+    run.expect("[master-0] master run 1")
+
+    # the pod is recreated: same name, another uid
+    emulator.remove_pod("default", "digits-worker-0")
+    emulator.add_pod("default", "digits-worker-0", labels("worker", 0), "worker recreated\n")
+    run.expect("[worker-0] worker recreated")
+    emulator.append_log("default", "digits-master-0", "master last\n")
+    run.expect("[master-0] master last")
+
+    emulator.finish("default", "digits")
+    assert run.exit_code() == 0, run.saw()
+    assert run.stdout == ["[master-0] master run 0", "[worker-0] worker run 0",
+                          "[master-0] master run 1", "[worker-0] worker recreated",
+                          "[master-0] master last"], run.saw()  # each line once
+    assert not refused_reads(emulator), emulator.log_reads
 
 
 def test_logs_follow_of_a_finished_job_prints_everything_once(emulator: Emulator,
@@ -126,9 +185,15 @@ def test_logs_follow_of_a_finished_job_prints_everything_once(emulator: Emulator
     assert not refused_reads(emulator), emulator.log_reads
 
 
-def test_ctrl_c_stops_following_cleanly(emulator: Emulator, torchjob: Any) -> None:
-    assert torchjob("submit", "--to", "k8s", SPEC).exit_code() == 0
-    proc = torchjob("logs", "-f", "k8s:default/digits")
+@pytest.mark.parametrize("command", ["run", "logs"])
+def test_ctrl_c_stops_following_cleanly(emulator: Emulator, torchjob: Any,
+                                        command: str) -> None:
+    if command == "run":
+        proc = torchjob("run", "--to", "k8s", SPEC)
+        submitted(emulator)
+    else:
+        assert torchjob("submit", "--to", "k8s", SPEC).exit_code() == 0
+        proc = torchjob("logs", "-f", "k8s:default/digits")
     emulator.add_pod("default", "digits-master-0", labels("master", 0), "training\n")
     proc.expect("[master-0] training")
     proc.proc.send_signal(signal.SIGINT)
@@ -141,14 +206,14 @@ def test_errors_while_following_are_one_line_and_exit_2(emulator: Emulator,
     missing = torchjob("logs", "-f", "k8s:default/nope")
     assert missing.exit_code() == 2 and len(missing.stderr) == 1, missing.saw()
     assert "HTTP 404" in missing.stderr[0], missing.saw()
-    assert torchjob("submit", "--to", "k8s", SPEC).exit_code() == 0
-    follow = torchjob("logs", "-f", "k8s:default/digits")
+    run = torchjob("run", "--to", "k8s", SPEC)
+    submitted(emulator)
     emulator.add_pod("default", "digits-master-0", labels("master", 0), "training\n")
-    follow.expect("[master-0] training")
+    run.expect("[master-0] training")
     emulator.forbidden = True  # the next look at the job is refused
-    assert follow.exit_code() == 2, follow.saw()
-    assert "HTTP 403" in follow.stderr[-1] and "RBAC" in follow.stderr[-1], follow.saw()
-    assert len(follow.stderr) == 1 and "Traceback" not in follow.stderr[0], follow.saw()
+    assert run.exit_code() == 2, run.saw()
+    assert "HTTP 403" in run.stderr[-1] and "RBAC" in run.stderr[-1], run.saw()
+    assert len(run.stderr) == 2 and not any("Traceback" in x for x in run.stderr), run.saw()
 
 
 @given(st.text(st.sampled_from("ab\n\r é€😀")), st.lists(st.integers(0, 40), max_size=8))
