@@ -17,8 +17,9 @@ from k8s.follow import Run, follow_runs, split_lines
 KINDS = {  # kind -> (group, version, plural, pod label naming the job, replica labels)
     "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs", "training.kubeflow.org/job-name",
                    ("training.kubeflow.org/replica-type", "training.kubeflow.org/replica-index")),
-    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "jobset.sigs.k8s.io/jobset-name",
-                 ("jobset.sigs.k8s.io/replicatedjob-name", "batch.kubernetes.io/job-completion-index")),
+    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs",
+                 "jobset.sigs.k8s.io/jobset-name", ("jobset.sigs.k8s.io/replicatedjob-name",
+                                                    "batch.kubernetes.io/job-completion-index")),
 }
 CONTAINER = {"PyTorchJob": "pytorch", "TrainJob": "node"}  # the container whose log is the job's
 # The conditions after which no pod of the job runs (the backend's terminal states).
