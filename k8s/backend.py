@@ -1,19 +1,20 @@
 """The Kubernetes backends: ``k8s`` (a Kubeflow PyTorchJob) and ``k8s:trainjob`` (a Kubeflow
 Trainer v2 TrainJob). ``render`` is the validated object (``render.py``); ``submit`` creates
-exactly it through the cluster of the kubeconfig (``client.py``). Handles:
-``k8s:NAMESPACE/NAME`` and ``k8s:trainjob:NAMESPACE/NAME``.
+exactly it through the cluster of the kubeconfig (``client.py``); ``run`` follows the pods'
+logs while the job runs (``follow.py``). Handles: ``k8s:NAMESPACE/NAME`` and
+``k8s:trainjob:NAMESPACE/NAME``.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 import time
 from collections.abc import Iterator, Sequence
 
 from jobs.backend import BackendError, BaseBackend, Context, Handle, JobStatus, Request, State
 from jobs.spec import JobSpec
-from k8s.client import Cluster, JobRef
+from k8s.client import Cluster, JobRef, K8sError
+from k8s.follow import POLL_S
 from k8s.pod import manifest_text
 from k8s.render import TARGETS, render_object
 from k8s.validate import validate_text
@@ -22,7 +23,6 @@ KIND = {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob"}
 STATES = {"Created": State.PENDING, "Pending": State.PENDING, "Running": State.RUNNING,
           "Restarting": State.RUNNING, "Succeeded": State.SUCCEEDED, "Complete": State.SUCCEEDED,
           "Failed": State.FAILED, "Suspended": State.STOPPED}
-POLL_S = 2.0
 
 
 class K8sBackend(BaseBackend):
@@ -67,21 +67,20 @@ class K8sBackend(BaseBackend):
                          detail=detail, raw={"condition": state, "conditions": conditions})
 
     def wait(self, handle: Handle) -> JobStatus:
-        while not (status := self.status(handle)).state.terminal:
-            time.sleep(POLL_S)
+        """Until the job ends; deleted while it ran (torchjob cancel) counts as cancelled."""
+        try:
+            while not (status := self.status(handle)).state.terminal:
+                time.sleep(POLL_S)
+        except K8sError as exc:
+            if exc.http_status != 404:
+                raise
+            return JobStatus(handle, State.CANCELLED, name=handle.id.split("/")[-1],
+                             detail="deleted")
         return status
-
-    def run(self, request: Request) -> int:
-        handle = self.submit(request)
-        print(f"torchjob: submitted {handle}", file=sys.stderr, flush=True)
-        status = self.wait(handle)
-        for line in self.logs(handle):
-            print(line, flush=True)
-        return self.exit_code(status)
 
     def logs(self, handle: Handle, *, follow: bool = False,
              log_dir: str | None = None) -> Iterator[str]:
-        return Cluster().logs(self._ref(handle))
+        return Cluster().logs(self._ref(handle), follow=follow)
 
     def cancel(self, handle: Handle) -> str:
         ref = self._ref(handle)

@@ -2,7 +2,8 @@
 
 Jobs are custom objects (PyTorchJob, TrainJob); their pods are found by the operators'
 labels, and each log line is prefixed with the pod's replica (``master-0``, ``worker-1``), which
-is the node rank. API errors become one-line ``K8sError``s that say what to do (exit 2).
+is the node rank. ``logs(follow=True)`` streams them while the job runs (``follow.py``). API
+errors become one-line ``K8sError``s that say what to do (exit 2).
 """
 
 from __future__ import annotations
@@ -11,17 +12,27 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from jobs.values import UserError
+from k8s.follow import Run, follow_runs, split_lines
 
 KINDS = {  # kind -> (group, version, plural, pod label naming the job, replica labels)
     "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs", "training.kubeflow.org/job-name",
                    ("training.kubeflow.org/replica-type", "training.kubeflow.org/replica-index")),
-    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "jobset.sigs.k8s.io/jobset-name",
-                 ("jobset.sigs.k8s.io/replicatedjob-name", "batch.kubernetes.io/job-completion-index")),
+    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs",
+                 "jobset.sigs.k8s.io/jobset-name", ("jobset.sigs.k8s.io/replicatedjob-name",
+                                                    "batch.kubernetes.io/job-completion-index")),
 }
+CONTAINER = {"PyTorchJob": "pytorch", "TrainJob": "node"}  # the container whose log is the job's
+# The conditions after which no pod of the job runs (the backend's terminal states).
+ENDED = ("Succeeded", "Complete", "Failed", "Suspended")
+TIMEOUT_S = (30.0, 60.0)  # connect and read timeouts of a request; a log stream has no read one
 
 
 class K8sError(UserError):
     """A cluster that cannot be reached or refuses the request: one line, exit 2."""
+
+    def __init__(self, message: str, http_status: int | None = None) -> None:
+        super().__init__(message)
+        self.http_status = http_status  # the API server's answer, None when there was none
 
 
 @dataclass(frozen=True)
@@ -58,10 +69,11 @@ class Cluster:
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
+        kwargs.setdefault("_request_timeout", TIMEOUT_S)
         try:
             return fn(*args, **kwargs)
         except ApiException as exc:
-            raise K8sError(_explain(what, exc.status, exc.reason, exc.body)) from None
+            raise K8sError(_explain(what, exc.status, exc.reason, exc.body), exc.status) from None
         except (HTTPError, OSError) as exc:
             raise K8sError(f"{what}: the Kubernetes API server cannot be reached ({exc}); "
                            "check KUBECONFIG and the cluster") from None
@@ -90,29 +102,75 @@ class Cluster:
         true = [c for c in conditions if str(c.get("status")) == "True"]
         return (true[-1]["type"] if true else "Pending"), conditions
 
-    def logs(self, ref: JobRef) -> Iterator[str]:
-        """Every line of every pod of the job, each prefixed with the pod's replica."""
+    def ended(self, ref: JobRef) -> bool:
+        """Whether no pod of the job runs any more: a terminal condition, or the job deleted."""
+        try:
+            return self.status(ref)[0] in ENDED
+        except K8sError as exc:
+            if exc.http_status == 404:
+                return True
+            raise
+
+    def runs(self, ref: JobRef) -> list[Run | None]:
+        """The job's pods, master first then by index, each as the run of its container whose
+        log can be read now, or None while that container is being created."""
         *_, job_label, (type_label, index_label) = KINDS[ref.kind]
         pods = self._call(f"list pods of {ref.namespace}/{ref.name}",
                           self.core.list_namespaced_pod, ref.namespace,
                           label_selector=f"{job_label}={ref.name}").items
-        if not pods:
-            raise K8sError(f"{ref.kind} {ref.namespace}/{ref.name} has no pods (yet): see "
-                           "torchjob status")
         def order(pod: Any) -> tuple[bool, int]:
             labels = pod.metadata.labels or {}
             return (str(labels.get(type_label, "")).lower() != "master",
                     int(labels.get(index_label, 0)))
+        found = []
         for pod in sorted(pods, key=order):
             labels = pod.metadata.labels or {}
             replica = f"{str(labels.get(type_label, 'pod')).lower()}-{labels.get(index_label, 0)}"
-            container = "pytorch" if ref.kind == "PyTorchJob" else "node"
+            found.append(readable_run(pod, CONTAINER[ref.kind], replica))
+        return found
+
+    def logs(self, ref: JobRef, follow: bool = False) -> Iterator[str]:
+        """Every line of every pod of the job, each prefixed with the pod's replica; with
+        ``follow``, as they are written, until the job has ended (``follow.py``)."""
+        if not follow:
+            return self._read_all(ref)
+        self.get(ref)  # a job that is not there is an error, not an empty log
+        return follow_runs(lambda: (self.ended(ref), [run for run in self.runs(ref) if run]),
+                           lambda run: self._stream(ref, run))
+
+    def _read_all(self, ref: JobRef) -> Iterator[str]:
+        runs = self.runs(ref)
+        if not runs:
+            raise K8sError(f"{ref.kind} {ref.namespace}/{ref.name} has no pods (yet): see "
+                           "torchjob status")
+        if not any(runs):
+            raise K8sError(f"no pod of {ref.kind} {ref.namespace}/{ref.name} has started yet: "
+                           "see torchjob status, or follow the logs with torchjob logs -f")
+        for run in runs:
+            if run is None:
+                continue  # its container is being created: no log yet
             # raw bytes: kubernetes-client 36 turns a preloaded log into "b'...'"
-            raw = self._call(f"read the log of {pod.metadata.name}",
-                             self.core.read_namespaced_pod_log, pod.metadata.name,
-                             ref.namespace, container=container, _preload_content=False)
-            for line in raw.data.decode("utf-8", errors="replace").splitlines():
-                yield f"[{replica}] {line}"
+            raw = self._call(f"read the log of {run.pod}", self.core.read_namespaced_pod_log,
+                             run.pod, ref.namespace, container=CONTAINER[ref.kind],
+                             _preload_content=False)
+            for line in split_lines([raw.data]):
+                yield f"[{run.replica}] {line}"
+
+    def _stream(self, ref: JobRef, run: Run) -> Iterator[bytes] | None:
+        """The run's log as it is written, ending with the run; None while it cannot be read
+        (HTTP 400: the container is not started, a race with the listing)."""
+        try:
+            response = self._call(f"follow the log of {run.pod}",
+                                  self.core.read_namespaced_pod_log, run.pod, ref.namespace,
+                                  container=CONTAINER[ref.kind], follow=True,
+                                  _preload_content=False, _request_timeout=(TIMEOUT_S[0], None))
+        except K8sError as exc:
+            if exc.http_status == 400:
+                return None
+            if exc.http_status == 404:  # the pod is gone
+                return iter(())
+            raise
+        return _chunks(response, run.pod)
 
     def list(self, kind: str, namespace: str | None = None) -> list[tuple[JobRef, str]]:
         """Every job of ``kind`` (in ``namespace``, else the kubeconfig's, else all the account
@@ -136,6 +194,32 @@ class Cluster:
         self._call(f"delete {ref.kind} {ref.namespace}/{ref.name}",
                    self.custom.delete_namespaced_custom_object, group, version, ref.namespace,
                    plural, ref.name)
+
+
+def readable_run(pod: Any, container: str, replica: str) -> Run | None:
+    """The run of ``container`` whose log the API serves now: running or terminated or, while
+    it waits to be restarted, the one that ended (the kubelet serves that one). None while the
+    container is being created (reading it then is HTTP 400)."""
+    for status in (pod.status and pod.status.container_statuses) or []:
+        if status.name != container:
+            continue
+        state, last = status.state, status.last_state
+        if (state and (state.running or state.terminated)) or (last and last.terminated):
+            meta = pod.metadata
+            return Run(meta.name, meta.uid or meta.name, status.restart_count or 0, replica)
+    return None
+
+
+def _chunks(response: Any, pod: str) -> Iterator[bytes]:
+    """The body of a streamed response, chunk by chunk as the server sends them."""
+    from urllib3.exceptions import HTTPError
+    try:
+        yield from response.stream(amt=None)
+    except (HTTPError, OSError) as exc:
+        raise K8sError(f"the log stream of {pod} broke off ({exc}); follow the job again "
+                       "with torchjob logs -f") from None
+    finally:
+        response.release_conn()
 
 
 def _explain(what: str, status: int | None, reason: str | None, body: Any) -> str:

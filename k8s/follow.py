@@ -1,0 +1,124 @@
+"""Following a job's logs while it runs (``torchjob run --to k8s``, ``torchjob logs -f``).
+
+A run is one start of a pod's container, named by (pod uid, restartCount): each is read once,
+by its own thread that streams the log into one queue, and lines are yielded as they come.
+Every POLL_S, and at once when a stream ends, the job and its pods are read again, so pods
+that appear later (elastic scale-up, a recreated pod) and restarted containers are followed
+too. Following ends when the job has ended and every stream has; a stream still open DRAIN_S
+after the job ended is left behind (its thread is a daemon). What a pod's status means and the
+Kubernetes calls are the caller's (``client.py``); this module knows threads, queues, bytes.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Union
+
+POLL_S = 2.0  # how often the job and its pods are read while following
+DRAIN_S = 30.0  # after the job ended, how long its last streams may take to end
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of a pod's container, whose log can be read now."""
+
+    pod: str
+    uid: str
+    restarts: int
+    replica: str  # the log prefix: master-0, worker-1
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.uid, self.restarts
+
+
+def split_lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """The lines of a byte stream cut anywhere (inside a line, inside a UTF-8 character),
+    exactly as ``str.splitlines`` cuts the whole text."""
+    buffer = bytearray()
+    for chunk in chunks:
+        buffer += chunk
+        end = buffer.rfind(b"\n") + 1
+        if end:
+            yield from buffer[:end].decode("utf-8", errors="replace").splitlines()
+            del buffer[:end]
+    if buffer:
+        yield from buffer.decode("utf-8", errors="replace").splitlines()
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """A reader's last message; ``again``: the log could not be read yet, try at next poll."""
+
+    run: Run
+    again: bool
+
+
+Message = Union[str, _Ended, Exception]
+
+
+def follow_runs(look: Callable[[], tuple[bool, list[Run]]],
+           open_log: Callable[[Run], Iterable[bytes] | None],
+           poll_s: float = POLL_S, drain_s: float = DRAIN_S) -> Iterator[str]:
+    """Lines of every run, each prefixed ``[replica]``, as they are written. ``look()``: has
+    the job ended (read BEFORE its pods, so that the runs it returns are the last ones), and
+    its readable runs. ``open_log(run)``: the run's log as a byte stream that ends with the
+    run, or None when it cannot be read yet. Errors of either are raised here."""
+    out: queue.Queue[Message] = queue.Queue()
+    stop = threading.Event()
+    started: set[tuple[str, int]] = set()
+    live = 0
+    ended_at: float | None = None
+    try:
+        while True:
+            if ended_at is None:
+                ended, runs = look()
+                ended_at = time.monotonic() if ended else None
+                for run in runs:
+                    if run.key not in started:
+                        started.add(run.key)
+                        live += 1
+                        threading.Thread(target=_read, args=(run, open_log, out, stop),
+                                         name=f"log {run.pod}", daemon=True).start()
+            if ended_at is not None and live == 0:
+                return
+            deadline = time.monotonic() + poll_s if ended_at is None else ended_at + drain_s
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    message = out.get(timeout=left)
+                except queue.Empty:
+                    break
+                if isinstance(message, str):
+                    yield message
+                elif isinstance(message, Exception):
+                    raise message
+                else:
+                    live -= 1
+                    if message.again:
+                        started.discard(message.run.key)
+                    else:
+                        break  # a container ended: look at the job and its pods at once
+            if ended_at is not None and time.monotonic() >= deadline:
+                return  # DRAIN_S passed: leave the streams that did not end
+    finally:
+        stop.set()
+
+
+def _read(run: Run, open_log: Callable[[Run], Iterable[bytes] | None],
+          out: queue.Queue[Message], stop: threading.Event) -> None:
+    try:
+        chunks = open_log(run)
+        if chunks is None:
+            out.put(_Ended(run, again=True))
+            return
+        for line in split_lines(chunks):
+            if stop.is_set():
+                return
+            out.put(f"[{run.replica}] {line}")
+    except Exception as exc:  # handed to the generator, which raises it
+        out.put(exc)
+    out.put(_Ended(run, again=False))
