@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from jobs import launcher, runs
-from jobs.backend import GRACE_S, BackendError, BaseBackend, Context, Handle, Request
+from jobs.backend import GRACE_S, BaseBackend, Context, Handle, Request, no_variant
 from jobs.backends.docker import launch
 from jobs.backends.docker.render import compose_text, render_compose
 from jobs.spec import JobSpec
@@ -63,7 +63,4 @@ class DockerBackend(runs.RecordedRuns, BaseBackend):
         return Handle(self.name, record.path.name)
 
 
-def create(variant: str) -> DockerBackend:
-    if variant:
-        raise BackendError(f"backend 'docker' has no variant {variant!r}")
-    return DockerBackend()
+create = no_variant(DockerBackend)  # the torchjob.backends entry point

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs import launcher, runs
-from jobs.backend import GRACE_S, BackendError, BaseBackend, Context, Handle, Request
+from jobs.backend import GRACE_S, BaseBackend, Context, Handle, Request, no_variant
 from jobs.backends.local.launch import missing_secrets, run_local
 from jobs.backends.local.render import LocalPlan, render_local, render_text
 from jobs.spec import JobSpec
@@ -86,7 +86,4 @@ class LocalBackend(runs.RecordedRuns, BaseBackend):
         return Handle(self.name, record.path.name)
 
 
-def create(variant: str) -> LocalBackend:
-    if variant:
-        raise BackendError(f"backend 'local' has no variant {variant!r}")
-    return LocalBackend()
+create = no_variant(LocalBackend)  # the torchjob.backends entry point
