@@ -70,17 +70,17 @@ class LocalBackend(runs.RecordedRuns, BaseBackend):
         err = launcher.tee(record, sys.stderr)
         try:
             print(header, file=err, flush=True)
-            return launcher.perform(record, lambda: run_local(plan, grace=grace, record=record,
-                                                          err=err))
+            return launcher.perform(record, lambda stops: run_local(
+                plan, stops=stops, grace=grace, record=record, err=err))
         finally:
             err.close()
 
     def submit(self, request: Request) -> Handle:
         plan, record, header, grace = self._start(request)
 
-        def launch() -> int:
+        def launch(stops: launcher.Stops) -> int:
             print(header, file=sys.stderr, flush=True)
-            return run_local(plan, grace=grace, record=record, echo=False)
+            return run_local(plan, stops=stops, grace=grace, record=record, echo=False)
 
         launcher.detach(record, launch)
         return Handle(self.name, record.path.name)
