@@ -1,5 +1,6 @@
-"""The run registry (jobs.runs, jobs.launcher) without a real run: the index, the state of a launcher that
-died without its result, a reused pid, logs that end with the run, the node line prefix."""
+"""The run registry (jobs.runs, jobs.launcher) without a real run: the index, the state of a
+launcher that died without its result, a reused pid, logs that end with the run, the node line
+prefix, a stop that comes before the launcher looks."""
 
 from __future__ import annotations
 
