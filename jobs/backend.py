@@ -20,7 +20,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
 
 from jobs.spec import JobSpec
 from jobs.values import UserError
@@ -218,6 +218,17 @@ class BaseBackend:
 
 
 Factory = Callable[[str], Backend]  # variant ("" for none) -> the backend
+B = TypeVar("B", bound=BaseBackend)
+
+
+def no_variant(cls: type[B]) -> Callable[[str], B]:
+    """The ``torchjob.backends`` entry point of a backend that has no variants: ``cls()`` for
+    ``NAME``, a BackendError for ``NAME:ANYTHING``."""
+    def create(variant: str) -> B:
+        if variant:
+            raise BackendError(f"backend {cls.name!r} has no variant {variant!r}")
+        return cls()
+    return create
 
 
 def _factories() -> dict[str, metadata.EntryPoint]:

@@ -1,46 +1,81 @@
 """What a launcher on this machine (the local and docker backends) does with its run's
 record (``jobs.runs``): run as the record's launcher (``perform``), or detached from the
-terminal in a session of its own (``detach``, for ``submit``); each node's lines to its log
-in the record and the terminal (``NodeOutput``); its own lines to both (``tee``). Core
-module: imports no backend.
+terminal in a session of its own (``detach``, for ``submit``); count the stop signals it gets
+(``Stops``), from before the record names it the launcher until its result is written; each
+node's lines to its log in the record and the terminal (``NodeOutput``); its own lines to
+both (``tee``). Core module: imports no backend.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import select
+import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
-from typing import IO, cast
+from collections.abc import Callable, Iterator
+from typing import IO, Any, cast
 
 from jobs.runs import Record
 from jobs.values import UserError
 from trainer.contract import EXIT_CONFIG, EXIT_FAILED, LOG_PREFIX_RE
 
 START_TIMEOUT_S = 60.0  # a detached launcher that has not recorded itself by then failed
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and what ``torchjob cancel`` sends
 
 
-def perform(record: Record, body: Callable[[], int]) -> int:
-    """Run the launcher ``body`` as the record's launcher: RUNNING, then its exit code (a
-    UserError: 2, raised again; any other exception: 1, raised again)."""
-    record.launched()
+class Stops:
+    """The stop signals a launcher has got so far: the first asks the nodes to checkpoint and
+    stop, a second kills them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _got(self, signum: int, frame: Any) -> None:
+        self.count += 1
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[Stops]:
+    """Count Ctrl-C and SIGTERM during the block instead of dying of them; the handlers from
+    before are back after it. Only the main thread can set handlers: elsewhere nothing is
+    counted."""
+    stops = Stops()
+    before = {}
+    if threading.current_thread() is threading.main_thread():
+        before = {s: signal.signal(s, stops._got) for s in STOP_SIGNALS}
     try:
-        code = body()
-    except UserError as exc:
-        record.finished(EXIT_CONFIG, str(exc))
-        raise
-    except BaseException as exc:
-        record.finished(EXIT_FAILED, f"the launcher failed: {type(exc).__name__}: {exc}")
-        raise
-    record.finished(code)
+        yield stops
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def perform(record: Record, body: Callable[[Stops], int]) -> int:
+    """Run the launcher ``body`` as the record's launcher: RUNNING, then its exit code (a
+    UserError: 2, raised again; any other exception: 1, raised again). The stop signals are
+    counted (``body`` acts on them) from before the record names this process the launcher
+    until the result is written: a ``torchjob cancel`` or Ctrl-C that comes at any moment
+    stops the run and never kills the launcher before the result is written."""
+    with stop_signals() as stops:
+        record.launched()
+        try:
+            code = body(stops)
+        except UserError as exc:
+            record.finished(EXIT_CONFIG, str(exc))
+            raise
+        except BaseException as exc:
+            record.finished(EXIT_FAILED, f"the launcher failed: {type(exc).__name__}: {exc}")
+            raise
+        record.finished(code)
     return code
 
 
-def detach(record: Record, body: Callable[[], int]) -> None:
+def detach(record: Record, body: Callable[[Stops], int]) -> None:
     """Run ``perform(record, body)`` in a new session, detached from this process and its
     terminal (a grandchild: it outlives this process; stdin from /dev/null, stdout and stderr
     to the record's launcher.log). Returns once it has recorded itself as the launcher; if it
@@ -67,10 +102,10 @@ def detach(record: Record, body: Callable[[], int]) -> None:
                 if isinstance(stream, io.TextIOWrapper):
                     stream.reconfigure(line_buffering=True)
 
-            def started() -> int:
+            def started(stops: Stops) -> int:
                 os.write(write, b"started")
                 os.close(write)
-                return body()
+                return body(stops)
 
             code = perform(record, started)
         except UserError as exc:

@@ -101,8 +101,9 @@ def match(expected: list[str], actual: list[str], handles: dict[str, str]) -> st
 
 
 def run_session(commands: list[Command], workdir: Path, env: dict[str, str] | None = None,
-                timeout: float = 600) -> None:
-    """Run ``commands`` in ``workdir`` and fail with what differed."""
+                timeout: float = 600) -> dict[str, str]:
+    """Run ``commands`` in ``workdir`` and fail with what differed; the handles seen (the
+    README's, each to the real one)."""
     (workdir / "jobs").symlink_to(ROOT / "jobs")
     handles: dict[str, str] = {}
     for command in commands:
@@ -117,6 +118,7 @@ def run_session(commands: list[Command], workdir: Path, env: dict[str, str] | No
             + "\n".join(actual[-40:]))
         problem = match(command.expected, actual, handles)
         assert problem is None, f"$ {command.line}\n{problem}"
+    return handles
 
 
 def environment(**extra: str) -> dict[str, str]:

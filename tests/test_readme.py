@@ -1,7 +1,7 @@
 """The README, executed: its terminal sessions run and print what it shows
 (tests/readme_sessions.py), the plain example commands are accepted, and the set-up commands
 are the ones CI runs. Sessions that need the Slurm cluster or podman run with those tests
-(tests/slurm, tests/containers)."""
+(tests/slurm, tests/containers); local jobs with the other tests of recorded runs (tests/jobs)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from tests.readme_sessions import Command, match, run_session, sessions
 
 README = (ROOT / "README.md").read_text()
 HERE_SESSIONS = {"local", "docker-render", "slurm-render", "torchx", "k8s"}
-ELSEWHERE = {"slurm", "docker", "local-jobs"}  # run by tests/slurm, tests/containers
+# run by tests/slurm, tests/containers and tests/jobs (test_local_runs.py)
+ELSEWHERE = {"slurm", "docker", "local-jobs"}
 
 
 def torchjob(argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -14,6 +14,13 @@ for that it turns on torchrun's tee (``--tee 3``) unless the command asks for ``
 ``--redirects`` itself, into a log directory of its own that it removes at the end (unless
 ``--log-dir`` names one). The workers import only this module, not that one: their start,
 the hot path of a restart, stays free of the agent's imports.
+
+A stop signal is answered from the agent's first line, not only once torch's agent installs
+its handler as it starts the workers (after importing torch, a few seconds, and after the
+rendezvous, which waits for the other nodes): until then a SIGTERM ends the agent with 143 at
+once. Without a handler, a container's first process (the agent, under compose and in a pod)
+never even receives a SIGTERM: the kernel drops it, and the engine waited its whole grace
+period, while the workers it then started trained on.
 """
 
 from __future__ import annotations
@@ -21,10 +28,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import uuid
-from typing import Any, Sequence
+from types import FrameType
+from typing import Any, NoReturn, Sequence
 
 from trainer.contract import EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED, job_exit_code
 
@@ -61,12 +70,29 @@ def worker(*argv: str) -> None:
         sys.exit(code)
 
 
+def exit_at_once(signum: int, frame: FrameType | None) -> NoReturn:
+    """SIGTERM while torch is being imported: nothing has started, so exit (128 + signal)."""
+    sys.exit(128 + signum)
+
+
+def stop_as_torch_does(signum: int, frame: FrameType | None) -> NoReturn:
+    """SIGTERM before torch's agent has its own handler: raise what that handler raises
+    (``SignalException``), which torch's agent answers (it stops any workers and leaves the
+    rendezvous open to the other nodes) and ``__main__`` turns into 128 + the signal."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    sig = signal.Signals(signum)
+    raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     from torch.distributed.launcher import api as launcher_api
     from torch.distributed.run import parse_args
 
     from trainer.elastic_agent import Agent, attempt_base
+
+    signal.signal(signal.SIGTERM, stop_as_torch_does)  # torch's handler once workers start
 
     try:
         attempt_base(os.environ)
@@ -125,6 +151,7 @@ exit_code = job_exit_code  # the agent's exit code from its failed workers'
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, exit_at_once)  # before importing torch (seconds)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 

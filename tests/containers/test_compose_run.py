@@ -2,8 +2,8 @@
 
 Two node containers train like two local nodes (same world size, seed and data order: the
 same numbers); an elastic job loses a node and gets it back; a node killed again and again
-never stops the job; a submitted run is a job (status, logs, cancel, list: docker:PROJECT);
-and every run leaves no container or network behind.
+never stops the job; a submitted run is a job (status, logs, cancel, list: docker:PROJECT,
+the README's docker session); and every run leaves no container or network behind.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ from typing import IO
 import pytest
 import yaml
 
+from jobs.backend import GRACE_S
 from jobs.backends.docker.render import compose_text, render_compose
 from jobs.load import loads
+from jobs.runs import LAUNCHER_LOG, RECORD, RECORD_DIR
 from tests.procs import (PYTHON, ROOT, assert_bitwise_equal, env_for_tests, final_params,
                          last_step, wait_for)
-from tests.recorded import follow, status, submit, torchjob, wait_until
+from tests.readme_sessions import run_session, sessions
 from trainer.contract import parse_log_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
@@ -311,42 +313,19 @@ def test_crashed_node_is_restarted_by_the_policy_and_the_run_ends_bitwise_equal(
     assert_nothing_left(project)
 
 
-def test_a_submitted_run_is_followed_and_cancelled_from_another_terminal(
-        container_image: str, tmp_path: Path) -> None:
-    """``submit --to docker`` prints docker:PROJECT; from another process in another
-    directory: RUNNING, listed, logs with node, rank and attempt; ``cancel``: the workers
-    checkpoint, the run ends STOPPED with 143, compose down leaves nothing."""
-    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
-    handle = submit("docker", EXAMPLES / "default.yaml", here, "nnodes=2", "nproc_per_node=1",
-                    "trainer.args.epochs=50", "trainer.args.log_every=1",
-                    "trainer.args.progress=lines")
-    project = handle.partition(":")[2]
-    run_dir = here / "runs" / "digits"
-    try:
-        first = status(handle, elsewhere)
-        assert first["state"] == "RUNNING", first
-        wait_until(lambda: last_step(run_dir) >= 2, 300, "step 2 in metrics.jsonl",
-                   lambda: (status(handle, elsewhere),
-                            torchjob("logs", handle, cwd=elsewhere).stdout[-3000:]))
-        listed = torchjob("list", "--to", "docker", cwd=elsewhere).stdout
-        assert f"{handle}\tRUNNING\tdigits" in listed.splitlines(), listed
-        follower = follow(handle, elsewhere)
-        cancelled = torchjob("cancel", handle, cwd=elsewhere)
-        assert cancelled.returncode == 0 and "SIGTERM sent" in cancelled.stdout, cancelled
-        try:
-            followed, err = follower.communicate(timeout=300)
-        finally:
-            follower.kill()
-        end = status(handle, elsewhere)
-        assert (end["state"], end["exit_code"]) == ("STOPPED", 143), (end, followed[-3000:])
-    finally:
-        if not status(handle, elsewhere)["state"] in ("STOPPED", "SUCCEEDED", "FAILED"):
-            torchjob("cancel", handle, cwd=elsewhere)  # a second cancel kills at once
-            torchjob("cancel", handle, cwd=elsewhere)
-            wait_until(lambda: status(handle, elsewhere)["exit_code"] is not None, 120,
-                       "the run to end after a cancel", lambda: status(handle, elsewhere))
-    assert {prefix[:3] for prefix in map(parse_log_prefix, followed.splitlines())
-            if prefix} == {(0, 0, 0), (1, 1, 0)}, followed[-3000:]
-    assert followed.count("stopped by SIGTERM after step") == 2, followed[-3000:]
-    assert sorted((run_dir / "checkpoints").glob("step_*")), "no checkpoint on the host"
-    assert_nothing_left(project)
+def test_the_readme_docker_session(container_image: str, tmp_path: Path) -> None:
+    """The README's docker session, for real: a short run in the foreground; a long one
+    submitted and cancelled at once, STOPPED with 143 within the grace period (the SIGTERM
+    lands before, while or after its containers start: none is left to the engine's
+    SIGKILL); both listed. Then no container or network of either is left."""
+    run_session(sessions()["docker"], tmp_path)
+    records = {path.parent.name: json.loads(path.read_text())
+               for path in tmp_path.glob(f"runs/*/{RECORD_DIR}/*/{RECORD}")}
+    assert sorted(r["name"] for r in records.values()) == ["digits", "digits-long"], records
+    for project, record in records.items():
+        assert_nothing_left(project)
+        if record["name"] == "digits-long":
+            said = (tmp_path / "runs" / "digits-long" / RECORD_DIR / project
+                    / LAUNCHER_LOG).read_text()
+            assert record["ended"] - record["started"] < GRACE_S, said
+            assert "exit code 137" not in said, said  # killed after the grace: not stopped

@@ -93,6 +93,10 @@ def test_run_dry_run_prints_and_starts_nothing(tmp_path: Path) -> None:
     (["cancel", "k8s:trainjob:ns/job"], ["no Kubernetes cluster configured"]),
     (["status", "k8s:Bad_Name"], ["is not a job: write NAMESPACE/NAME"]),
     (["status", "torchx:nope"], ["is not a TorchX app handle"]),
+    *[([command, "torchx:local_cwd://torchx/digits-1a2b"],
+       ["TorchX knows no app", "only in the process that started them"])
+      for command in ("status", "logs", "cancel")],  # TorchX's cancel alone: nothing, silently
+    (["list", "--to", "torchx:local_cwd"], ["TorchX cannot list local_cwd apps"]),
     (["submit", "--to", "torchx:local_cwd", "--sweep", "lr", str(EXAMPLES / "default.yaml")],
      ["--sweep: 'lr' is not ARG=V1,V2"]),
     (["render", "--to", "k8s", "--sweep", "nope=1,2", str(EXAMPLES / "default.yaml")],

@@ -6,6 +6,7 @@ none of those processes may be alive, whichever way it ended.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -15,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from jobs.backends.local.launch import run_local
+from jobs.backends.local.render import LocalPlan
 from jobs.cli import free_port as find_free_port
+from jobs.launcher import Stops
 from tests.procs import ROOT
 
 pytestmark = pytest.mark.integration
@@ -133,6 +137,18 @@ def test_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
     code, output = finish(launcher, timeout=30)
     assert code == 143 and time.monotonic() - started < 15, output
     assert_all_gone(pids)
+
+
+def test_a_stop_before_the_nodes_start_starts_none_and_exits_143(tmp_path: Path) -> None:
+    """A cancel that came before the launcher started its nodes (``perform`` counted it):
+    no node starts, the launcher says so and ends with 143."""
+    stops = Stops()
+    stops.count = 1
+    err = io.StringIO()
+    plan = LocalPlan(commands=(("touch", str(tmp_path / "started")),), env={})
+    assert run_local(plan, stops=stops, echo=False, err=err) == 143
+    assert not (tmp_path / "started").exists()
+    assert err.getvalue() == "torchjob: stopping: before any node started\n"
 
 
 def test_success_exits_0(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """Local runs are jobs (issue 11, part 4): ``torchjob submit --to local`` starts the run
 detached and prints ``local:RUN_ID``; ``status``, ``logs``, ``cancel`` and ``list`` find it
-from another process in another directory, through the per-user index; the command lines it
-started are the rendered request. Real processes over gloo; every wait is for an event
-(a state, a step in metrics.jsonl, a file), with a deadline and what was seen.
+from another process, through the per-user index (the README's local-jobs session, run
+here); the command lines it started are the rendered request. Real processes over gloo;
+every wait is for an event (a state, a file, a line), with a deadline and what was seen.
 """
 
 from __future__ import annotations
@@ -15,65 +15,28 @@ from pathlib import Path
 import pytest
 
 from jobs import backend as registry
+from jobs import runs
 from jobs.backend import Context
 from jobs.backends.local.backend import plan_data
 from jobs.load import load
-from tests.procs import ROOT, alive, cmdline, descendants, last_step
-from tests.recorded import follow, status, submit, torchjob, wait_until
-from trainer.contract import parse_log_prefix
+from tests.procs import ROOT, cmdline
+from tests.readme_sessions import run_session, sessions
+from tests.recorded import status, submit, torchjob, wait_until
 
 pytestmark = pytest.mark.integration
-DEFAULT = ROOT / "jobs" / "examples" / "default.yaml"
 
 
-def test_a_submitted_run_is_followed_and_cancelled_from_another_terminal(
-        tmp_path: Path) -> None:
-    """2 nodes x 1 process of the default job: RUNNING, listed, its logs carry node, rank
-    and attempt; ``cancel`` from another process in another directory: the workers
-    checkpoint, the run ends STOPPED with 143, and none of its processes is left."""
-    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
-    handle = submit("local", DEFAULT, here, "nnodes=2", "nproc_per_node=1",
-                    "trainer.args.epochs=50", "trainer.args.log_every=1",
-                    "trainer.args.progress=lines")
-    first = status(handle, elsewhere)
-    assert first["state"] == "RUNNING" and first["handle"] == handle, first
-    run_dir = Path(first["raw"]["run_dir"])
-    assert run_dir == here / "runs" / "digits"
-
-    def logs() -> str:
-        return torchjob("logs", handle, cwd=elsewhere).stdout
-
-    wait_until(lambda: last_step(run_dir) >= 2, 180, "step 2 in metrics.jsonl",
-               lambda: (status(handle, elsewhere)["state"], logs()[-3000:]))
-    listed = json.loads(torchjob("list", "--to", "local", "--json", cwd=elsewhere).stdout)
-    assert {"handle": handle, "state": "RUNNING"}.items() <= \
-        next(s for s in listed if s["handle"] == handle).items(), listed
-    nodes = [int(n["pid"]) for n in status(handle, elsewhere)["raw"]["nodes"]]
-    family = {pid for node in nodes for pid in [node, *descendants(node)]}
-    assert len(family) >= 4, family  # two agents, their workers
-
-    follower = follow(handle, elsewhere)
-    cancelled = torchjob("cancel", handle, cwd=elsewhere)
-    assert cancelled.returncode == 0 and "SIGTERM sent" in cancelled.stdout, cancelled
-    try:
-        followed, err = follower.communicate(timeout=120)
-    finally:
-        follower.kill()
-    assert follower.returncode == 0, err
-    end = status(handle, elsewhere)
-    assert (end["state"], end["exit_code"]) == ("STOPPED", 143), (end, followed[-3000:])
-    prefixed = [parse_log_prefix(line) for line in followed.splitlines()]
-    assert {(node, rank, attempt) for node, rank, attempt, _ in filter(None, prefixed)} == \
-        {(0, 0, 0), (1, 1, 0)}, followed[-3000:]
-    assert all(line.startswith(("[node 0", "[node 1", "torchjob: "))
-               for line in followed.splitlines()), followed[-3000:]
-    assert followed.count("stopped by SIGTERM after step") == 2, followed[-3000:]
-    assert "torchjob: stopping: SIGTERM to 2 node(s)" in followed
-    assert sorted((run_dir / "checkpoints").glob("step_*")), "no checkpoint"
-    wait_until(lambda: not [p for p in family if alive(p)], 10, "every process to be gone",
-               lambda: [p for p in family if alive(p)])
-    again = torchjob("cancel", handle, cwd=elsewhere)
-    assert "has already ended: STOPPED (exit code 143)" in again.stdout, again
+def test_the_readme_session_of_local_jobs(tmp_path: Path) -> None:
+    """The README's local-jobs session, for real: a short run submitted, followed to its end,
+    SUCCEEDED; a long one cancelled right after ``submit`` (at whatever moment of its start
+    the signal lands), STOPPED with 143; both listed. Then neither has a process left."""
+    run_session(sessions()["local-jobs"], tmp_path)
+    records = [json.loads(path.read_text())
+               for path in tmp_path.glob(f"runs/*/{runs.RECORD_DIR}/*/{runs.RECORD}")]
+    assert sorted(r["name"] for r in records) == ["digits", "digits-long"], records
+    procs = [runs.Proc.load(p) for r in records for p in [r["launcher"], *r.get("nodes", [])]]
+    wait_until(lambda: not [p for p in procs if p.alive()], 10, "every process to be gone",
+               lambda: [p.pid for p in procs if p.alive()])
 
 
 WORKER = '''

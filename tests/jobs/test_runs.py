@@ -1,5 +1,6 @@
-"""The run registry (jobs.runs, jobs.launcher) without a real run: the index, the state of a launcher that
-died without its result, a reused pid, logs that end with the run, the node line prefix."""
+"""The run registry (jobs.runs, jobs.launcher) without a real run: the index, the state of a
+launcher that died without its result, a reused pid, logs that end with the run, the node line
+prefix, a stop that comes before the launcher looks."""
 
 from __future__ import annotations
 
@@ -140,3 +141,22 @@ def test_node_lines_keep_the_workers_prefix_and_name_the_agents_node(tmp_path: P
     assert rec.node_log(1).read_bytes() == (b"[node 0 rank 1 attempt 2] loss 0.1\n"
                                             b"[node 1] W1123 agent says\n"
                                             b"[node 1] no newline\n")
+
+
+def test_a_stop_before_the_launcher_looks_is_counted_not_fatal(tmp_path: Path) -> None:
+    """``torchjob cancel`` may signal the launcher as soon as the record names it, before the
+    launcher's body has looked at signals: ``perform`` counts the stop for the body, writes
+    the result, and puts the handlers from before back."""
+    rec = record(tmp_path)
+    before = signal.getsignal(signal.SIGTERM)
+    seen: list[launcher.Stops] = []
+
+    def body(stops: launcher.Stops) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)  # what cancel sends, at the earliest moment
+        seen.append(stops)
+        return 143
+
+    assert launcher.perform(rec, body) == 143
+    assert seen[0].count == 1
+    assert (rec.read()["state"], rec.read()["exit_code"]) == ("STOPPED", 143)
+    assert signal.getsignal(signal.SIGTERM) == before

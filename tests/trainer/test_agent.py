@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, env_for_tests, free_port, last_step, wait_for
+from tests.procs import PYTHON, children, env_for_tests, free_port, last_step, wait_for
 from trainer.agent import exit_code
 
 
@@ -142,6 +143,35 @@ def test_a_stop_signal_ends_the_wait_for_the_other_nodes(tmp_path: Path) -> None
         assert "SIGTERM while waiting for the other nodes: stopping" in logs[0].read_text()
     finally:
         end_all(agents)
+
+
+@pytest.mark.integration
+def test_sigterm_before_the_workers_start_ends_the_agent_even_as_pid_1(tmp_path: Path) -> None:
+    """The agent as the first process of a PID namespace (as in a container or a pod, where
+    the kernel drops a signal that process has no handler for) waits in the rendezvous for a
+    node that never comes: torch's agent has no handler yet (it installs one as it starts
+    the workers); SIGTERM from outside ends it at once with 143."""
+    if subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode:
+        pytest.skip("cannot make a PID namespace here (unshare --pid needs root)")
+    log = tmp_path / "agent.log"
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", PYTHON, "-m", "trainer.agent",
+         "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+         f"127.0.0.1:{free_port()}", "--rdzv-id", "pid1-test", "-m", "trainer"],
+        env=env_for_tests(LOGLEVEL="INFO"), stderr=log.open("w"), text=True)
+    try:
+        agent = wait_for(lambda: children(proc.pid), 30, "unshare's child, the agent")[0]
+        wait_for(lambda: "Rendezvous'ing worker group" in log.read_text()
+                 or proc.poll() is not None, 120, "the agent in the rendezvous")
+        os.kill(agent, signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=30)  # without a handler: the join timeout, 900 s
+        except subprocess.TimeoutExpired:
+            pytest.fail("the agent still waits in the rendezvous after SIGTERM:\n"
+                        + log.read_text()[-2000:])
+        assert code == 143, log.read_text()[-2000:]
+    finally:
+        end_all([proc])
 
 
 def elastic_node(run_dir: Path, port: int, log: Path) -> subprocess.Popen[str]:

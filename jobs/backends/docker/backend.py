@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from jobs import launcher, runs
-from jobs.backend import GRACE_S, BackendError, BaseBackend, Context, Handle, Request
+from jobs.backend import GRACE_S, BaseBackend, Context, Handle, Request, no_variant
 from jobs.backends.docker import launch
 from jobs.backends.docker.render import compose_text, render_compose
 from jobs.spec import JobSpec
@@ -33,7 +33,7 @@ class DockerBackend(runs.RecordedRuns, BaseBackend):
 
     def _start(self, request: Request) -> tuple[runs.Record, Callable[..., int]]:
         """The run's record (this process its launcher for now) and the launcher, which
-        takes ``echo`` and ``err``."""
+        takes the stop signals' count, ``echo`` and ``err``."""
         spec, context = request.spec, request.context
         assert spec is not None and context is not None
         engine = launch.find_engine(spec.docker.engine)
@@ -42,28 +42,26 @@ class DockerBackend(runs.RecordedRuns, BaseBackend):
                              request={"text": request.text, "data": request.data,
                                       "context": dataclasses.asdict(context)})
 
-        def start(*, echo: bool = True, err: IO[str] | None = None) -> int:
+        def start(stops: launcher.Stops, *, echo: bool = True,
+                  err: IO[str] | None = None) -> int:
             return launch.run_docker(spec, engine=engine, cwd=cwd, compose=request.text,
                                      project=context.run_id, record=record,
                                      grace=float(context.options.get("grace", GRACE_S)),
-                                     echo=echo, err=err)
+                                     stops=stops, echo=echo, err=err)
         return record, start
 
     def run(self, request: Request) -> int:
         record, start = self._start(request)
         err = launcher.tee(record, sys.stderr)
         try:
-            return launcher.perform(record, lambda: start(err=err))
+            return launcher.perform(record, lambda stops: start(stops, err=err))
         finally:
             err.close()
 
     def submit(self, request: Request) -> Handle:
         record, start = self._start(request)
-        launcher.detach(record, lambda: start(echo=False))
+        launcher.detach(record, lambda stops: start(stops, echo=False))
         return Handle(self.name, record.path.name)
 
 
-def create(variant: str) -> DockerBackend:
-    if variant:
-        raise BackendError(f"backend 'docker' has no variant {variant!r}")
-    return DockerBackend()
+create = no_variant(DockerBackend)  # the torchjob.backends entry point

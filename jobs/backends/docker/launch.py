@@ -5,9 +5,10 @@ own with ``[node I] ``), and always tears down.
 The engine's restart policy brings back a node whose agent crashed; a node stopped or killed
 from outside (``podman stop``/``kill``) stays down, and an elastic job carries on without it.
 The job ends when every node has ended (or, once one node finished its training, the others
-had a grace period to finish too). Ctrl-C/SIGTERM stops the containers with a grace period
-(their workers checkpoint and exit 143); a second Ctrl-C kills them. Whatever way this ends,
-``compose down`` removes the containers and the network.
+had a grace period to finish too). Ctrl-C/SIGTERM (counted by ``jobs.launcher.perform`` from
+before the run starts) stops the containers with a grace period (their workers checkpoint and
+exit 143), or, before they were started, starts none; a second Ctrl-C kills them. Whatever way
+this ends, ``compose down`` removes the containers and the network.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import importlib.resources
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +28,7 @@ from typing import IO, Any, Callable
 
 import trainer
 from jobs.backends.docker.render import HOST_DIR_VAR, compose_text, render_compose, service_name
-from jobs.launcher import NodeOutput
+from jobs.launcher import NodeOutput, Stops
 from jobs.runs import Record
 from jobs.spec import JobSpec
 from jobs.values import UserError
@@ -166,8 +166,8 @@ class _Run:
     project: str
     file: Path
     max_restarts: int
+    stops: Stops
     nodes: list[_Node] = field(default_factory=list)
-    signals: int = 0
     done: threading.Event = field(default_factory=threading.Event)
 
     def ids(self) -> list[str]:
@@ -195,7 +195,7 @@ class _Run:
         if node.exited_at is None:
             return False
         return (node.code == 0 or self.max_restarts == 0 or node.restarts >= self.max_restarts
-                or self.signals > 0 or time.monotonic() - node.exited_at > SETTLE_S)
+                or self.stops.count > 0 or time.monotonic() - node.exited_at > SETTLE_S)
 
 
 def _follow(run: _Run, index: int, node: _Node, output: NodeOutput) -> None:
@@ -259,11 +259,12 @@ def result(spec: JobSpec, nodes: list[_Node], signalled: bool) -> int:
     return exit_code({node.code for node in nodes if node.code != 0} or {1})
 
 
-def run_docker(spec: JobSpec, *, engine: Engine, grace: float, cwd: Path | None = None,
-               compose: str | None = None, project: str | None = None,
-               record: Record | None = None, echo: bool = True,
+def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops,
+               cwd: Path | None = None, compose: str | None = None,
+               project: str | None = None, record: Record | None = None, echo: bool = True,
                err: IO[str] | None = None) -> int:
-    """Run the job as one container per node to the end; the exit code as for local runs.
+    """Run the job as one container per node to the end; the exit code as for local runs
+    (``stops``: the stop signals so far).
     ``compose`` is the exact compose file to run (the backend's rendered request); by
     default the spec's, rendered for ``cwd``. With a ``record`` (``jobs.runs``) the file is
     kept there, the project is the run's id, and each node's log goes to the record too;
@@ -280,19 +281,15 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, cwd: Path | None 
     file.write_text(compose if compose is not None
                     else compose_text(render_compose(spec, host_dir=str(cwd))))
     run = _Run(engine, project or f"{spec.name}-{token_hex(3)}", file,
-               0 if spec.docker.restart == "no" else spec.max_restarts)
+               0 if spec.docker.restart == "no" else spec.max_restarts, stops)
     output = NodeOutput(record, out=sys.stdout.buffer if echo else None, err=None)
-
-    def on_signal(signum: int, frame: Any) -> None:
-        run.signals += 1
-
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     print(f"torchjob: {spec.name}: {spec.nnodes.max} node container(s) x "
           f"{spec.nproc_per_node} process(es) with {engine.name}, project {run.project}, "
           f"compose file {file}", file=err, flush=True)
     try:
+        if stops.count:
+            print("torchjob: stopping: before any container started", file=err, flush=True)
+            return EXIT_STOPPED
         up = _run(engine.compose_argv(run.project, file, "up", "-d"), timeout=600,
                   env={**os.environ, HOST_DIR_VAR: str(cwd.resolve())})
         run.nodes = _containers(run, spec.nnodes.max)
@@ -316,9 +313,7 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, cwd: Path | None 
                     node.pump.join(timeout=30)
         output.close()
         down(engine, run.project, file)
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    code = result(spec, run.nodes, run.signals > 0)
+    code = result(spec, run.nodes, stops.count > 0)
     for node in run.nodes:
         if node.code != 0 and code != 0:
             print(f"torchjob: {node.name} ended with exit code {node.code} (its output is "
@@ -335,14 +330,14 @@ def _wait(run: _Run, spec: JobSpec, grace: float, err: IO[str]) -> None:
         run.refresh()
         if all(run.final(node) for node in run.nodes):
             return
-        if run.signals and stopper is None:
+        if run.stops.count and stopper is None:
             print(f"torchjob: stopping: SIGTERM to {len(run.nodes)} container(s); workers "
                   f"checkpoint and exit (up to {grace:g} s; Ctrl-C again kills now)",
                   file=err, flush=True)
             stopper = subprocess.Popen([run.engine.name, "stop", "-t", str(int(grace)),
                                         *run.ids()], stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL, start_new_session=True)
-        if run.signals > 1 and not killed:
+        if run.stops.count > 1 and not killed:
             print("torchjob: killing every container now", file=err, flush=True)
             _run([run.engine.name, "kill", *run.ids()], timeout=60)
             killed = True

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs import launcher, runs
-from jobs.backend import GRACE_S, BackendError, BaseBackend, Context, Handle, Request
+from jobs.backend import GRACE_S, BaseBackend, Context, Handle, Request, no_variant
 from jobs.backends.local.launch import missing_secrets, run_local
 from jobs.backends.local.render import LocalPlan, render_local, render_text
 from jobs.spec import JobSpec
@@ -70,23 +70,20 @@ class LocalBackend(runs.RecordedRuns, BaseBackend):
         err = launcher.tee(record, sys.stderr)
         try:
             print(header, file=err, flush=True)
-            return launcher.perform(record, lambda: run_local(plan, grace=grace, record=record,
-                                                          err=err))
+            return launcher.perform(record, lambda stops: run_local(
+                plan, stops=stops, grace=grace, record=record, err=err))
         finally:
             err.close()
 
     def submit(self, request: Request) -> Handle:
         plan, record, header, grace = self._start(request)
 
-        def launch() -> int:
+        def launch(stops: launcher.Stops) -> int:
             print(header, file=sys.stderr, flush=True)
-            return run_local(plan, grace=grace, record=record, echo=False)
+            return run_local(plan, stops=stops, grace=grace, record=record, echo=False)
 
         launcher.detach(record, launch)
         return Handle(self.name, record.path.name)
 
 
-def create(variant: str) -> LocalBackend:
-    if variant:
-        raise BackendError(f"backend 'local' has no variant {variant!r}")
-    return LocalBackend()
+create = no_variant(LocalBackend)  # the torchjob.backends entry point

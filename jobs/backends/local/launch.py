@@ -3,8 +3,9 @@
 Each node (a torchrun agent) runs in its own session; its output goes to its log in the run's
 record (``jobs.runs``) and, in the foreground, to the terminal: its workers' lines as the
 agent printed them (with the one log prefix: node, rank, attempt), the agent's own lines
-with ``[node I] `` in front. A stop (SIGINT/SIGTERM) is forwarded
-as SIGTERM to each agent, which passes it to its workers; they checkpoint and exit 143.
+with ``[node I] `` in front. A stop (SIGINT/SIGTERM, counted by ``jobs.launcher.perform``
+from before the run starts) is forwarded as SIGTERM to each agent, which passes it to its
+workers; they checkpoint and exit 143 (a stop before every node started starts no more).
 After a grace period, or at a second Ctrl-C, everything is killed. Whatever way this
 function ends, nothing it started outlives it: torchrun starts each worker in a session of
 its own, so besides each agent's process group we also kill every descendant seen (Linux
@@ -20,11 +21,11 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import IO, Any, NamedTuple
+from typing import IO, NamedTuple
 
 from jobs.backend import GRACE_S
 from jobs.backends.local.render import LocalPlan
-from jobs.launcher import NodeOutput
+from jobs.launcher import NodeOutput, Stops
 from jobs.runs import Proc, Record
 from trainer.contract import EXIT_CONFIG, EXIT_STOPPED, job_exit_code
 
@@ -69,7 +70,6 @@ class _Nodes:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.seen: set[tuple[int, str]] = set()
-        self.signals = 0
         self.last_scan = 0.0
 
     def scan(self) -> None:
@@ -132,12 +132,13 @@ def _pump(stream: IO[bytes], node: int, output: NodeOutput, stderr: bool) -> Non
     stream.close()
 
 
-def run_local(plan: LocalPlan, *, grace: float = GRACE_S, record: Record | None = None,
-              echo: bool = True, err: IO[str] | None = None) -> int:
-    """Run every node of the plan to the end: 0 all done, 143 stopped, 1 a node failed,
-    2 a secret is missing or a node could not start. Each node's output goes to its log in
-    ``record`` and, with ``echo``, to our stdout and stderr (as the node wrote it); the nodes'
-    processes are noted in the record."""
+def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
+              record: Record | None = None, echo: bool = True,
+              err: IO[str] | None = None) -> int:
+    """Run every node of the plan to the end: 0 all done, 143 stopped (``stops``: the stop
+    signals so far), 1 a node failed, 2 a secret is missing or a node could not start. Each
+    node's output goes to its log in ``record`` and, with ``echo``, to our stdout and stderr
+    (as the node wrote it); the nodes' processes are noted in the record."""
     err = err or sys.stderr
     missing = missing_secrets(plan, os.environ)
     if missing:
@@ -154,16 +155,9 @@ def run_local(plan: LocalPlan, *, grace: float = GRACE_S, record: Record | None 
     nodes, pumps = _Nodes(), []
     deadline: float | None = None
     killed = False
-
-    def on_signal(signum: int, frame: Any) -> None:
-        nodes.signals += 1
-
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for i, command in enumerate(plan.commands):
-            if nodes.signals:
+            if stops.count:
                 break
             try:
                 proc = subprocess.Popen(command, env=env, start_new_session=True,
@@ -181,14 +175,16 @@ def run_local(plan: LocalPlan, *, grace: float = GRACE_S, record: Record | None 
         if record is not None:
             record.update(nodes=[p.__dict__ for p in map(Proc.of, nodes.pids()) if p])
         nodes.scan()
+        if stops.count and not nodes.procs:
+            print("torchjob: stopping: before any node started", file=err, flush=True)
         while any(proc.poll() is None for proc in nodes.procs):
-            if nodes.signals and deadline is None:
+            if stops.count and deadline is None:
                 print(f"torchjob: stopping: SIGTERM to {len(nodes.procs)} node(s); workers "
                       f"checkpoint and exit (up to {grace:g} s; Ctrl-C again kills now)",
                       file=err, flush=True)
                 nodes.terminate()
                 deadline = time.monotonic() + grace
-            if deadline is not None and not killed and (nodes.signals > 1
+            if deadline is not None and not killed and (stops.count > 1
                                                         or time.monotonic() > deadline):
                 print("torchjob: killing every node now", file=err, flush=True)
                 nodes.kill()
@@ -201,9 +197,7 @@ def run_local(plan: LocalPlan, *, grace: float = GRACE_S, record: Record | None 
         for pump in pumps:
             pump.join(timeout=2)
         output.close()
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    if nodes.signals:
+    if stops.count:
         return EXIT_STOPPED
     failed = [(i, p.returncode) for i, p in enumerate(nodes.procs) if p.returncode != 0]
     for i, code in failed:

@@ -1,8 +1,9 @@
 """The TorchX runner, as the TorchX backend uses it: dryrun, schedule exactly that dryrun, wait
 and stream the logs, status, cancel, list.
 
-Local schedulers (``local_cwd``, ``local_docker``) keep the app only as long as this process
-lives, so for them a submission waits and streams the logs, as ``torchx run`` does.
+Local schedulers (``local_cwd``, ``local_docker``) keep an app only in the memory of the
+process that started it, so for them a submission waits and streams the logs, as ``torchx
+run`` does, and no other process (status, logs, cancel, list) can see the app.
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ LOCAL_SCHEDULERS = ("local_cwd", "local_docker")
 
 class TorchxError(UserError):
     """A scheduler or handle TorchX cannot use: one line, exit 2."""
+
+
+def _unknown(handle: str) -> TorchxError:
+    scheduler = handle.partition("://")[0]
+    why = (f": TorchX keeps {scheduler} apps only in the process that started them (their "
+           "torchjob run), where no other process can see them, while they run or after"
+           if scheduler in LOCAL_SCHEDULERS else "")
+    return TorchxError(f"TorchX knows no app {handle!r}{why}")
 
 
 def _cfg(scheduler: str) -> dict[str, Any]:
@@ -87,8 +96,7 @@ def status(handle: str) -> AppStatus:
     with get_runner() as runner:
         found = runner.status(handle)
         if found is None:
-            raise TorchxError(f"TorchX knows no app {handle!r} (local apps exist only while "
-                              "their torchjob run runs)")
+            raise _unknown(handle)
         return found
 
 
@@ -96,7 +104,7 @@ def log_lines(handle: str, *, follow: bool = False) -> Iterator[str]:
     with get_runner() as runner:
         app = runner.describe(handle)
         if app is None:
-            raise TorchxError(f"TorchX knows no app {handle!r}")
+            raise _unknown(handle)
         for role in app.roles:
             for k in range(role.num_replicas):
                 for line in runner.log_lines(handle, role.name, k, should_tail=follow):
@@ -105,9 +113,14 @@ def log_lines(handle: str, *, follow: bool = False) -> Iterator[str]:
 
 def cancel(handle: str) -> None:
     with get_runner() as runner:
+        if runner.status(handle) is None:  # TorchX's cancel of it would do nothing, silently
+            raise _unknown(handle)
         runner.cancel(handle)
 
 
 def list_apps(scheduler: str) -> list[Any]:
+    if scheduler in LOCAL_SCHEDULERS:
+        raise TorchxError(f"TorchX cannot list {scheduler} apps: it keeps each only in the "
+                          "process that started it (its torchjob run)")
     with get_runner() as runner:
         return list(runner.list(scheduler))
