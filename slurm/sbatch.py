@@ -145,8 +145,6 @@ def agent_command(spec: JobSpec, *, python: str) -> list[str]:
                                      run_id=Raw('"$SLURM_JOB_ID"')))
 
 
-
-
 def _mounts(spec: JobSpec) -> list[str]:
     return [f"{m.source}:{m.target}" + (":ro" if m.read_only else "") for m in spec.mounts]
 
