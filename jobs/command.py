@@ -1,13 +1,37 @@
 """The one command every node of every backend runs: the trainer's elastic agent. Pure.
 
-``python -m trainer.agent`` takes torchrun's arguments; this builds them from the JobSpec so
-that the topology, rendezvous, restarts and trainer arguments are stated in one place.
-Backends differ only in the interpreter, the rendezvous endpoint and the run id they pass.
+``python -m trainer.agent`` takes torchjob's own options (the run's directories, which it
+exports to the workers, and ``--retry-on-error``), then torchrun's arguments; this builds them
+from the JobSpec so that the topology, rendezvous, restarts and trainer arguments are stated
+in one place. Backends differ only in the interpreter, the rendezvous endpoint and the run id
+they pass. A user's script gets exactly its ``trainer.args``; the built-in trainer also its
+``--run-dir`` and ``--checkpoint-dir``.
 """
 
 from __future__ import annotations
 
 from jobs.spec import JobSpec, trainer_argv
+from trainer.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_DIR_OPTION, RUN_DIR_ENV,
+                              RUN_DIR_OPTION)
+
+
+def dir_options(spec: JobSpec) -> tuple[str, ...]:
+    """The agent's options that tell every worker the run's directories (``TORCHJOB_RUN_DIR``,
+    ``TORCHJOB_CHECKPOINT_DIR``)."""
+    return (RUN_DIR_OPTION, spec.run_dir, CHECKPOINT_DIR_OPTION, spec.checkpoint_dir)
+
+
+def dir_env(spec: JobSpec) -> dict[str, str]:
+    """The same as environment variables, for a node that runs plain torchrun (TrainJob)."""
+    return {RUN_DIR_ENV: spec.run_dir, CHECKPOINT_DIR_ENV: spec.checkpoint_dir}
+
+
+def entry_args(spec: JobSpec) -> tuple[str, ...]:
+    """What follows the entry (``-m MODULE`` or the script): ``trainer.args``, after the
+    built-in trainer's ``--run-dir`` and ``--checkpoint-dir``."""
+    own = ("--run-dir", spec.run_dir, "--checkpoint-dir", spec.checkpoint_dir) \
+        if spec.trainer.builtin else ()
+    return (*own, *trainer_argv(spec.trainer.args))
 
 
 def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str,
@@ -18,6 +42,7 @@ def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str
                  f"last_call_timeout={spec.rdzv.last_call_timeout}")
     return (
         python, "-m", "trainer.agent",
+        *dir_options(spec),
         *(["--retry-on-error"] if spec.retry_on_error else []),
         "--nnodes", str(spec.nnodes),
         "--nproc-per-node", str(spec.nproc_per_node),
@@ -28,8 +53,6 @@ def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str
         "--max-restarts", str(spec.max_restarts),
         "--monitor-interval", "0.1",
         *spec.trainer.entry,
-        "--run-dir", spec.run_dir,
-        "--checkpoint-dir", spec.checkpoint_dir,
-        *trainer_argv(spec.trainer.args),
+        *entry_args(spec),
         *extra_args,
     )

@@ -214,8 +214,9 @@ def _check_override_path(parts: list[str]) -> None:
             raise SpecError(_path(here, part), f"unknown key{suggest(part, names)}", "--set")
         hint = get_type_hints(hint)[part]
         arms = [a for a in get_args(hint) if a is not type(None)]
-        if get_origin(hint) in (Union, types.UnionType) and len(arms) == 1:
-            hint = arms[0]
+        if get_origin(hint) in (Union, types.UnionType):  # a mapping (trainer.args) has keys
+            maps = [a for a in arms if get_origin(a) is Mapping]
+            hint = maps[0] if maps else arms[0] if len(arms) == 1 else hint
 
 
 def apply_override(data: dict[Any, Any], override: str) -> str:
@@ -233,8 +234,10 @@ def apply_override(data: dict[Any, Any], override: str) -> str:
         if child is None:
             child = {}
         if not isinstance(child, dict):
-            raise bad(".".join(parts[:i + 1]), child, "is not a mapping, so --set cannot set a "
-                      "key inside it")
+            here = ".".join(parts[:i + 1])
+            whole = f" (set it whole, e.g. --set '{here}=[...]')" if isinstance(child, list) \
+                else ""
+            raise bad(here, child, f"is not a mapping, so --set cannot set a key inside it{whole}")
         node[part] = node = dict(child)  # copy on write: YAML aliases may share this dict
     node[parts[-1]] = value
     return ".".join(parts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field
@@ -21,6 +22,7 @@ from jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, MODULE, S
                          show, slurm_time)
 
 Scalar = str | bool | int | float
+Args = Mapping[str, Scalar] | tuple[str, ...]
 
 
 def spec_field(help: str, default: Any = MISSING, *, factory: Callable[[], Any] | None = None,
@@ -131,6 +133,51 @@ class Mount(Section):
     read_only: bool = spec_field("mount read-only", False)
 
 
+_ARGS_FIX = ("write a mapping (grad_accum: 2) or a list of command-line words "
+             "(['10', '--lr=0.1', 'model.depth=4'])")
+
+
+def _parse_args(raw: object, path: str) -> Args:
+    """``trainer.args`` from YAML: a mapping of scalars, or a list of words (a scalar item
+    becomes its text, as a mapping's value does: ``1e-3`` -> ``0.001``, ``true`` -> ``true``)."""
+    if isinstance(raw, list):
+        words = []
+        for i, item in enumerate(raw):
+            _check_value(item, f"{path}[{i}]", word=True)
+            words.append(scalar_text(item))
+        return tuple(words)
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            if not isinstance(key, str):
+                raise bad(f"{path}.{key}", key, f"is {kind(key)}, but keys are strings")
+            _check_value(value, f"{path}.{key}")
+        return FrozenMap(raw)
+    raise bad(path, raw, f"is {kind(raw)}: {_ARGS_FIX}")
+
+
+def _check_value(value: object, path: str, *, word: bool = False) -> None:
+    """One argument value or word: a string, a finite number or true/false, without NUL."""
+    if isinstance(value, (str, bool, int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise bad(path, value, "is not a finite number (quote it to pass it as text)")
+        if isinstance(value, str) and "\0" in value:
+            raise bad(path, value, "contains a NUL character, which no command line carries")
+        return
+    if word:
+        raise bad(path, value, f"is {kind(value)}, but each item is one command-line word: a "
+                  "string, a number or true/false (write key=value, or quote an item that "
+                  "holds ': ' or ', ', e.g. '--opt=a,b'; '' is an empty word)")
+    raise bad(path, value, f"is {kind(value)}, but a single value (a string, a number or "
+              "true/false) is expected (or write trainer.args as a list of words)")
+
+
+def _check_word(word: object, path: str) -> None:
+    if not isinstance(word, str):
+        raise bad(path, word, f"is {kind(word)}, but each item is one command-line word: a "
+                  "string (write a number or boolean as text, e.g. '10')")
+    _check_value(word, path, word=True)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainerSection(Section):
     module: str = spec_field("Python module run with -m on every worker", "trainer",
@@ -138,20 +185,35 @@ class TrainerSection(Section):
     script: str | None = spec_field(
         "a Python script every worker runs instead of module (a path where the job runs: "
         "relative to the working directory, or inside the image)", None, check=_optional(_script))
-    args: Mapping[str, Scalar] = spec_field(
-        "arguments for the module or script: grad_accum: 2 becomes --grad-accum 2",
-        factory=FrozenMap)
+    args: Args = spec_field(
+        "arguments for the module or script: a mapping (grad_accum: 2 becomes --grad-accum 2) "
+        "or a list of words passed exactly as written (['10', '--lr=0.1', 'model.depth=4'])",
+        factory=FrozenMap, parse=_parse_args)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.script is not None and self.module != "trainer":
             raise bad("script", self.script, f"and module {self.module!r} are both set: a "
                       "worker runs one of them, so remove one")
-        for key in self.args:
-            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,99}", key):
-                raise bad(f"args.{key}", key, "is not an argument name (e.g. grad_accum)")
-        if self.script is None and self.module == "trainer":
-            _check_trainer_args(self.args)
+        if isinstance(self.args, tuple):
+            for i, word in enumerate(self.args):
+                _check_word(word, f"args[{i}]")
+        else:
+            for key, value in self.args.items():
+                if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,99}",
+                                                                key):
+                    raise bad(f"args.{key}", key, "is not an argument name (e.g. grad_accum)")
+                _check_value(value, f"args.{key}")
+        if self.builtin:
+            if isinstance(self.args, tuple):
+                _check_trainer_words(self.args)
+            else:
+                _check_trainer_args(self.args)
+
+    @property
+    def builtin(self) -> bool:
+        """Whether the workers run torchjob's own trainer (``module: trainer``, no script)."""
+        return self.script is None and self.module == "trainer"
 
     @property
     def entry(self) -> tuple[str, ...]:
@@ -159,12 +221,57 @@ class TrainerSection(Section):
         return (self.script,) if self.script is not None else ("-m", self.module)
 
 
-def trainer_argv(args: Mapping[str, Scalar]) -> list[str]:
-    """``{grad_accum: 2, resume: False}`` -> ``--grad-accum 2 --resume false``, in order."""
+def trainer_argv(args: Args) -> list[str]:
+    """A list of words as it is; a mapping ``{grad_accum: 2, resume: False}`` ->
+    ``--grad-accum 2 --resume false``, in order."""
+    if isinstance(args, tuple):
+        return list(args)
     out: list[str] = []
     for key, value in args.items():
         out += [f"--{key.replace('_', '-')}", scalar_text(value)]
     return out
+
+
+def _check_trainer_words(words: tuple[str, ...]) -> None:
+    """A list of words for the built-in trainer, parsed by its own parser here: a mistake
+    stops before anything is submitted, naming the word."""
+    from trainer import config  # the trainer never imports jobs; jobs may import the trainer
+
+    types = config.field_types()
+    valid = sorted(f"--{config.flag(name)}" for name in types
+                   if name not in ("run_dir", "checkpoint_dir"))
+    for i, word in enumerate(words):
+        if not word.startswith("-") or _is_number(word):
+            continue
+        name = word.partition("=")[0]
+        key = name[2:].replace("-", "_") if name.startswith("--") else ""
+        if key in ("run_dir", "checkpoint_dir"):
+            raise bad(f"args[{i}]", word, f"belongs at the top level of the job spec: write "
+                      f"{key}: DIR there, not in trainer.args")
+        if key not in types:
+            close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise bad(f"args[{i}]", word, f"is not an option of the trainer{hint}: write "
+                      "--name VALUE or --name=VALUE (see python -m trainer --help)")
+    try:
+        config.parse_args(list(words))
+    except (config.ConfigError, SystemExit) as exc:
+        named = re.findall(r"--[a-z0-9-]+", str(exc))
+        unknown = re.search(r"unrecognized arguments: (\S+)", str(exc))
+        for i in reversed(range(len(words))):  # argparse keeps an option's last value
+            word = words[i]
+            if (unknown and word == unknown[1]) or \
+                    (not unknown and named and word.partition("=")[0] == named[0]):
+                raise bad(f"args[{i}]", word, f"is rejected by the trainer: {exc}") from None
+        raise SpecError("args", f"the trainer rejects {show(list(words))}: {exc}") from None
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def _check_trainer_args(args: Mapping[str, Scalar]) -> None:

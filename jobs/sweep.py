@@ -36,6 +36,9 @@ def sweep_specs(spec: JobSpec, sweep: Sweep) -> list[JobSpec]:
     """One spec per point of the grid ``{trainer arg: values}``, each in its own run dir."""
     from trainer.config import field_types
 
+    if isinstance(spec.trainer.args, tuple):
+        raise SpecError("trainer.args", "is a list of words, but a sweep sets trainer arguments "
+                        "by name: write trainer.args as a mapping (lr: 1e-3) to sweep it")
     types = field_types()
     for key in sweep:
         if key not in types or key in ("run_dir", "checkpoint_dir"):

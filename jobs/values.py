@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, TypeVar
 
+from trainer.contract import CHECKPOINT_DIR_ENV, RUN_DIR_ENV
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -229,6 +231,9 @@ def env_name(name: object, path: str) -> None:
                   "not starting with a digit, e.g. HF_TOKEN)")
     if name in LAUNCHER_ENV or name.startswith("TORCHELASTIC_"):
         raise bad(path, name, "is set by the launcher for each worker; choose another name")
+    if name in (RUN_DIR_ENV, CHECKPOINT_DIR_ENV):
+        raise bad(path, name, "is set by torchjob for each worker from run_dir and "
+                  "checkpoint_dir: set those at the top level of the job spec instead")
 
 
 def scalar_text(value: object) -> str:

@@ -4,15 +4,18 @@ Fixed-size jobs only (v2 has no elastic training). The controller does not wrap 
 and requires it to start with ``torchrun``; its torch plugin injects only ``PET_NNODES``,
 ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` (which
 users may not set), so the command is the agent command without the topology and
-rendezvous flags: torchrun's static rendezvous reads those five.
+rendezvous flags: torchrun's static rendezvous reads those five. Plain torchrun has no options
+for the run's directories either: they go into the trainer's env instead, as the agent would
+have exported them (``TORCHJOB_RUN_DIR``, ``TORCHJOB_CHECKPOINT_DIR``).
 """
 
 from __future__ import annotations
 
-from jobs.command import agent_command
+from jobs.command import agent_command, dir_env
 from jobs.spec import JobSpec
 from jobs.values import SpecError
 from k8s.pod import Obj, env, metadata, on_cluster, resources
+from trainer.contract import DIR_OPTIONS
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"
@@ -52,12 +55,10 @@ def render_trainjob(spec: JobSpec) -> Obj:
         raise SpecError("mounts", "TrainJob takes volumes from its runtime; use --to k8s")
     spec = on_cluster(spec)
     agent = agent_command(spec, python="python", rdzv_endpoint="", run_id=spec.name)
-    command = ["torchrun", *without_flags(agent, PET_FLAGS)[3:]]
+    command = ["torchrun", *without_flags(agent, (*PET_FLAGS, *DIR_OPTIONS))[3:]]
     trainer: Obj = {"image": spec.image, "command": command, "numNodes": spec.nnodes.max,
                     "numProcPerNode": spec.nproc_per_node}
-    variables = env(spec)
-    if variables:
-        trainer["env"] = variables
+    trainer["env"] = [{"name": k, "value": v} for k, v in dir_env(spec).items()] + env(spec)
     res = resources(spec)
     if res:
         trainer["resourcesPerNode"] = res

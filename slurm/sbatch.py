@@ -24,7 +24,8 @@ from collections.abc import Iterable, Mapping
 from importlib import resources
 
 from jobs.command import agent_command as shared_agent_command
-from jobs.spec import JobSpec, trainer_argv
+from jobs.command import dir_options, entry_args
+from jobs.spec import JobSpec
 from jobs.sweep import Sweep, sweep_specs
 from trainer.contract import omp_threads
 
@@ -144,13 +145,6 @@ def agent_command(spec: JobSpec, *, python: str) -> list[str]:
                                      run_id=Raw('"$SLURM_JOB_ID"')))
 
 
-def trainer_words(spec: JobSpec) -> list[str]:
-    """The tail of the agent command that a sweep point changes: the run's paths and the
-    trainer's arguments."""
-    return ["--run-dir", spec.run_dir, "--checkpoint-dir", spec.checkpoint_dir,
-            *trainer_argv(spec.trainer.args)]
-
-
 def _mounts(spec: JobSpec) -> list[str]:
     return [f"{m.source}:{m.target}" + (":ro" if m.read_only else "") for m in spec.mounts]
 
@@ -177,20 +171,25 @@ def node_command(spec: JobSpec, *, python: str, workdir: str, swept: bool = Fals
                   *(f"--bind={m}" for m in _mounts(spec)), f"--pwd={workdir}",
                   spec.slurm.container_image or spec.image]
     agent = agent_command(spec, python=python)
-    tail = trainer_words(spec)
-    assert agent[-len(tail):] == tail, "jobs.command.agent_command ends with trainer_words"
-    return [*prefix, *(agent[:-len(tail)] + [Raw('"${point[@]}"')] if swept else agent)]
+    if swept:  # the words a sweep point changes: the run's directories, the trainer's arguments
+        dirs, tail = list(dir_options(spec)), list(entry_args(spec))
+        head, end = agent[:3 + len(dirs)], len(agent) - len(tail)
+        assert head[3:] == dirs and agent[end:] == tail, \
+            "jobs.command.agent_command: python -m trainer.agent DIR_OPTIONS ... ENTRY_ARGS"
+        agent = [*head[:3], Raw('"${dirs[@]}"'), *agent[len(head):end], Raw('"${point[@]}"')]
+    return [*prefix, *agent]
 
 
 def point_block(points: list[JobSpec]) -> str:
-    """The shell that picks a sweep point by ``SLURM_ARRAY_TASK_ID``: its trainer arguments
-    and run directory (named after the point: ``RUN_DIR/lr=1e-3``)."""
+    """The shell that picks a sweep point by ``SLURM_ARRAY_TASK_ID``: its run directory (named
+    after the point: ``RUN_DIR/lr=1e-3``) for the agent, and its trainer arguments."""
     last = len(points) - 1
     lines = ["", "# the sweep: array task N runs point N, in its own run directory",
              'case "${SLURM_ARRAY_TASK_ID:-}" in']
     for i, spec in enumerate(points):
         lines += [f"  {i}) label={shlex.quote(posixpath.basename(spec.run_dir))}",
-                  f"     point=({quote(trainer_words(spec))}) ;;"]
+                  f"     dirs=({quote(dir_options(spec))})",
+                  f"     point=({quote(entry_args(spec))}) ;;"]
     lines += ['  *) echo "torchjob: this script is a job array of sweep points 0-' f'{last}; '
               'SLURM_ARRAY_TASK_ID is \'${SLURM_ARRAY_TASK_ID:-}\'" >&2; exit 2 ;;',
               "esac",

@@ -21,6 +21,11 @@ rendezvous, which waits for the other nodes): until then a SIGTERM ends the agen
 once. Without a handler, a container's first process (the agent, under compose and in a pod)
 never even receives a SIGTERM: the kernel drops it, and the engine waited its whole grace
 period, while the workers it then started trained on.
+
+Before torchrun's arguments it takes torchjob's own options: ``--retry-on-error`` (restart on
+exceptions too) and ``--run-dir DIR --checkpoint-dir DIR``, exported to every worker as
+``TORCHJOB_RUN_DIR`` and ``TORCHJOB_CHECKPOINT_DIR``: a user's script learns where its files go
+without a word added to its argv.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import uuid
 from types import FrameType
 from typing import Any, NoReturn, Sequence
 
-from trainer.contract import EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED, job_exit_code
+from trainer.contract import DIR_OPTIONS, EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED, job_exit_code
 
 FAST_MODULE = "trainer"
 SCRIPT_MODULE = "trainer.script"  # runs any other worker, as python would (trainer/script.py)
@@ -85,6 +90,20 @@ def stop_as_torch_does(signum: int, frame: FrameType | None) -> NoReturn:
     raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
 
 
+def own_options(argv: list[str]) -> tuple[list[str], bool, dict[str, str]]:
+    """torchjob's options off the front of ``argv``, in any order: (torchrun's arguments,
+    whether to retry on errors, the variables to export to the workers)."""
+    retry, env = False, {}
+    while argv:
+        if argv[0] == RETRY_ON_ERROR:
+            retry, argv = True, argv[1:]
+        elif argv[0] in DIR_OPTIONS and len(argv) > 1:
+            env[DIR_OPTIONS[argv[0]]], argv = argv[1], argv[2:]
+        else:
+            break
+    return argv, retry, env
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     from torch.distributed.launcher import api as launcher_api
@@ -100,10 +119,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"torchjob: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     launcher_api.LocalElasticAgent = Agent  # type: ignore[misc]  # launch_agent makes one
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == [RETRY_ON_ERROR]:
+    argv, retry, env = own_options(list(sys.argv[1:] if argv is None else argv))
+    if retry:
         Agent.retry_on_error = True
-        argv = argv[1:]
+    os.environ.update(env)  # the workers inherit it (also through the forkserver)
     args = parse_args(argv)
     own_log_dir = None
     if args.tee == "0" and args.redirects == "0":  # the workers' lines reach us to be prefixed

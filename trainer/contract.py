@@ -35,6 +35,15 @@ def job_exit_code(codes: set[int]) -> int:
 LOG_PREFIX = "[node {node} rank {rank} attempt {attempt}] "
 
 
+# Where a job's files go, told to every worker on every backend: user scripts read these
+# (their argv is theirs alone); the built-in trainer also gets --run-dir and --checkpoint-dir.
+RUN_DIR_ENV = "TORCHJOB_RUN_DIR"
+CHECKPOINT_DIR_ENV = "TORCHJOB_CHECKPOINT_DIR"
+# ``python -m trainer.agent``'s own options for them (before torchrun's): the agent takes them
+# off its command line and exports them to its workers.
+RUN_DIR_OPTION, CHECKPOINT_DIR_OPTION = "--run-dir", "--checkpoint-dir"
+DIR_OPTIONS = {RUN_DIR_OPTION: RUN_DIR_ENV, CHECKPOINT_DIR_OPTION: CHECKPOINT_DIR_ENV}
+
 # The attempt of a node's first workers when the scheduler itself runs the job again (Slurm's
 # requeue: SLURM_RESTART_COUNT): the agent adds its own restarts to it. Unset: 0.
 ATTEMPT_BASE_ENV = "TORCHJOB_ATTEMPT_BASE"

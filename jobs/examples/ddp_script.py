@@ -3,7 +3,9 @@
 It knows nothing of torchjob: it reads the environment every launcher gives (RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, via ``init_method="env://"``), trains a
 small regression with DistributedDataParallel and writes ``RUN_DIR/result.json`` on rank 0.
-torchjob passes ``--run-dir`` and ``--checkpoint-dir`` to every script it runs.
+torchjob runs it with exactly the arguments of its ``trainer.args`` and says where the run's
+files go in ``TORCHJOB_RUN_DIR`` (and ``TORCHJOB_CHECKPOINT_DIR``, unused here); run by hand,
+``--run-dir`` says it.
 
     torchjob run jobs/examples/script.yaml
 """
@@ -22,8 +24,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run-dir", default="runs/script")
-    parser.add_argument("--checkpoint-dir", default=None, help="unused by this example")
+    parser.add_argument("--run-dir", default=os.environ.get("TORCHJOB_RUN_DIR", "runs/script"),
+                        help="default: $TORCHJOB_RUN_DIR (set by torchjob), else runs/script")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--lr", type=float, default=0.05)
     args = parser.parse_args()

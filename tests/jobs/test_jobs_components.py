@@ -46,7 +46,8 @@ def test_appdef_shape() -> None:
     assert (role.min_replicas, role.num_replicas) == (1, 2)
     assert role.env["A"] == "b" and role.mounts[0].read_only
     script = role.args[1]
-    assert "-m trainer.agent --nnodes 1:2 --nproc-per-node 2" in script
+    assert "-m trainer.agent --run-dir runs/torchjob --checkpoint-dir runs/torchjob/checkpoints " \
+        "--nnodes 1:2 --nproc-per-node 2" in script
     assert "--rdzv-endpoint $${${rank0_env}:=localhost}:29400" in script
     assert script.endswith("--epochs 3")
 
@@ -93,7 +94,8 @@ def test_render_to_torchx_prints_the_appdef() -> None:
     proc = torchjob("render", "--to", "torchx", "jobs/examples/elastic.yaml")
     assert proc.returncode == 0, proc.stderr
     assert "min_replicas: 1" in proc.stdout and "num_replicas: 2" in proc.stdout
-    assert "-m trainer.agent --nnodes 1:2" in proc.stdout
+    assert "-m trainer.agent --run-dir runs/digits-elastic" in proc.stdout \
+        and "--nnodes 1:2" in proc.stdout
 
 
 @pytest.mark.parametrize("to, message", [

@@ -1,26 +1,35 @@
 """``trainer.script``: a user's own script instead of a module, through every backend's one
 agent command (the Slurm batch script's too), and for real through `torchjob run` and TorchX
-local_cwd."""
+local_cwd. A script's argv is exactly its ``trainer.args``; its directories come in
+``TORCHJOB_RUN_DIR`` and ``TORCHJOB_CHECKPOINT_DIR``."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
+from jobs.backends.docker.render import render_compose
+from jobs.backends.local.render import render_local
+from jobs.backends.torchx.render import render_appdef
 from jobs.command import agent_command
 from jobs.components import train
 from jobs.load import build
+from jobs.spec import JobSpec
 from jobs.values import SpecError
+from k8s.pytorchjob import render_pytorchjob
 from k8s.trainjob import render_trainjob
 from slurm.sbatch import render_sbatch
 from tests.jobs.test_jobs_components import torchx_env
 from tests.procs import ROOT, env_for_tests
 
 SCRIPT = "jobs/examples/ddp_script.py"
+DIRS = ("--run-dir", "runs/s", "--checkpoint-dir", "runs/s/checkpoints")
 
 
 def spec(**trainer: object):  # type: ignore[no-untyped-def]
@@ -32,8 +41,8 @@ def test_script_replaces_the_module_right_after_the_agent_flags() -> None:
                             rdzv_endpoint="h:1", run_id="r")
     at = command.index(SCRIPT)
     assert command[at - 2:at] == ("--monitor-interval", "0.1") and "-m" not in command[3:]
-    assert command[at + 1:] == ("--run-dir", "runs/s", "--checkpoint-dir", "runs/s/checkpoints",
-                                "--steps", "5")
+    assert command[at + 1:] == ("--steps", "5")  # nothing added to the script's own argv
+    assert command[3:7] == DIRS  # the agent's: it exports them to the workers
 
 
 def test_script_args_are_the_scripts_own() -> None:
@@ -54,25 +63,93 @@ def test_bad_script_settings(trainer: dict, message: str) -> None:
     assert "trainer." in str(err.value)
 
 
+def test_the_builtin_trainer_still_gets_its_directories_as_flags() -> None:
+    command = agent_command(spec(args=["--epochs=2"]), python="py", rdzv_endpoint="h:1",
+                            run_id="r")
+    assert command[3:7] == DIRS
+    assert command[command.index("trainer", 4) + 1:] == (*DIRS, "--epochs=2")
+
+
+WORDS = ["10", "5", "--batch_size=32", "model.depth=4", "--name", "a b'; echo x", "--", "-1"]
+
+
+def script_argv(words: list[str]) -> list[str]:
+    """What follows the script in one node's command."""
+    return words[words.index("/app/train.py") + 1:]
+
+
+def shell_words(text: str, start: str, end: str) -> list[str]:
+    """The words of the line holding ``start``, from it up to ``end``, as bash reads them."""
+    line = next(line for line in text.splitlines() if start in line)
+    words = shlex.split(line[line.index(start):])
+    return words[:words.index(end)] if end in words else words
+
+
+RENDERS: dict[str, Callable[[JobSpec], list[str]]] = {
+    "local": lambda s: list(render_local(s, port=1, python="py", run_id="r",
+                                         cpu_count=2).commands[0]),
+    "docker": lambda s: render_compose(s)["services"]["node0"]["command"],
+    "torchx": lambda s: shlex.split(render_appdef(s).roles[0].args[1]),
+    "slurm": lambda s: shell_words(render_sbatch(s, python="py", workdir="/w"), "py -m", "&"),
+    "k8s": lambda s: render_pytorchjob(s)["spec"]["pytorchReplicaSpecs"]["Master"]["template"][
+        "spec"]["containers"][0]["command"],
+    "k8s:trainjob": lambda s: render_trainjob(s)["spec"]["trainer"]["command"],
+}
+
+
+@pytest.mark.parametrize("backend", sorted(RENDERS))
+def test_every_backend_runs_the_script_with_exactly_its_args(backend: str) -> None:
+    job = build({"name": "s", "nnodes": 2, "trainer": {"script": "/app/train.py",
+                                                      "args": WORDS}}, source="test")
+    command = RENDERS[backend](job)
+    assert script_argv(command) == WORDS
+    assert "--run-dir" not in script_argv(command)
+    if backend == "k8s:trainjob":  # plain torchrun: the directories are in the env instead
+        env = render_trainjob(job)["spec"]["trainer"]["env"]
+        assert env[:2] == [{"name": "TORCHJOB_RUN_DIR", "value": "runs/s"},
+                           {"name": "TORCHJOB_CHECKPOINT_DIR", "value": "runs/s/checkpoints"}]
+        assert "--run-dir" not in command
+    else:
+        assert command[command.index("trainer.agent") + 1:][:4] == list(DIRS)
+
+
+def test_slurm_sweep_of_a_script_puts_its_directories_on_the_agent() -> None:
+    from jobs.sweep import parse_sweep
+
+    job = spec(script="/app/train.py", args={"lr": 0.1})
+    text = render_sbatch(job, python="py", workdir="/w", sweep=parse_sweep(["lr=1,2"]))
+    assert "dirs=(--run-dir runs/s/lr=1 --checkpoint-dir runs/s/lr=1/checkpoints)" in text
+    assert "point=(--lr 1.0) ;;" in text
+    assert 'py -m trainer.agent "${dirs[@]}" --nnodes' in text
+    assert '/app/train.py "${point[@]}" &' in text
+
+
+@pytest.mark.parametrize("name", ["TORCHJOB_RUN_DIR", "TORCHJOB_CHECKPOINT_DIR"])
+def test_the_directories_variables_come_from_the_spec_only(name: str) -> None:
+    with pytest.raises(SpecError, match=f"env.{name}: '{name}' is set by torchjob .* run_dir"):
+        build({"name": "s", "env": {name: "/x"}}, source="test")
+
+
 def test_trainjob_keeps_the_script_and_its_arguments() -> None:
     job = render_trainjob(spec(script="/app/train.py", args={"steps": 5}))
     assert job["spec"]["trainer"]["command"] == [
         "torchrun", "--max-restarts", "3", "--monitor-interval", "0.1", "/app/train.py",
-        "--run-dir", "runs/s", "--checkpoint-dir", "runs/s/checkpoints", "--steps", "5"]
+        "--steps", "5"]
 
 
 def test_component_takes_a_script_or_a_module() -> None:
     args = train("--steps", "5", script=SCRIPT, j="1x2").roles[0].args[1]
-    assert f"--monitor-interval 0.1 {SCRIPT} --run-dir" in args and args.endswith("--steps 5")
-    assert "-m mypkg.train --run-dir" in train(m="mypkg.train").roles[0].args[1]
+    assert args.endswith(f"--monitor-interval 0.1 {SCRIPT} --steps 5")
+    assert train(m="mypkg.train").roles[0].args[1].endswith("0.1 -m mypkg.train")
+    assert train().roles[0].args[1].endswith("-m trainer --run-dir runs/torchjob "
+                                             "--checkpoint-dir runs/torchjob/checkpoints")
     with pytest.raises(ValueError, match="give one"):
         train(m="trainer", script=SCRIPT)
 
 
 def test_slurm_script_runs_the_script_under_each_nodes_agent() -> None:
     text = render_sbatch(spec(script=SCRIPT, args={"steps": 5}), python="py", workdir="/w")
-    assert f"--monitor-interval 0.1 {SCRIPT} --run-dir runs/s --checkpoint-dir " \
-        "runs/s/checkpoints --steps 5 &" in text
+    assert f"--monitor-interval 0.1 {SCRIPT} --steps 5 &" in text
 
 
 @pytest.mark.integration
@@ -105,3 +182,46 @@ def test_torchx_local_cwd_runs_the_script(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((tmp_path / "runs/sx/result.json").read_text())
     assert result == {**result, "world_size": 2, "steps": 20}
+
+
+ARGV_SCRIPT = '''\
+import argparse, json, os, sys
+
+parser = argparse.ArgumentParser()  # as pytorch/examples' multigpu_torchrun.py: positionals
+parser.add_argument("total_epochs", type=int)
+parser.add_argument("save_every", type=int)
+parser.add_argument("--batch_size", type=int, default=32)
+parser.add_argument("overrides", nargs="*")  # hydra style: a.b=c
+args = parser.parse_args()  # exits 2 on anything it does not know, as a third-party script does
+out = os.path.join(os.environ["TORCHJOB_RUN_DIR"], f"rank{os.environ['RANK']}.json")
+with open(out, "w") as f:
+    json.dump({"argv": sys.argv[1:], "parsed": vars(args),
+               "env": {k: os.environ.get(k) for k in
+                       ("TORCHJOB_RUN_DIR", "TORCHJOB_CHECKPOINT_DIR", "WORLD_SIZE")}}, f)
+'''
+RUN_ARGS = ["50", "10", "model.depth=4", "data.name=a b", "--batch_size=16"]
+
+
+@pytest.mark.integration
+def test_a_third_party_script_gets_exactly_its_args_and_the_directories(tmp_path: Path) -> None:
+    """``torchjob run``, gloo, 2 processes: argv is exactly the list (positionals, --k=v,
+    a.b=c), nothing appended; the run and checkpoint directories are in the environment."""
+    (tmp_path / "argv_script.py").write_text(ARGV_SCRIPT)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps({
+        "name": "argv", "nproc_per_node": 2, "run_dir": str(run_dir),
+        "checkpoint_dir": str(tmp_path / "ckpt"),
+        "trainer": {"script": str(tmp_path / "argv_script.py"), "args": RUN_ARGS}}))
+    out = subprocess.run([sys.executable, "-m", "jobs", "run", str(job)], cwd=ROOT,
+                         env=env_for_tests(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for rank in (0, 1):
+        seen = json.loads((run_dir / f"rank{rank}.json").read_text())
+        assert seen["argv"] == RUN_ARGS
+        assert seen["parsed"] == {"total_epochs": 50, "save_every": 10, "batch_size": 16,
+                                  "overrides": ["model.depth=4", "data.name=a b"]}
+        assert seen["env"] == {"TORCHJOB_RUN_DIR": str(run_dir),
+                               "TORCHJOB_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+                               "WORLD_SIZE": "2"}

@@ -13,13 +13,22 @@ from pathlib import Path
 import pytest
 
 from tests.procs import PYTHON, children, env_for_tests, free_port, last_step, wait_for
-from trainer.agent import exit_code
+from trainer.agent import exit_code, own_options
 
 
 @pytest.mark.parametrize("codes, expected", [({2}, 2), ({2, 1}, 2), ({143}, 143),
                                              ({143, 1}, 1), ({1}, 1), ({-9}, 1)])
 def test_exit_code_keeps_the_trainers_meaning(codes: set[int], expected: int) -> None:
     assert exit_code(codes) == expected
+
+
+def test_own_options_come_off_before_torchruns_in_any_order() -> None:
+    argv = ["--run-dir", "r d", "--retry-on-error", "--checkpoint-dir", "c", "--nnodes", "1",
+            "x.py", "--run-dir", "not ours"]
+    assert own_options(argv) == (["--nnodes", "1", "x.py", "--run-dir", "not ours"], True,
+                                 {"TORCHJOB_RUN_DIR": "r d", "TORCHJOB_CHECKPOINT_DIR": "c"})
+    assert own_options(["--nnodes", "1"]) == (["--nnodes", "1"], False, {})
+    assert own_options(["--run-dir"]) == (["--run-dir"], False, {})  # torchrun says what's wrong
 
 
 def agent(run_dir: Path, *args: str) -> list[str]:
