@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, children, env_for_tests, free_port, last_step, wait_for
+from tests.procs import (PYTHON, children, descendants, env_for_tests, free_port, last_step,
+                         require_setup, wait_for)
 from trainer.agent import exit_code, own_options
 
 
@@ -119,11 +120,16 @@ def node_agent(port: int, rdzv_id: str, log: Path, *args: str,
 
 
 def end_all(procs: Iterable[subprocess.Popen[str]]) -> None:
-    """Kill whatever of PROCS still runs (a stopped one too) and reap them all."""
+    """Kill whatever of PROCS still runs (a stopped one too) with its workers (torchrun starts
+    each in a session of its own, so they outlive their agent) and reap them all."""
     for proc in procs:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-            proc.kill()
+            for pid in [*descendants(proc.pid), proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         proc.wait()
 
 
@@ -160,8 +166,8 @@ def test_sigterm_before_the_workers_start_ends_the_agent_even_as_pid_1(tmp_path:
     the kernel drops a signal that process has no handler for) waits in the rendezvous for a
     node that never comes: torch's agent has no handler yet (it installs one as it starts
     the workers); SIGTERM from outside ends it at once with 143."""
-    if subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode:
-        pytest.skip("cannot make a PID namespace here (unshare --pid needs root)")
+    require_setup(["unshare", "--pid", "--fork", "true"], timeout=30,
+                  what="a PID namespace (unshare --pid needs root)")
     log = tmp_path / "agent.log"
     proc = subprocess.Popen(
         ["unshare", "--pid", "--fork", "--kill-child", PYTHON, "-m", "trainer.agent",
