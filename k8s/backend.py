@@ -93,7 +93,6 @@ class K8sBackend(BaseBackend):
                           STATES.get(state, State.UNKNOWN), name=ref.name)
                 for ref, state in Cluster().list(kind)]
 
-
     def validate(self, text: str, *, strict: bool = True) -> Sequence[str]:
         return [str(problem) for problem in validate_text(text, pod_security=strict)]
 

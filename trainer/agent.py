@@ -40,7 +40,7 @@ import uuid
 from types import FrameType
 from typing import Any, NoReturn, Sequence
 
-from trainer.contract import DIR_OPTIONS, EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED, job_exit_code
+from trainer.contract import DIR_OPTIONS, EXIT_CONFIG, EXIT_STOPPED, job_exit_code
 
 FAST_MODULE = "trainer"
 SCRIPT_MODULE = "trainer.script"  # runs any other worker, as python would (trainer/script.py)
@@ -62,15 +62,9 @@ def worker(*argv: str) -> None:
     try:
         code = main(list(argv), stopped_after_the_work=EXIT_STOPPED)
     except Exception as exc:
-        from trainer.failures import is_peer_loss
-        from trainer.script import record
+        from trainer.script import failed
 
-        if not is_peer_loss(exc):
-            raise  # torch's @record writes the error file; the exit code is 1
-        record(exc)
-        import traceback
-        traceback.print_exc()
-        code = EXIT_RETRY
+        code = failed(exc)
     if code:
         sys.exit(code)
 
@@ -166,9 +160,6 @@ def launch(args: Any) -> None:
     elastic_launch(config=config, entrypoint=worker)(*args.training_script_args)
 
 
-exit_code = job_exit_code  # the agent's exit code from its failed workers'
-
-
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, exit_at_once)  # before importing torch (seconds)
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -181,6 +172,6 @@ if __name__ == "__main__":
 
         print(f"torchjob: the job failed: {Agent.closing}" if Agent.closing else exc,
               file=sys.stderr, flush=True)
-        sys.exit(exit_code({failure.exitcode for failure in exc.failures.values()}))
+        sys.exit(job_exit_code({failure.exitcode for failure in exc.failures.values()}))
     except SignalException as exc:  # told to stop: the workers were asked to checkpoint
         sys.exit(128 + int(exc.sigval))

@@ -128,7 +128,6 @@ class Agent(LocalElasticAgent):
         spec.rdzv_handler = MembershipWatch(spec.rdzv_handler)  # type: ignore[assignment]
         super().__init__(spec, *args, **kwargs)
         self._attempt_base = attempt_base(os.environ)
-        self.verdict: Verdict | None = None  # the last failure's, for the closing line
 
     def _monitor_workers(self, worker_group: agent_api.WorkerGroup) -> agent_api.RunResult:
         result = super()._monitor_workers(worker_group)
@@ -141,7 +140,6 @@ class Agent(LocalElasticAgent):
                 verdict = Verdict(False, verdict.cause, f"{_cause(verdict)}: no restarts left "
                                   f"(max_restarts: {worker_group.spec.max_restarts})")
             verdict = self._shared(verdict)
-            self.verdict = verdict
             log.warning("torchjob: %s", verdict.why)
             if not verdict.restart:
                 Agent.closing = f"{verdict.why} (attempt {self.attempt()})"
@@ -169,7 +167,7 @@ class Agent(LocalElasticAgent):
             except DistError:
                 return verdict
             return verdict if said.restart else said
-        self._publish(verdict)
+        self._publish(store, nodes, verdict)
         return verdict
 
     def _hear(self, store: Any) -> Verdict | None:
@@ -188,12 +186,10 @@ class Agent(LocalElasticAgent):
         return Verdict(heard.restart, None, ("another node: " if heard.restart else
                                              "stopping: ") + heard.why)
 
-    def _publish(self, verdict: Verdict) -> None:
+    @staticmethod
+    def _publish(store: Any, nodes: int, verdict: Verdict) -> None:
         """Fail the job on every node: say so in the round's store, then give the other
         nodes time to read it (this node may host the store, which ends with it)."""
-        store, nodes = self._store, self._worker_group.group_world_size or 1
-        if store is None or nodes == 1:
-            return
         try:
             store.set(VERDICT_KEY, verdict.encode())
             read = store.add(VERDICT_READ_KEY, 1)

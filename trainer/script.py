@@ -70,13 +70,19 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         return 130
     except BaseException as exc:
-        from trainer.failures import is_peer_loss
-
-        record(exc)
-        traceback.print_exc()
-        sys.stderr.flush()
-        return EXIT_RETRY if is_peer_loss(exc) else 1
+        return failed(exc)
     return 0
+
+
+def failed(exc: BaseException) -> int:
+    """A worker's exception: recorded for its agent, its traceback printed as the interpreter
+    prints it, and the exit code: ``EXIT_RETRY`` when it only says a peer is gone, else 1."""
+    from trainer.failures import is_peer_loss
+
+    record(exc)
+    traceback.print_exception(exc)
+    sys.stderr.flush()
+    return EXIT_RETRY if is_peer_loss(exc) else 1
 
 
 def leave(code: int) -> NoReturn:

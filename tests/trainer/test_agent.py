@@ -14,13 +14,14 @@ import pytest
 
 from tests.procs import (PYTHON, children, descendants, env_for_tests, free_port, last_step,
                          require_setup, wait_for)
-from trainer.agent import exit_code, own_options
+from trainer.agent import own_options
+from trainer.contract import job_exit_code
 
 
 @pytest.mark.parametrize("codes, expected", [({2}, 2), ({2, 1}, 2), ({143}, 143),
                                              ({143, 1}, 1), ({1}, 1), ({-9}, 1)])
 def test_exit_code_keeps_the_trainers_meaning(codes: set[int], expected: int) -> None:
-    assert exit_code(codes) == expected
+    assert job_exit_code(codes) == expected
 
 
 def test_own_options_come_off_before_torchruns_in_any_order() -> None:

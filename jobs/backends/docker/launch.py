@@ -32,8 +32,7 @@ from jobs.launcher import NodeOutput, Stops
 from jobs.runs import Record
 from jobs.spec import JobSpec
 from jobs.values import UserError
-from trainer.agent import exit_code
-from trainer.contract import EXIT_CONFIG, EXIT_OK, EXIT_STOPPED
+from trainer.contract import EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, job_exit_code
 
 RECIPE = "jobs.backends.docker"  # the package whose data is the Dockerfile and container-setup
 IMAGE_UID = 1000  # the Dockerfile's USER: it must be able to write the run directory
@@ -256,7 +255,7 @@ def result(spec: JobSpec, nodes: list[_Node], signalled: bool) -> int:
     done = sum(node.code == 0 and node.status != "created" for node in nodes)
     if nodes and done >= spec.nnodes.min:
         return EXIT_OK
-    return exit_code({node.code for node in nodes if node.code != 0} or {1})
+    return job_exit_code({node.code for node in nodes if node.code != 0} or {1})
 
 
 def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops,
