@@ -22,7 +22,8 @@ from typing import IO, Any, cast
 
 from jobs.runs import Record
 from jobs.values import UserError
-from trainer.contract import EXIT_CONFIG, EXIT_FAILED, LOG_PREFIX_RE
+from trainer.contract import (CLOSING, EXIT_CONFIG, EXIT_FAILED, HEARD_FAIL, HEARD_RESTART,
+                              LOG_PREFIX_RE)
 
 START_TIMEOUT_S = 60.0  # a detached launcher that has not recorded itself by then failed
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and what ``torchjob cancel`` sends
@@ -140,7 +141,8 @@ def detach(record: Record, body: Callable[[Stops], int]) -> None:
 class NodeOutput:
     """Where each node's lines go: its log file in the record (when there is one) and, in the
     foreground, the terminal. A worker's line already carries the log prefix; any other line
-    (the agent's own) gets ``[node I] ``. One line, one write."""
+    (the agent's own) gets ``[node I] ``. One line, one write. Each node's agent's closing
+    line (``trainer.contract.CLOSING``: why the job failed) is noted in ``closing``."""
 
     def __init__(self, record: Record | None, *, out: IO[bytes] | None,
                  err: IO[bytes] | None) -> None:
@@ -148,8 +150,11 @@ class NodeOutput:
         self.lock = threading.Lock()
         self.files: dict[int, IO[bytes]] = {}
         self.closed = False
+        self.closing: dict[int, str] = {}  # node -> its agent's closing line
 
     def line(self, node: int, raw: bytes, *, stderr: bool = False) -> None:
+        if raw.startswith(_CLOSING):
+            self.closing.setdefault(node, raw.decode(errors="replace").strip())
         if not LOG_PREFIX_RE.match(raw[:100].decode(errors="replace")):
             raw = f"[node {node}] ".encode() + raw
         if not raw.endswith(b"\n"):
@@ -178,6 +183,24 @@ class NodeOutput:
                 f.close()
             self.files.clear()
             self.closed = True
+
+
+    def report(self, failed: list[tuple[int, int]], err: IO[str]) -> None:
+        """The launcher's last lines for nodes that ended with an exit code other than 0:
+        each node and its code, then the first failure as the agents decided it and where
+        the full logs are."""
+        for node, code in failed:
+            where = (f"its log: {self.record.node_log(node)}" if self.record is not None
+                     else "its output is above")
+            print(f"torchjob: node {node} failed with exit code {code} ({where})", file=err)
+        if failed and self.closing:
+            heard = (CLOSING + HEARD_FAIL, CLOSING + HEARD_RESTART)
+            first = min(self.closing, key=lambda n: (self.closing[n].startswith(heard), n))
+            where = f"; full logs: {self.record.path}" if self.record is not None else ""
+            print(self.closing[first] + where, file=err)
+
+
+_CLOSING = CLOSING.encode()
 
 
 class Tee(io.TextIOBase):

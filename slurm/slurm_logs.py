@@ -16,7 +16,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.contract import LOG_PREFIX, log_prefix
+from trainer.contract import CLOSING as CLOSING_WORDS
+from trainer.contract import HEARD_FAIL, HEARD_RESTART, LOG_PREFIX, log_prefix
 
 MARKER = re.compile(r"^torchjob: .*\bjob \S+ attempt (\d+)\b")
 # the one prefix, as a pattern: "[node {node} rank {rank} attempt {attempt}] "
@@ -27,8 +28,9 @@ RANK_PREFIX = re.compile("^" + re.escape(LOG_PREFIX).replace(r"\{node\}", r"(?P<
 ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?time\s*: (\S+).*?"
                         r"rank\s*: (\d+)", re.S)
 # the agent's closing line (trainer.elastic_agent): the job's first failure, as decided
-CLOSING = re.compile(r"torchjob: the job failed: (?:stopping: |another node: )?node (\d+) rank "
-                     r"(\d+) (.*) \(attempt (\d+)\)$")
+CLOSING = re.compile(re.escape(CLOSING_WORDS) + f"(?:{re.escape(HEARD_FAIL)}|"
+                     f"{re.escape(HEARD_RESTART)})?" + r"node (\d+) rank (\d+) (.*) "
+                     r"\(attempt (\d+)\)$")
 FAILURE = re.compile(r"Traceback \(most recent call last\)|^trainer \[rank \d+\]: ")
 JOB = "-"  # node and rank of the lines of the batch shell, srun and the torchrun agents
 

@@ -31,6 +31,13 @@ def job_exit_code(codes: set[int]) -> int:
         return EXIT_STOPPED
     return EXIT_FAILED
 
+# The first words of an agent's last line when the job failed (``trainer.agent``): the first
+# failing node and rank and why. Launchers find it in a node's output and end with it.
+CLOSING = "torchjob: the job failed: "
+# What follows it on a node that only heard the verdict from the node where the failure began
+# (``trainer.elastic_agent``): a launcher ends with the first-hand line.
+HEARD_FAIL, HEARD_RESTART = "stopping: ", "another node: "
+
 # One prefix for every log line a job prints, on every backend: node, rank, attempt.
 LOG_PREFIX = "[node {node} rank {rank} attempt {attempt}] "
 

@@ -39,7 +39,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 from torch.distributed.elastic.utils import store as store_util
 
-from trainer.contract import ATTEMPT_BASE_ENV, log_prefix
+from trainer.contract import ATTEMPT_BASE_ENV, HEARD_FAIL, HEARD_RESTART, log_prefix
 from trainer.failures import Failure, Verdict, judge, last_line
 
 BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at signals)
@@ -183,8 +183,8 @@ class Agent(LocalElasticAgent):
             return Verdict(False, None, "the rendezvous store is gone (its node left): "
                            "stopping")
         heard = Verdict.decode(text)
-        return Verdict(heard.restart, None, ("another node: " if heard.restart else
-                                             "stopping: ") + heard.why)
+        return Verdict(heard.restart, None, (HEARD_RESTART if heard.restart else HEARD_FAIL)
+                       + heard.why)
 
     @staticmethod
     def _publish(store: Any, nodes: int, verdict: Verdict) -> None:

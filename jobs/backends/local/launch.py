@@ -124,18 +124,11 @@ def _killpg(pgid: int) -> None:
         pass
 
 
-CLOSING = b"torchjob: the job failed: "  # an agent's last line (trainer.elastic_agent)
-
-
-def _pump(stream: IO[bytes], node: int, output: NodeOutput, stderr: bool,
-          closing: dict[int, str]) -> None:
-    """Copy one of a node's streams line by line to its log file and the terminal, noting the
-    agent's closing line. If our own output is gone (a closed pipe), keep draining so that the
-    node never blocks on it."""
+def _pump(stream: IO[bytes], node: int, output: NodeOutput, stderr: bool) -> None:
+    """Copy one of a node's streams line by line to its log file and the terminal. If our own
+    output is gone (a closed pipe), keep draining so that the node never blocks on it."""
     for line in iter(stream.readline, b""):
         output.line(node, line, stderr=stderr)
-        if line.startswith(CLOSING):
-            closing.setdefault(node, line.decode(errors="replace").strip())
     stream.close()
 
 
@@ -160,7 +153,6 @@ def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
     output = NodeOutput(record, out=sys.stdout.buffer if echo else None,
                         err=sys.stderr.buffer if echo else None)
     nodes, pumps = _Nodes(), []
-    closing: dict[int, str] = {}  # node -> its agent's closing line
     deadline: float | None = None
     killed = False
     try:
@@ -177,7 +169,7 @@ def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
             nodes.procs.append(proc)
             for stream, is_err in ((proc.stdout, False), (proc.stderr, True)):
                 pump = threading.Thread(target=_pump, daemon=True,
-                                        args=(stream, i, output, is_err, closing))
+                                        args=(stream, i, output, is_err))
                 pump.start()
                 pumps.append(pump)
         if record is not None:
@@ -207,11 +199,6 @@ def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
         output.close()
     if stops.count:
         return EXIT_STOPPED
-    failed = [(i, p.returncode) for i, p in enumerate(nodes.procs) if p.returncode != 0]
-    for i, code in failed:
-        where = f"its log: {record.node_log(i)}" if record is not None else "its output is above"
-        print(f"torchjob: node {i} failed with exit code {code} ({where})", file=err)
-    if failed and closing:  # the last line: the first failure, as the agents decided it
-        where = f"; full logs: {record.path}" if record is not None else ""
-        print(closing[min(closing)] + where, file=err)
+    output.report([(i, p.returncode) for i, p in enumerate(nodes.procs) if p.returncode != 0],
+                  err)
     return job_exit_code({p.returncode for p in nodes.procs})
