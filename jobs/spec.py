@@ -394,7 +394,14 @@ class K8s(Section):
 class Docker(Section):
     engine: Literal["auto", "docker", "podman"] = spec_field(
         "container engine; auto prefers podman, then docker", "auto")
-    restart: Literal["no", "on-failure"] = spec_field("container restart policy", "on-failure")
+    restart: Literal["no", "exit-code"] = spec_field(
+        "exit-code: torchjob starts a node container again when it was killed (exit 128+N but "
+        "143, as PyTorchJob's ExitCode policy), up to max_restarts; never for a failed (1) or "
+        "misconfigured (2) job; no: never", "exit-code")
+    mount_workdir: bool | None = spec_field(
+        "bind-mount the directory torchjob runs in at the image's working directory "
+        "(/workspace), so that your script and code are in the container; unset: when the "
+        "job runs your own script or module, not for torchjob's trainer", None)
 
 
 @dataclass(frozen=True, kw_only=True)

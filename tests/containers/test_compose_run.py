@@ -1,8 +1,9 @@
 """``torchjob run --to docker``: one container per node under podman-compose, for real.
 
 Two node containers train like two local nodes (same world size, seed and data order: the
-same numbers); an elastic job loses a node and gets it back; a node killed again and again
-never stops the job; a submitted run is a job (status, logs, cancel, list: docker:PROJECT,
+same numbers); an elastic job loses a node and gets it back; a killed node is started again,
+a failed job never; a node killed again and again never stops the job; a user's script runs
+from the working directory; a submitted run is a job (status, logs, cancel, list: docker:PROJECT,
 the README's docker session); and every run leaves no container or network behind.
 """
 
@@ -278,10 +279,10 @@ def test_sigterm_stops_the_containers_with_a_checkpoint_and_exit_143(container_i
     assert_nothing_left(project)
 
 
-def test_crashed_node_is_restarted_by_the_policy_and_the_run_ends_bitwise_equal(
+def test_killed_node_is_started_again_and_the_run_ends_bitwise_equal(
         container_image: str, tmp_path: Path) -> None:
     """nnodes 2 (fixed): node1's agent dies (SIGKILL from the host, as the OOM killer would):
-    the engine's restart policy starts the container again, it rejoins, the group resumes
+    the launcher starts the container again (exit 137: killed), it rejoins, the group resumes
     from the checkpoint at the same world size, and the final parameters are those of an
     uninterrupted run, bit for bit (a local run of the same job is the reference).
 
@@ -307,9 +308,68 @@ def test_crashed_node_is_restarted_by_the_policy_and_the_run_ends_bitwise_equal(
     out = logfile.read_text()
     assert code == 0, out[-5000:]
     assert world_sizes(out)[0] == 2 and world_sizes(out)[-1] == 2, world_sizes(out)
+    assert "node1 was killed (exit 137): starting it again (restart 1 of 3)" in out
     assert "restart 1" in out  # node0's agent restarted its group once node1 was back
     assert_bitwise_equal(final_params(run_dir / "checkpoints"),
                          final_params(tmp_path / "local" / "runs" / "digits" / "checkpoints"))
+    assert_nothing_left(project)
+
+
+RAISES_ON_RANK_1 = """\
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    raise ValueError("boom on rank 1")
+dist.barrier()  # rank 0 loses its peer here: not a failure of its own
+"""
+
+
+def test_user_scripts_run_from_the_working_directory_and_their_exceptions_are_not_retried(
+        container_image: str, tmp_path: Path) -> None:
+    """jobs/examples/script.yaml on two node containers: the script comes from the directory
+    torchjob runs in (mounted at /workspace) and writes its result there. A script that
+    raises on rank 1 fails the job at once with exit 1: no worker restart, no container
+    restart, the last line names node 1 rank 1 and the exception. A working directory the
+    image's user cannot read is refused with exit 2 before any container starts."""
+    cwd = tmp_path / "job"
+    (cwd / "jobs" / "examples").mkdir(parents=True)
+    (cwd / "jobs" / "examples" / "ddp_script.py").write_bytes(
+        (EXAMPLES / "ddp_script.py").read_bytes())
+    (cwd / "raises.py").write_text(RAISES_ON_RANK_1)
+    cwd.chmod(0o700)
+    nodes = ["nnodes=2", "nproc_per_node=1"]
+    refused = subprocess.run(torchjob_argv("script.yaml", *nodes), cwd=cwd, env=env_for_tests(),
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 2, refused.stderr
+    assert f"chmod o+rx {cwd}" in refused.stderr and "Traceback" not in refused.stderr
+    cwd.chmod(0o755)
+    for parent in cwd.parents:  # pytest's temporary directories are private
+        if parent == Path("/tmp"):
+            break
+        parent.chmod(parent.stat().st_mode | 0o005)
+
+    with running(torchjob_argv("script.yaml", *nodes), cwd, tmp_path / "ok.log") as proc:
+        code = proc.wait(timeout=600)
+    out = (tmp_path / "ok.log").read_text()
+    assert code == 0, out[-4000:]
+    result = json.loads((cwd / "runs" / "script-demo" / "result.json").read_text())
+    assert (result["world_size"], result["steps"]) == (2, 60)
+
+    logfile = tmp_path / "fails.log"
+    began = time.monotonic()
+    with running(torchjob_argv("script.yaml", *nodes, "trainer.script=raises.py",
+                               "trainer.args=[]"), cwd, logfile) as proc:
+        project = project_of(logfile)
+        code = proc.wait(timeout=600)
+    out = logfile.read_text()
+    print(f"a script that raises failed in {time.monotonic() - began:.1f} s")
+    assert code == 1, out[-4000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("torchjob: the job failed: node 1 rank 1 raised ValueError: boom "
+                           "on rank 1"), out[-4000:]
+    assert "; full logs: " in last
+    assert "attempt 1]" not in out and "starting it again" not in out, out[-4000:]
     assert_nothing_left(project)
 
 

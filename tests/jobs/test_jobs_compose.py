@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from jobs.command import agent_command
-from jobs.backends.docker.render import (compose_text, escape, render_compose, restart_policy,
+from jobs.backends.docker.render import (RESTARTS, compose_text, escape, render_compose,
                                          run_mounts)
 from jobs.backends.docker.launch import find_engine
 from jobs.load import load, loads
@@ -86,7 +86,7 @@ def test_one_service_per_node_running_the_one_agent_command() -> None:
         assert service["hostname"] == name
         assert service["image"] == spec.image
         assert service["shm_size"] == "1024m"  # resources.shm (1Gi), in whole MiB
-        assert service["restart"] == "on-failure:3"
+        assert service["restart"] == "no"  # the launcher restarts a killed node, not compose
         assert service.get("depends_on") == (["node0"] if i else None)
         assert service["volumes"] == [{"type": "bind", "source": "${TORCHJOB_HOST_DIR:-.}/runs",
                                        "target": "/workspace/runs"}]
@@ -140,10 +140,14 @@ def test_escape_doubles_every_dollar() -> None:
 
 
 @pytest.mark.parametrize("text, want", [
-    ("", "on-failure:3"), ("docker: {restart: 'no'}", "no"), ("max_restarts: 0", "no"),
-    ("max_restarts: 7", "on-failure:7")])
-def test_restart_policy(text: str, want: str) -> None:
-    assert restart_policy(loads(f"name: job\n{text}")) == want
+    ("", ("exit-code", 3)), ("docker: {restart: 'no'}", ("no", 0)), ("max_restarts: 0", ("no", 0)),
+    ("max_restarts: 7", ("exit-code", 7))])
+def test_restarts_are_in_the_compose_file(text: str, want: tuple[str, int]) -> None:
+    """Compose restarts on any exit but 0, so every service says ``restart: no``; what the
+    launcher does instead is in the file, under x-torchjob, for it to read."""
+    doc = yaml.safe_load(compose_text(render_compose(loads(f"name: job\n{text}"))))
+    assert doc[RESTARTS] == {"restart": want[0], "max_restarts": want[1]}
+    assert {service["restart"] for service in doc["services"].values()} == {"no"}
 
 
 @pytest.mark.parametrize("extra, want", [
@@ -155,6 +159,13 @@ def test_restart_policy(text: str, want: str) -> None:
      [("/fast/ckpt", "/fast/ckpt"), ("/scratch/run", "/scratch/run")]),
     ("run_dir: /data/run\nmounts: [{source: vol, target: /data}]", []),
     ("run_dir: .", [(".", "/workspace")]),
+    # a user's script: the working directory is mounted, and holds the relative run dirs
+    ("trainer: {script: train.py}", [(".", "/workspace")]),
+    ("trainer: {module: mypkg.train}\nrun_dir: /scratch/run",
+     [("/scratch/run", "/scratch/run"), (".", "/workspace")]),
+    ("trainer: {script: /opt/train.py}\ndocker: {mount_workdir: false}",
+     [("./runs", "/workspace/runs")]),
+    ("docker: {mount_workdir: true}", [(".", "/workspace")]),
 ])
 def test_run_mounts(extra: str, want: list[tuple[str, str]]) -> None:
     mounts = run_mounts(loads(f"name: job\n{extra}"), ".")

@@ -60,7 +60,7 @@ def test_minimal_spec_takes_every_default() -> None:
     assert spec.slurm.partition is None and spec.slurm.extra_flags == ()
     assert spec.slurm.time is None and spec.slurm.exclusive is False
     assert spec.k8s.namespace == "default" and spec.k8s.pvc is None
-    assert (spec.docker.engine, spec.docker.restart) == ("auto", "on-failure")
+    assert (spec.docker.engine, spec.docker.restart) == ("auto", "exit-code")
     assert spec == JobSpec(name="x")
 
 
@@ -293,7 +293,7 @@ BAD = [  # (yaml, fragments the one-line message must contain)
     ("name: x\nrdzv: {port: 70000}", ["rdzv.port: 70000", "between 1 and 65535"]),
     ("name: x\nk8s: {namespace: Team}", ["k8s.namespace: 'Team'", "Kubernetes name"]),
     ("name: x\ndocker: {engine: rkt}", ["docker.engine: 'rkt'", "'podman'"]),
-    ("name: x\ndocker: {restart: always}", ["docker.restart: 'always'", "'on-failure'"]),
+    ("name: x\ndocker: {restart: always}", ["docker.restart: 'always'", "'exit-code'"]),
     ("name: x\nslurm: {time: soon}", ["slurm.time: 'soon'", "HH:MM:SS"]),
     ("name: x\nslurm: {exclusive: yes}", ["slurm.exclusive: 'yes'", "true or false"]),
     ("name: x\nslurm: {extra_flags: [gres]}", ["slurm.extra_flags[0]: 'gres'", "--gres"]),

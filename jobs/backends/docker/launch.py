@@ -2,9 +2,11 @@
 ``docker compose``, streams each node's log (worker lines with the one log prefix, the agent's
 own with ``[node I] ``), and always tears down.
 
-The engine's restart policy brings back a node whose agent crashed; a node stopped or killed
-from outside (``podman stop``/``kill``) stays down, and an elastic job carries on without it.
-The job ends when every node has ended (or, once one node finished its training, the others
+A node container that was killed (exit 128+N but 143: its agent died of a signal, as the OOM
+killer or ``podman kill`` does) is started again, up to the compose file's
+``x-torchjob.max_restarts`` times in all, and rejoins; one that ended 1 (the job failed), 2
+(bad configuration) or 143 (stopped, e.g. ``podman stop``) stays down, and an elastic job
+carries on without it. The job ends when every node has ended (or, once one node finished its training, the others
 had a grace period to finish too). Ctrl-C/SIGTERM (counted by ``jobs.launcher.perform`` from
 before the run starts) stops the containers with a grace period (their workers checkpoint and
 exit 143), or, before they were started, starts none; a second Ctrl-C kills them. Whatever way
@@ -26,8 +28,10 @@ from pathlib import Path
 from secrets import token_hex
 from typing import IO, Any, Callable
 
+import yaml
 import trainer
-from jobs.backends.docker.render import HOST_DIR_VAR, compose_text, render_compose, service_name
+from jobs.backends.docker.render import (HOST_DIR_VAR, RESTARTS, compose_text, mounts_workdir,
+                                         render_compose, service_name)
 from jobs.launcher import NodeOutput, Stops
 from jobs.runs import Record
 from jobs.spec import JobSpec
@@ -42,7 +46,6 @@ INSTALL_HINT = ("install podman and podman-compose (Debian/Ubuntu: apt-get insta
                 "podman-compose, or scripts/container-setup engine) or Docker with its compose "
                 "plugin (docker compose version must work)")
 FINISH_GRACE_S = 60.0  # once a node finished training, the others' time to finish too
-SETTLE_S = 15.0  # an exited node that the restart policy has not restarted by then stays down
 _POLL_S = 1.0
 
 
@@ -130,6 +133,18 @@ def ensure_image(engine: Engine, image: str, err: IO[str]) -> None:
         raise UserError(f"building image {image} failed:\n{tail}")
 
 
+def readable(cwd: Path) -> None:
+    """The working directory, mounted at the image's, must be readable by the image's user:
+    a UserError that says how otherwise (not for a user whose uid is the image's)."""
+    info = cwd.stat()
+    if info.st_uid == IMAGE_UID or info.st_mode & 0o005 == 0o005 or os.getuid() == IMAGE_UID:
+        return
+    raise UserError(f"the job runs your code from {cwd}, mounted in the containers, but the "
+                    f"image's user (uid {IMAGE_UID}) cannot read it (mode "
+                    f"{info.st_mode & 0o777:o}): chmod o+rx {cwd}, or build your code into the "
+                    f"image and set docker.mount_workdir: false")
+
+
 def host_dirs(spec: JobSpec, cwd: Path) -> list[Path]:
     """The run and checkpoint directories as host paths (relative ones under ``cwd``)."""
     return [cwd / path for path in (spec.run_dir, spec.checkpoint_dir)]
@@ -164,7 +179,7 @@ class _Run:
     engine: Engine
     project: str
     file: Path
-    max_restarts: int
+    max_restarts: int  # starts of one node's container after it was killed
     stops: Stops
     nodes: list[_Node] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
@@ -173,28 +188,47 @@ class _Run:
         return [node.cid for node in self.nodes]
 
     def refresh(self) -> None:
-        """Status, exit code and restart count of every node (one inspect call)."""
+        """Status and exit code of every node (one inspect call)."""
         proc = _run([self.engine.name, "inspect", "--format",
-                     "{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}", *self.ids()],
-                    timeout=60)
+                     "{{.State.Status}} {{.State.ExitCode}}", *self.ids()], timeout=60)
         lines = proc.stdout.split("\n")
         now = time.monotonic()
         for node, line in zip(self.nodes, lines):
             words = line.split()
-            if len(words) != 3:
+            if len(words) != 2:
                 continue
-            node.status, node.code, node.restarts = words[0], int(words[1]), int(words[2])
+            node.status, node.code = words[0], int(words[1])
             if node.status in ("running", "restarting"):
                 node.exited_at = None
             elif node.status in ("exited", "stopped", "dead") and node.exited_at is None:
                 node.exited_at = now
 
-    def final(self, node: _Node) -> bool:
-        """The node has ended and its restart policy will not bring it back."""
-        if node.exited_at is None:
-            return False
-        return (node.code == 0 or self.max_restarts == 0 or node.restarts >= self.max_restarts
-                or self.stops.count > 0 or time.monotonic() - node.exited_at > SETTLE_S)
+    def finished(self) -> bool:
+        """A node ended its training (exit 0): the job is done or ending."""
+        return any(node.code == 0 and node.exited_at is not None for node in self.nodes)
+
+    def restartable(self, node: _Node) -> bool:
+        """The node ended killed (not failed, misconfigured or stopped), it has restarts left,
+        nobody asked the run to stop and no node has finished the training."""
+        return (node.exited_at is not None and killed(node.code) and not self.stops.count
+                and node.restarts < self.max_restarts and not self.finished())
+
+    def restart(self, node: _Node, err: IO[str]) -> None:
+        node.restarts += 1
+        print(f"torchjob: {node.name} was killed (exit {node.code}): starting it again "
+              f"(restart {node.restarts} of {self.max_restarts})", file=err, flush=True)
+        started = _run([self.engine.name, "start", node.cid], timeout=120)
+        if started.returncode != 0:
+            print(f"torchjob: {node.name} could not be started again: "
+                  f"{started.stderr.strip()}", file=err, flush=True)
+            return
+        node.status, node.exited_at = "running", None
+
+
+def killed(code: int) -> bool:
+    """A container's exit code that says its first process died of a signal other than
+    SIGTERM (a stop: the agent then checkpointed and exited 143 itself)."""
+    return code > 128 and code != EXIT_STOPPED
 
 
 def _follow(run: _Run, index: int, node: _Node, output: NodeOutput) -> None:
@@ -274,13 +308,16 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops,
     if missing:
         raise UserError(f"secret variable(s) not set: {', '.join(missing)}; the containers "
                         f"read secrets from your environment (export {missing[0]}=... first)")
+    if mounts_workdir(spec):
+        readable(cwd)
     ensure_image(engine, spec.image, err)
     run_dir = prepare_dirs(spec, cwd)
     file = (record.path if record is not None else run_dir) / "compose.yaml"
-    file.write_text(compose if compose is not None
-                    else compose_text(render_compose(spec, host_dir=str(cwd))))
+    text = compose if compose is not None else compose_text(render_compose(spec,
+                                                                           host_dir=str(cwd)))
+    file.write_text(text)
     run = _Run(engine, project or f"{spec.name}-{token_hex(3)}", file,
-               0 if spec.docker.restart == "no" else spec.max_restarts, stops)
+               int(yaml.safe_load(text).get(RESTARTS, {}).get("max_restarts", 0)), stops)
     output = NodeOutput(record, out=sys.stdout.buffer if echo else None, err=None)
     print(f"torchjob: {spec.name}: {spec.nnodes.max} node container(s) x "
           f"{spec.nproc_per_node} process(es) with {engine.name}, project {run.project}, "
@@ -313,10 +350,8 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops,
         output.close()
         down(engine, run.project, file)
     code = result(spec, run.nodes, stops.count > 0)
-    for node in run.nodes:
-        if node.code != 0 and code != 0:
-            print(f"torchjob: {node.name} ended with exit code {node.code} (its output is "
-                  f"above)", file=err)
+    if code not in (EXIT_OK, EXIT_STOPPED):
+        output.report([(i, node.code) for i, node in enumerate(run.nodes) if node.code], err)
     return code
 
 
@@ -327,7 +362,10 @@ def _wait(run: _Run, spec: JobSpec, grace: float, err: IO[str]) -> None:
     finished_at: float | None = None
     while True:
         run.refresh()
-        if all(run.final(node) for node in run.nodes):
+        for node in run.nodes:
+            if run.restartable(node):
+                run.restart(node, err)
+        if all(node.exited_at is not None for node in run.nodes):
             return
         if run.stops.count and stopper is None:
             print(f"torchjob: stopping: SIGTERM to {len(run.nodes)} container(s); workers "
@@ -340,7 +378,7 @@ def _wait(run: _Run, spec: JobSpec, grace: float, err: IO[str]) -> None:
             print("torchjob: killing every container now", file=err, flush=True)
             _run([run.engine.name, "kill", *run.ids()], timeout=60)
             killed = True
-        if finished_at is None and any(n.code == 0 and n.exited_at for n in run.nodes):
+        if finished_at is None and run.finished():
             finished_at = time.monotonic()
         if finished_at is not None and time.monotonic() - finished_at > FINISH_GRACE_S:
             print(f"torchjob: training finished; stopping the node(s) still running after "

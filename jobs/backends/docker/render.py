@@ -25,7 +25,8 @@ WORKDIR = "/workspace"  # the image's WORKDIR: a relative run_dir lands under it
 RDZV_HOST = "node0"
 HEADER = ("# Rendered by torchjob from {source}; do not edit by hand. Regenerate with\n"
           "#   torchjob render --to docker {source} > compose.yaml\n"
-          "# Run: docker compose up (or podman-compose up), or torchjob run --to docker {source}\n")
+          "# Run: docker compose up (or podman-compose up), or torchjob run --to docker {source}\n"
+          "# (which also starts a node container again when it was killed: see x-torchjob)\n")
 
 Obj = dict[str, Any]
 
@@ -35,12 +36,16 @@ def service_name(node: int) -> str:
     return f"node{node}"
 
 
-def restart_policy(spec: JobSpec) -> str:
-    """Compose ``restart:``. ``on-failure`` is bounded by ``max_restarts`` so that a node that
-    keeps failing (exit 1 or 2: never worth retrying) stops being restarted."""
-    if spec.docker.restart == "no" or spec.max_restarts == 0:
-        return "no"
-    return f"on-failure:{spec.max_restarts}"
+RESTARTS = "x-torchjob"  # compose ignores x- keys; the docker launcher reads this one
+
+
+def restarts(spec: JobSpec) -> Obj:
+    """How often ``torchjob run --to docker`` starts a node container again, and when: only
+    when it was killed (exit 128+N but 143: the OOM killer, a lost host; PyTorchJob's
+    ExitCode policy), never when the job failed (1) or was misconfigured (2), which an
+    engine's ``restart: on-failure`` would retry."""
+    count = 0 if spec.docker.restart == "no" else spec.max_restarts
+    return {"restart": "exit-code" if count else "no", "max_restarts": count}
 
 
 def _inside(path: str, parent: str) -> bool:
@@ -55,13 +60,23 @@ def _host_path(host_dir: str, path: str) -> str:
         else f"./{joined}"
 
 
+def mounts_workdir(spec: JobSpec) -> bool:
+    """``docker.mount_workdir``; unset: whether the job runs user code (a script or a module
+    other than torchjob's trainer, which the image holds)."""
+    if spec.docker.mount_workdir is not None:
+        return spec.docker.mount_workdir
+    return not spec.trainer.builtin
+
+
 def run_mounts(spec: JobSpec, host_dir: str) -> list[Obj]:
     """Bind mounts that put run_dir and checkpoint_dir on the host, at the same path in every
     service: a relative path is resolved under the container's WORKDIR and its first component
     is mounted from ``host_dir`` (``runs/x`` -> ``HOST_DIR/runs`` at ``/workspace/runs``); an
-    absolute path is mounted from the same host path. Paths already under a spec mount are
-    left to it."""
-    targets: list[tuple[str, str]] = []
+    absolute path is mounted from the same host path. With the working directory mounted
+    (``mounts_workdir``), that one mount of ``host_dir`` at WORKDIR holds every relative path.
+    Paths already under a spec mount are left to it."""
+    targets: list[tuple[str, str]] = [(_host_path(host_dir, "."), WORKDIR)] \
+        if mounts_workdir(spec) else []
     for field in ("run_dir", "checkpoint_dir"):
         path = posixpath.normpath(getattr(spec, field))
         if path == ".." or path.startswith("../"):
@@ -174,7 +189,10 @@ def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python"
         service: Obj = {"image": spec.image, "hostname": name, "command": command,
                         "environment": environment(spec), "volumes": volumes,
                         "shm_size": f"{spec.resources.shm.mib}m",
-                        "restart": restart_policy(spec)}
+                        # an engine restarts on any exit but 0, a failed job's 1 too: node
+                        # containers are started again by the launcher (jobs.backends.docker
+                        # .launch), only when killed
+                        "restart": "no"}
         if deploy := resources(spec):
             service["deploy"] = {"resources": deploy}
         if node:  # node0 hosts the rendezvous: start it first so that its name resolves
@@ -184,7 +202,7 @@ def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python"
     if host_dir == ".":
         for service in services.values():
             service["volumes"] = [_from_host_dir(v) for v in service["volumes"]]
-    doc: Obj = {"name": spec.name, "services": services}
+    doc: Obj = {"name": spec.name, "x-torchjob": restarts(spec), "services": services}
     if named:
         doc["volumes"] = named
     return doc
