@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
+from typing import IO, Any, Callable, Protocol, TypeVar, runtime_checkable
 
 from jobs.spec import JobSpec
 from jobs.values import UserError
-from trainer.contract import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+from trainer.contract import CLOSING, CLOSING_RE, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 
 ENTRY_POINT_GROUP = "torchjob.backends"
 GRACE_S = 60.0  # after a stop, how long workers may take to checkpoint before they are killed
@@ -158,6 +159,34 @@ class Backend(Protocol):
         """This backend's handle from the id part the user typed (``1234``, ``ns/name``)."""
 
 
+class Closings:
+    """The agents' closing lines (``trainer.contract.CLOSING_RE``) seen in a job's output,
+    whatever prefix a line has. How the job failed: the last attempt's line, a first-hand one
+    (from the node where the failure began) before one that only heard of it."""
+
+    def __init__(self) -> None:
+        self.seen: list[re.Match[str]] = []
+
+    def see(self, line: str) -> None:
+        at = line.find(CLOSING)
+        if at >= 0 and (found := CLOSING_RE.match(line[at:].rstrip())):
+            self.seen.append(found)
+
+    def first(self) -> re.Match[str] | None:
+        return min(self.seen, key=lambda m: (-int(m["attempt"]), bool(m["heard"])),
+                   default=None)
+
+    def code(self) -> int | None:
+        """The job's exit code as the agents said it, when one said."""
+        found = self.first()
+        return int(found["code"]) if found else None
+
+    def report(self, where: str, err: IO[str]) -> None:
+        """The last line of a failed job: its first failure and where the full logs are."""
+        if found := self.first():
+            print(f"{found.group(0)}; full logs: {where}", file=err, flush=True)
+
+
 class BaseBackend:
     """Defaults for the parts of the contract a backend leaves out, each an exit-2 error that
     names what to do instead, and ``run`` as submit + follow + the job's exit code."""
@@ -181,17 +210,27 @@ class BaseBackend:
     def run(self, request: Request) -> int:
         handle = self.submit(request)
         print(f"torchjob: submitted {handle}", file=sys.stderr, flush=True)
+        closings = Closings()
         for line in self.logs(handle, follow=True):
+            closings.see(line)
             print(line, flush=True)
-        return self.exit_code(self.wait(handle))
+        code = self.exit_code(self.wait(handle), closings)
+        if code not in (EXIT_OK, EXIT_STOPPED):
+            closings.report(f"torchjob logs {handle}", sys.stderr)
+        return code
 
     def wait(self, handle: Handle) -> JobStatus:
         raise self._unsupported("wait")
 
     @staticmethod
-    def exit_code(status: JobStatus) -> int:
+    def exit_code(status: JobStatus, closings: Closings | None = None) -> int:
+        """The job's exit code: the scheduler's; for a failed job of which it knows none, the
+        agents' (``closings``); else the state's."""
         if status.exit_code is not None:
             return status.exit_code
+        if status.state == State.FAILED and closings is not None \
+                and (said := closings.code()) is not None:
+            return said
         return STATE_EXIT.get(status.state, EXIT_FAILED)
 
     def status(self, handle: Handle) -> JobStatus:

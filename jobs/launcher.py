@@ -20,10 +20,10 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import IO, Any, cast
 
+from jobs.backend import Closings
 from jobs.runs import Record
 from jobs.values import UserError
-from trainer.contract import (CLOSING, EXIT_CONFIG, EXIT_FAILED, HEARD_FAIL, HEARD_RESTART,
-                              LOG_PREFIX_RE)
+from trainer.contract import CLOSING, EXIT_CONFIG, EXIT_FAILED, LOG_PREFIX_RE
 
 START_TIMEOUT_S = 60.0  # a detached launcher that has not recorded itself by then failed
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and what ``torchjob cancel`` sends
@@ -141,8 +141,8 @@ def detach(record: Record, body: Callable[[Stops], int]) -> None:
 class NodeOutput:
     """Where each node's lines go: its log file in the record (when there is one) and, in the
     foreground, the terminal. A worker's line already carries the log prefix; any other line
-    (the agent's own) gets ``[node I] ``. One line, one write. Each node's agent's closing
-    line (``trainer.contract.CLOSING``: why the job failed) is noted in ``closing``."""
+    (the agent's own) gets ``[node I] ``. One line, one write. The agents' closing lines (why
+    the job failed) are noted in ``closings``."""
 
     def __init__(self, record: Record | None, *, out: IO[bytes] | None,
                  err: IO[bytes] | None) -> None:
@@ -150,11 +150,11 @@ class NodeOutput:
         self.lock = threading.Lock()
         self.files: dict[int, IO[bytes]] = {}
         self.closed = False
-        self.closing: dict[int, str] = {}  # node -> its agent's closing line
+        self.closings = Closings()  # the agents' closing lines
 
     def line(self, node: int, raw: bytes, *, stderr: bool = False) -> None:
         if raw.startswith(_CLOSING):
-            self.closing.setdefault(node, raw.decode(errors="replace").strip())
+            self.closings.see(raw.decode(errors="replace"))
         if not LOG_PREFIX_RE.match(raw[:100].decode(errors="replace")):
             raw = f"[node {node}] ".encode() + raw
         if not raw.endswith(b"\n"):
@@ -193,11 +193,9 @@ class NodeOutput:
             where = (f"its log: {self.record.node_log(node)}" if self.record is not None
                      else "its output is above")
             print(f"torchjob: node {node} failed with exit code {code} ({where})", file=err)
-        if failed and self.closing:
-            heard = (CLOSING + HEARD_FAIL, CLOSING + HEARD_RESTART)
-            first = min(self.closing, key=lambda n: (self.closing[n].startswith(heard), n))
-            where = f"; full logs: {self.record.path}" if self.record is not None else ""
-            print(self.closing[first] + where, file=err)
+        if failed:
+            self.closings.report(str(self.record.path) if self.record is not None
+                                 else "above", err)
 
 
 _CLOSING = CLOSING.encode()

@@ -17,15 +17,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from jobs.backend import BackendError, BaseBackend, Context, Handle, JobStatus, Request
+from jobs.backend import (BackendError, BaseBackend, Closings, Context, Handle, JobStatus,
+                         Request)
 from jobs.spec import JobSpec
 from jobs.values import SpecError, UserError
 from slurm import slurm_cli, status
 from slurm.engine import CANCEL_SIGNAL, ScriptExecutor, sbatch_message
 from slurm.sbatch import render_sbatch
 from slurm.slurm_cli import SlurmError
-from slurm.slurm_logs import Follower, first_failures, job_logs
-from trainer.contract import EXIT_STOPPED
+from slurm.slurm_logs import Follower, first_failures, job_logs, log_files
+from trainer.contract import EXIT_OK, EXIT_STOPPED
 
 JOB_ID = re.compile(r"\d+(_\d+)?")
 POLL_S = 0.5  # how often `run` and `logs --follow` read the logs and ask squeue
@@ -83,10 +84,12 @@ class SlurmBackend(BaseBackend):
         print(f"torchjob: submitted {handle}", file=sys.stderr, flush=True)
         tasks = _tasks(handle, request.data)
         follower = Follower(self._run_dir(request), tasks)
+        closings = Closings()
         stopping = False
         while True:
             try:
                 for line in self._follow(handle, follower):
+                    closings.see(line)
                     print(line, flush=True)
                 break
             except KeyboardInterrupt:
@@ -97,7 +100,11 @@ class SlurmBackend(BaseBackend):
                 stopping = True
                 print(f"torchjob: {self.cancel(handle)}; Ctrl-C again to stop waiting",
                       file=sys.stderr, flush=True)
-        return self.exit_code(self.status(handle))
+        code = self.exit_code(self.status(handle), closings)
+        if code not in (EXIT_OK, EXIT_STOPPED):
+            closings.report(" and ".join(str(path) for task in tasks for path in
+                                         log_files(self._run_dir(request), task)), sys.stderr)
+        return code
 
     def wait(self, handle: Handle) -> JobStatus:
         while not self._ended(handle):
@@ -159,10 +166,11 @@ class SlurmBackend(BaseBackend):
 
     def cancel(self, handle: Handle) -> str:
         self.status(handle)  # an unknown job is a SlurmError
-        running = slurm_cli.signal_batch(handle.id, CANCEL_SIGNAL)
+        # pending tasks first: one that starts meanwhile is running when the signal goes out
         pending = slurm_cli.queued(handle.id, states="PENDING")
         if pending:
             slurm_cli.run(["scancel", "--state=PENDING", handle.id])
+        running = slurm_cli.signal_batch(handle.id, CANCEL_SIGNAL)
         done = []
         if running:
             done.append(f"asked {' '.join(running)} to checkpoint and stop (exit 143)")

@@ -4,6 +4,34 @@
 @directives@
 
 set -euo pipefail
+# Stopping: exit code 143 means "stopped: a checkpoint was written, run again to continue".
+# --signal=B:USR2@N sends USR2 to this batch shell only (the time limit is near: requeue);
+# `torchjob cancel` sends USR1 (stop for good). A signal sent to a job step reaches EVERY
+# process of the step (agent and workers alike), so a step-wide USR2 or TERM would hit each
+# worker twice: once from Slurm, once forwarded by torchrun's agent, and the trainer treats a
+# second stop signal as "exit now, without a checkpoint". Instead this shell sends the step
+# SIGURG once, which every process ignores by default except the per-node wrapper below; the
+# wrapper sends TERM to its agent alone, the agent forwards it once to its workers, they
+# finish the step, checkpoint and exit 143, and this shell requeues the job after a USR2
+# (bounded by slurm.max_requeues). A requeue or preemption by Slurm itself (SIGTERM to every
+# process) still stops the workers, without the final checkpoint: the run resumes from the
+# last periodic one. The traps are set first thing, so that no stop is lost: one before the
+# step starts means no step; one before a node's wrapper set its own trap, the .stop file.
+stop=0 pending=0 cancelled=0
+# shellcheck disable=SC2317  # called from the traps below
+stop_step() {
+  pending=1
+  echo "torchjob: $1: asking the training step to checkpoint and stop"
+  if [ "$stop" = 0 ]; then
+    stop=1
+    # before the URG: a node wrapper that sets its URG trap too late for it sees this file
+    if [ -d "${TORCHJOB_NODE_STATUS:-}" ]; then : > "$TORCHJOB_NODE_STATUS/.stop"; fi
+    scancel --signal=URG "$SLURM_JOB_ID" || true
+  fi
+}
+trap 'stop_step USR2' USR2
+trap 'cancelled=1; stop_step "USR1 (torchjob cancel)"' USR1
+
 # this job's values (from the job spec); the rest of the script is the same for every job
 name=@name@
 nnodes=@nnodes@ min_nodes=@min_nodes@ elastic=@elastic@
@@ -37,33 +65,13 @@ if [ "$attempt" -gt "$max_requeues" ]; then
 fi
 mkdir -p "$TORCHJOB_NODE_STATUS"
 
-# Stopping: exit code 143 means "stopped: a checkpoint was written, run again to continue".
-# --signal=B:USR2@N sends USR2 to this batch shell only (the time limit is near: requeue);
-# `torchjob cancel` sends USR1 (stop for good). A signal sent to a job step reaches EVERY
-# process of the step (agent and workers alike), so a step-wide USR2 or TERM would hit each
-# worker twice: once from Slurm, once forwarded by torchrun's agent, and the trainer treats a
-# second stop signal as "exit now, without a checkpoint". Instead this shell sends the step
-# SIGURG once, which every process ignores by default except the per-node wrapper below; the
-# wrapper sends TERM to its agent alone, the agent forwards it once to its workers, they
-# finish the step, checkpoint and exit 143, and this shell requeues the job after a USR2
-# (bounded by slurm.max_requeues). A requeue or preemption by Slurm itself (SIGTERM to every
-# process) still stops the workers, without the final checkpoint: the run resumes from the
-# last periodic one.
-stop=0 pending=0 cancelled=0
-# shellcheck disable=SC2317  # called from the traps below
-stop_step() {
-  pending=1
-  echo "torchjob: $1: asking the training step to checkpoint and stop"
-  if [ "$stop" = 0 ]; then stop=1; scancel --signal=URG "$SLURM_JOB_ID" || true; fi
-}
-trap 'stop_step USR2' USR2
-trap 'cancelled=1; stop_step "USR1 (torchjob cancel)"' USR1
 
 # one task per node: this wrapper around the agent (a constant; it takes the agent's command as "$@")
 read -r -d '' node <<'NODE' || true
 "$@" & agent=$!
 stopping=0 pending=0
 trap 'stopping=1 pending=1; kill -TERM "$agent" 2>/dev/null || true' URG
+if [ -e "$TORCHJOB_NODE_STATUS/.stop" ]; then stopping=1; kill -TERM "$agent" 2>/dev/null || true; fi
 code=0; wait "$agent" || code=$?
 while [ "$code" -gt 128 ] && [ "$pending" = 1 ]; do  # the URG trap cut wait short
   pending=0; next=0; wait "$agent" || next=$?
@@ -75,13 +83,16 @@ if [ "$stopping" = 1 ] && [ "$code" != 0 ]; then code=143; fi
 echo "$code" > "$TORCHJOB_NODE_STATUS/${SLURMD_NODENAME:-$(hostname)}" 2>/dev/null || true
 exit "$code"
 NODE
-srun @srun_options@ bash -c "$node" torchjob-node @agent@ &
-step=$!
-code=0; wait "$step" || code=$?
-while [ "$code" -gt 128 ] && [ "$pending" = 1 ]; do  # a trap cut wait short
-  pending=0; next=0; wait "$step" || next=$?
-  [ "$next" = 127 ] || code=$next  # 127: the step had already been collected
-done
+code=143  # stopped before the step started: nothing to run, the checkpoint is as it was
+if [ "$stop" = 0 ]; then
+  srun @srun_options@ bash -c "$node" torchjob-node @agent@ &
+  step=$!
+  code=0; wait "$step" || code=$?
+  while [ "$code" -gt 128 ] && [ "$pending" = 1 ]; do  # a trap cut wait short
+    pending=0; next=0; wait "$step" || next=$?
+    [ "$next" = 127 ] || code=$next  # 127: the step had already been collected
+  done
+fi
 
 # a failed step: which nodes never reported how their agent ended (lost: killed, or the node failed)?
 if [ "$code" != 0 ] && [ "$stop" = 0 ]; then

@@ -11,6 +11,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 
 from jobs.values import UserError
@@ -112,16 +113,25 @@ def cancel(job_id: str) -> None:
         raise SlurmError(f"scancel {job_id} failed: {_first_line(proc.stderr)}")
 
 
+BATCH_START_S = 30.0  # a task RUNNING for slurmctld may take this long to have a batch shell
+
+
 def signal_batch(job_id: str, signal: str) -> list[str]:
     """Send ``signal`` to the batch shell of every running task of ``job_id``; the tasks that
-    were running (none: all pending, or already gone)."""
-    running = queued(job_id, states="RUNNING")
-    if running:
+    were running (none: all pending, or already gone). A task that has just started may
+    have no batch shell yet for the signal to reach: tried again until it has (or ended)."""
+    deadline = time.monotonic() + BATCH_START_S
+    while True:
+        running = queued(job_id, states="RUNNING")
+        if not running:
+            return running
         proc = run(["scancel", "--batch", f"--signal={signal}", "--state=RUNNING", job_id])
-        if proc.returncode != 0:
-            raise SlurmError(f"scancel --batch --signal={signal} {job_id} failed: "
-                             f"{_first_line(proc.stderr)}")
-    return running
+        if proc.returncode == 0:
+            return running
+        if time.monotonic() > deadline:
+            raise SlurmError(f"scancel --batch --signal={signal} {job_id} failed for "
+                             f"{BATCH_START_S:g} s: {_first_line(proc.stderr)}")
+        time.sleep(0.5)
 
 
 def queued(job_id: str, *, states: str | None = None) -> list[str]:

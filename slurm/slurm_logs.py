@@ -16,8 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.contract import CLOSING as CLOSING_WORDS
-from trainer.contract import HEARD_FAIL, HEARD_RESTART, LOG_PREFIX, log_prefix
+from trainer.contract import CLOSING_RE, LOG_PREFIX, log_prefix
 
 MARKER = re.compile(r"^torchjob: .*\bjob \S+ attempt (\d+)\b")
 # the one prefix, as a pattern: "[node {node} rank {rank} attempt {attempt}] "
@@ -27,10 +26,8 @@ RANK_PREFIX = re.compile("^" + re.escape(LOG_PREFIX).replace(r"\{node\}", r"(?P<
 # torchrun's report of a failed worker group: the rank that failed first on that node
 ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?time\s*: (\S+).*?"
                         r"rank\s*: (\d+)", re.S)
-# the agent's closing line (trainer.elastic_agent): the job's first failure, as decided
-CLOSING = re.compile(re.escape(CLOSING_WORDS) + f"(?:{re.escape(HEARD_FAIL)}|"
-                     f"{re.escape(HEARD_RESTART)})?" + r"node (\d+) rank (\d+) (.*) "
-                     r"\(attempt (\d+)\)$")
+# the failing place in an agent's closing line (trainer.failures.Failure.describe)
+FAILING = re.compile(r"node (?P<node>\d+) rank (?P<rank>\d+) (?P<rest>.*)$")
 FAILURE = re.compile(r"Traceback \(most recent call last\)|^trainer \[rank \d+\]: ")
 JOB = "-"  # node and rank of the lines of the batch shell, srun and the torchrun agents
 
@@ -128,9 +125,9 @@ def job_logs(folder: str | Path, job_id: str) -> JobLogs:
                     logs.first_failing.setdefault(at, rank)
             else:
                 logs.add(attempt, JOB, line)
-                if found := CLOSING.search(line):
-                    node, failing, what, agent_attempt = found.groups()
-                    closing.setdefault(int(agent_attempt), (int(failing), node, what))
+                if (found := CLOSING_RE.search(line)) and (place := FAILING.match(found["what"])):
+                    closing.setdefault(int(found["attempt"]),
+                                       (int(place["rank"]), place["node"], place["rest"]))
         for attempt in {a for a, _ in lines}:
             text = "\n".join(line for a, line in lines if a == attempt)
             causes = sorted((stamp, int(rank)) for stamp, rank in ROOT_CAUSE.findall(text))

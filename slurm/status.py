@@ -12,6 +12,7 @@ ending (a failure before a stop before success).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from signal import SIGUSR1
 
 from jobs.backend import Handle, JobStatus, State
 from slurm import slurm_cli
@@ -50,6 +51,8 @@ def one(record: Mapping[str, str]) -> tuple[State, int | None, str]:
         return State.SUCCEEDED, EXIT_OK, words
     if slurm_state == "CANCELLED":
         return State.CANCELLED, EXIT_STOPPED, words
+    if signal == SIGUSR1:  # torchjob cancel's signal reached the batch shell before its trap
+        return State.CANCELLED, EXIT_STOPPED, words + ": cancelled as it started"
     if slurm_state == "PREEMPTED":
         return State.STOPPED, EXIT_STOPPED, words + ": preempted, not requeued"
     if slurm_state == "FAILED" and code in (EXIT_STOPPED, EXIT_STOPPED - 128):

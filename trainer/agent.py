@@ -40,7 +40,8 @@ import uuid
 from types import FrameType
 from typing import Any, NoReturn, Sequence
 
-from trainer.contract import CLOSING, DIR_OPTIONS, EXIT_CONFIG, EXIT_STOPPED, job_exit_code
+from trainer.contract import (DIR_OPTIONS, EXIT_CONFIG, EXIT_STOPPED, closing_line,
+                              job_exit_code)
 
 FAST_MODULE = "trainer"
 SCRIPT_MODULE = "trainer.script"  # runs any other worker, as python would (trainer/script.py)
@@ -170,7 +171,9 @@ if __name__ == "__main__":
     except ChildFailedError as exc:
         from trainer.elastic_agent import Agent
 
-        print(CLOSING + Agent.closing if Agent.closing else exc, file=sys.stderr, flush=True)
-        sys.exit(job_exit_code({failure.exitcode for failure in exc.failures.values()}))
+        code = job_exit_code({failure.exitcode for failure in exc.failures.values()})
+        print(closing_line(*Agent.closing, code) if Agent.closing else exc, file=sys.stderr,
+              flush=True)
+        sys.exit(code)
     except SignalException as exc:  # told to stop: the workers were asked to checkpoint
         sys.exit(128 + int(exc.sigval))

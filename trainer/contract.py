@@ -31,12 +31,22 @@ def job_exit_code(codes: set[int]) -> int:
         return EXIT_STOPPED
     return EXIT_FAILED
 
-# The first words of an agent's last line when the job failed (``trainer.agent``): the first
-# failing node and rank and why. Launchers find it in a node's output and end with it.
+# An agent's last line when the job failed (``trainer.agent``): the first failing node and
+# rank and why, the attempt and the job's exit code. Launchers find it in a node's output
+# and end with it; a scheduler that reports no exit code (TorchX) takes the code from it.
 CLOSING = "torchjob: the job failed: "
 # What follows it on a node that only heard the verdict from the node where the failure began
 # (``trainer.elastic_agent``): a launcher ends with the first-hand line.
 HEARD_FAIL, HEARD_RESTART = "stopping: ", "another node: "
+CLOSING_RE = re.compile(re.escape(CLOSING) + f"(?P<heard>{re.escape(HEARD_FAIL)}|"
+                        f"{re.escape(HEARD_RESTART)})?" + r"(?P<what>.*) \(attempt "
+                        r"(?P<attempt>\d+), exit (?P<code>\d+)\)$")
+
+
+def closing_line(why: str, attempt: int, code: int) -> str:
+    """``torchjob: the job failed: node 0 rank 1 raised ValueError: x: not retried (...)
+    (attempt 0, exit 1)``."""
+    return f"{CLOSING}{why} (attempt {attempt}, exit {code})"
 
 # One prefix for every log line a job prints, on every backend: node, rank, attempt.
 LOG_PREFIX = "[node {node} rank {rank} attempt {attempt}] "

@@ -122,7 +122,7 @@ class Agent(LocalElasticAgent):
     restarts only for lost workers (trainer.failures), decided alike on every node."""
 
     retry_on_error = False  # set by ``python -m trainer.agent --retry-on-error``
-    closing: str | None = None  # why the job failed, for the agent's last line
+    closing: tuple[str, int] | None = None  # why the job failed, and the attempt
 
     def __init__(self, spec: agent_api.WorkerSpec, *args: Any, **kwargs: Any) -> None:
         spec.rdzv_handler = MembershipWatch(spec.rdzv_handler)  # type: ignore[assignment]
@@ -142,7 +142,7 @@ class Agent(LocalElasticAgent):
             verdict = self._shared(verdict)
             log.warning("torchjob: %s", verdict.why)
             if not verdict.restart:
-                Agent.closing = f"{verdict.why} (attempt {self.attempt()})"
+                Agent.closing = (verdict.why, self.attempt())
                 self._remaining_restarts = 0  # torch's loop then stops the group and returns
         return result
 

@@ -68,9 +68,9 @@ def test_the_agents_closing_line_names_the_first_failure(tmp_path: Path) -> None
         "[node 0 rank 1 attempt 0] RuntimeError: [gloo/transport/tcp] Connection closed\n"
         "[node 1 rank 3 attempt 0] ValueError: boom\n"
         "torchjob: the job failed: stopping: node 1 rank 3 raised ValueError: boom: not "
-        "retried (...) (attempt 0)\n"
+        "retried (...) (attempt 0, exit 1)\n"
         "torchjob: the job failed: node 1 rank 3 raised ValueError: boom: not retried (...) "
-        "(attempt 0)\n")
+        "(attempt 0, exit 1)\n")
     assert list(first_failures(job_logs(tmp_path, "8"))) == [
         "torchjob: attempt 0: first failing rank: 3 (node 1): raised ValueError: boom: not "
         f"retried (...); full log: {tmp_path / 'slurm-8.out'} and {tmp_path / 'slurm-8.err'}"]

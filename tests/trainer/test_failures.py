@@ -116,7 +116,7 @@ def test_a_user_exception_fails_at_once_and_names_its_rank(tmp_path: Path) -> No
     assert closing(proc) == (
         "torchjob: the job failed: node 0 rank 1 raised ValueError: bad value at step 20: not "
         "retried (a restart is for a lost worker, not a bug; retry_on_error: true retries it) "
-        "(attempt 0)"), proc.stdout
+        "(attempt 0, exit 1)"), proc.stdout
     # the script ran as python runs it: its own argv, its own directory first on sys.path
     assert f"argv ['raise', '1'] path0 {tmp_path / 'job'}" in proc.stdout, proc.stdout
 

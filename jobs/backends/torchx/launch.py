@@ -17,8 +17,9 @@ from torchx.runner import get_runner
 from torchx.runner.config import apply as apply_torchxconfig
 from torchx.specs import AppDef, AppDryRunInfo, AppState, AppStatus
 
+from jobs.backend import Closings
 from jobs.values import UserError
-from trainer.contract import EXIT_FAILED, EXIT_OK
+from trainer.contract import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 
 LOCAL_SCHEDULERS = ("local_cwd", "local_docker")
 
@@ -67,14 +68,17 @@ def schedule(info: AppDryRunInfo) -> str:
 
 def run(info: AppDryRunInfo) -> int:
     """Schedule ``info``, stream every replica's log with its place in front, wait for the
-    end; 0 when it succeeded, else 1 (TorchX reports no exit code)."""
+    end; the exit code: 0 when it succeeded, 143 cancelled, and for a failed app (TorchX
+    reports no exit code) the one its agents' closing line gives (else 1), after which that
+    line and where the logs are come last."""
     with get_runner() as runner:
         handle = runner.schedule(info)
         print(f"torchx:{handle}", flush=True)
         app = info._app
         assert app is not None
-        threads = [threading.Thread(target=_stream, args=(runner, handle, role.name, k),
-                                    daemon=True)
+        closings = Closings()
+        threads = [threading.Thread(target=_stream, daemon=True,
+                                    args=(runner, handle, role.name, k, closings))
                    for role in app.roles for k in range(role.num_replicas)]
         for thread in threads:
             thread.start()
@@ -83,11 +87,19 @@ def run(info: AppDryRunInfo) -> int:
             thread.join(timeout=5)
         state = final.state if final else AppState.UNKNOWN
         print(f"torchjob: torchx:{handle}: {state.name}", file=sys.stderr)
-        return EXIT_OK if state == AppState.SUCCEEDED else EXIT_FAILED
+        if state == AppState.SUCCEEDED:
+            return EXIT_OK
+        if state == AppState.CANCELLED:
+            return EXIT_STOPPED
+        log_dir = info._cfg.get("log_dir")
+        closings.report(f"{log_dir}/{handle.partition('://')[2]}" if log_dir
+                        else f"torchjob logs torchx:{handle}", sys.stderr)
+        return closings.code() or EXIT_FAILED
 
 
-def _stream(runner: Any, handle: str, role: str, k: int) -> None:
+def _stream(runner: Any, handle: str, role: str, k: int, closings: Closings) -> None:
     for line in runner.log_lines(handle, role, k, should_tail=True):
+        closings.see(line)
         sys.stdout.write(f"{role}/{k} {line}" if line.endswith("\n") else f"{role}/{k} {line}\n")
         sys.stdout.flush()
 
