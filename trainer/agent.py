@@ -31,6 +31,7 @@ without a word added to its argv.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import shutil
 import signal
@@ -40,7 +41,7 @@ import uuid
 from types import FrameType
 from typing import Any, NoReturn, Sequence
 
-from trainer.contract import (DIR_OPTIONS, EXIT_CONFIG, EXIT_STOPPED, closing_line,
+from trainer.contract import (DIR_OPTIONS, EXIT_CONFIG, EXIT_STOPPED, STOP_SIGNALS, closing_line,
                               job_exit_code)
 
 FAST_MODULE = "trainer"
@@ -58,6 +59,8 @@ def worker(*argv: str) -> None:
     worker would wait for the agent to read its result until the agent's 30 s shutdown
     timeout killed it). The next attempt resumes from that final checkpoint and ends at once.
     """
+    for sig in STOP_SIGNALS:  # heard again (start_forkserver)
+        signal.signal(sig, signal.SIG_DFL)
     from trainer.train import main
 
     try:
@@ -158,7 +161,20 @@ def launch(args: Any) -> None:
     config, _, _ = config_from_args(args)
     config.start_method = "forkserver"
     multiprocessing.set_forkserver_preload(PRELOAD)
+    start_forkserver()
     elastic_launch(config=config, entrypoint=worker)(*args.training_script_args)
+
+
+def start_forkserver() -> None:
+    """Start the server the workers fork from now, deaf to stop signals: one sent to the
+    whole process group (TorchX's local scheduler, scancel of a step) would end it, and its
+    workers with it, before they had checkpointed. Its workers hear them again (``worker``)."""
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ here (this package is the lowest layer, and needs no torch for this module).
 from __future__ import annotations
 
 import re
+import signal
 import string
 
 # The exit table (README, "Exit codes"), the same on every backend.
@@ -13,6 +14,8 @@ EXIT_OK = 0  # done
 EXIT_FAILED = 1  # the job failed: user code raised, or workers kept dying past max_restarts
 EXIT_CONFIG = 2  # bad configuration: spec, options or environment; never retried
 EXIT_STOPPED = 143  # 128 + SIGTERM: stopped or preempted after a checkpoint; run again
+# What asks a worker to checkpoint and stop (Slurm's --signal and cancel, pod deletion, torchrun)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 # Between a worker and its agent only, never a job's exit code: the worker lost a peer (a
 # collective failed because another process died or vanished), so a restart may help.
 # sysexits' EX_TEMPFAIL, "a temporary failure: the user is invited to retry".

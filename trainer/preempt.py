@@ -12,21 +12,27 @@ import os
 import signal
 import sys
 import threading
+import time
 import types
 
 import torch
 import torch.distributed as dist
 
 from trainer.contract import EXIT_STOPPED as EXIT_PREEMPTED
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+from trainer.contract import STOP_SIGNALS
+# A second signal this soon after the first is the same stop delivered twice: to the whole
+# process group (TorchX's local scheduler, scancel of a step) and forwarded by the agent.
+SAME_STOP_S = 1.0
 
 
 class StopRequest:
-    """Remembers the first stop signal; a second one, or the grace period running out, ends the
-    process at once with 143 (the last periodic checkpoint is then where the next run starts)."""
+    """Remembers the first stop signal; a second one (after ``SAME_STOP_S``), or the grace
+    period running out, ends the process at once with 143 (the last periodic checkpoint is
+    then where the next run starts)."""
 
     def __init__(self, grace_s: float) -> None:
         self.signum: int | None = None
+        self._first = 0.0  # when it came (time.monotonic)
         self.grace_s = grace_s
         self._vote: dist.Work | None = None
         self._timer: threading.Timer | None = None
@@ -37,9 +43,11 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: types.FrameType | None) -> None:
         if self.signum is not None:
+            if time.monotonic() - self._first < SAME_STOP_S:
+                return  # the same stop, delivered twice
             sys.stderr.write(f"second {signal.Signals(signum).name}: exiting now\n")
             os._exit(EXIT_PREEMPTED)
-        self.signum = signum
+        self.signum, self._first = signum, time.monotonic()
         if self.grace_s > 0:
             self._timer = threading.Timer(self.grace_s, self._expire)
             self._timer.daemon = True

@@ -47,11 +47,19 @@ def test_a_config_error_in_the_workers_exits_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_sigterm_to_the_agent_exits_143_after_a_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("group", [False, True], ids=["agent", "process-group"])
+def test_sigterm_to_the_agent_exits_143_after_a_checkpoint(tmp_path: Path, group: bool) -> None:
+    """SIGTERM to the agent, or to its whole process group at once, as TorchX's local
+    scheduler and scancel send it: the workers, and the server they are forked from, hear
+    one stop, checkpoint and exit 143."""
     proc = subprocess.Popen(agent(tmp_path, "--epochs", "30", "--log-every", "1"),
-                            env=env_for_tests(), stderr=subprocess.PIPE, text=True)
+                            env=env_for_tests(), stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     wait_for(lambda: last_step(tmp_path) >= 10 or proc.poll() is not None, 120, "step 10")
-    proc.send_signal(signal.SIGTERM)
+    if group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-2000:]
     assert "stopped by SIGTERM" in err

@@ -15,6 +15,7 @@ from typing import Any
 
 from torchx.runner import get_runner
 from torchx.runner.config import apply as apply_torchxconfig
+from torchx.schedulers.local_scheduler import SignalException
 from torchx.specs import AppDef, AppDryRunInfo, AppState, AppStatus
 
 from jobs.backend import Closings
@@ -82,7 +83,13 @@ def run(info: AppDryRunInfo) -> int:
                    for role in app.roles for k in range(role.num_replicas)]
         for thread in threads:
             thread.start()
-        final = runner.wait(handle, wait_interval=0.5)
+        try:
+            final = runner.wait(handle, wait_interval=0.5)
+        except (KeyboardInterrupt, SignalException):  # TorchX's local schedulers raise this
+            print(f"torchjob: stopping: cancelling torchx:{handle} (its workers checkpoint "
+                  "and exit 143)", file=sys.stderr, flush=True)
+            runner.cancel(handle)
+            final = runner.wait(handle, wait_interval=0.5)
         for thread in threads:
             thread.join(timeout=5)
         state = final.state if final else AppState.UNKNOWN
