@@ -41,9 +41,11 @@ def expect(ok: object, what: str, output: str) -> None:
 
 
 def success(cell: Cell) -> None:
-    """The same job ends with the same parameters, bit for bit, on every backend."""
+    """The same job ends with the same parameters, bit for bit, on every backend; `run`
+    followed its logs to the end."""
     code, out = cell.run(DEFAULT, *TRAINER_SETS)
     expect(code == 0, f"exit code {code}, not 0", out)
+    expect("[rank 0/2] done: steps 10, world_size 2" in out, "rank 0's last line missing", out)
     assert_bitwise_equal(final_params(cell.run_dir / "checkpoints"), cell.reference())
 
 
