@@ -105,14 +105,3 @@ def test_render_to_torchx_prints_the_appdef() -> None:
 def test_submit_to_a_bad_scheduler_exits_2(to: str, message: str) -> None:
     proc = torchjob("submit", "--to", to, "jobs/examples/default.yaml")
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
-
-
-@pytest.mark.integration
-def test_run_on_torchx_local_cwd_waits_and_streams_logs(tmp_path: Path) -> None:
-    proc = torchjob("run", "--to", "torchx:local_cwd", str(ROOT / "jobs/examples/default.yaml"),
-                    "--set", "trainer.args.epochs=2", "--set", f"run_dir={tmp_path}",
-                    cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.startswith("torchx:local_cwd://")  # the handle names its backend
-    assert "trainer/0" in proc.stdout and "done: steps 44" in proc.stdout
-    assert "SUCCEEDED" in proc.stderr

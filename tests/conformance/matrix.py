@@ -1,0 +1,236 @@
+"""The conformance matrix (DESIGN.md, "One behaviour everywhere"): scenarios x backends, every
+cell a real run of what users run, ``torchjob run --to BACKEND JOB.yaml --set ...``.
+
+A column is one entry of ``COLUMNS``: a backend's name, how a user stops a run there and how
+a worker dies there. A cell that cannot pass is declared in ``DECLARED``, the one place that
+says why: ``n/a`` (the backend cannot do it: not run), ``pending`` (waits for work not merged
+yet: not run) or ``gap`` (the backend breaks the contract there: the cell runs and must still
+fail, so that the declaration goes once the gap is fixed). Nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+from tests.procs import PYTHON, env_for_tests, free_port
+from tests.recorded import wait_until
+
+RUN_TIMEOUT_S = 400.0  # one `torchjob run` of a few steps on a shared 2-core machine
+EVENT_TIMEOUT_S = 240.0  # from a run's start to an event in it (a gate reached, a stop seen)
+# "torchjob: submitted slurm:12" (BaseBackend.run) or TorchX's "torchx:local_cwd://torchx/x"
+HANDLE = re.compile(r"^(?:torchjob: submitted )?((?:local|docker|slurm|torchx|k8s):\S+)$", re.M)
+
+
+@dataclass
+class Run:
+    """One ``torchjob run`` in the background, its stdout and stderr together in ``log``."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.text().splitlines()[-lines:])
+
+    def handle(self) -> str:
+        """The job's handle, as the run printed it."""
+        found = wait_until(lambda: HANDLE.search(self.text()) or self.proc.poll() is not None,
+                           EVENT_TIMEOUT_S, "the run to print its job's handle", self.tail)
+        if not isinstance(found, re.Match):
+            raise AssertionError(f"the run ended without printing a handle:\n{self.tail()}")
+        return found[1]
+
+    def wait(self) -> int:
+        try:
+            return self.proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"torchjob run still running after {RUN_TIMEOUT_S:g} s:\n"
+                                 f"{self.tail()}") from None
+
+    def close(self) -> None:
+        """Stop it if it still runs: a Ctrl-C (every backend's run stops its job on one),
+        then a kill."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+Stop = Callable[["Cell", Run], None]
+Kill = Callable[["Cell", int], None]
+
+
+def send(sig: signal.Signals) -> Stop:
+    """Stop by a signal to the ``torchjob run`` process (Ctrl-C is SIGINT)."""
+    def stop(cell: Cell, run: Run) -> None:
+        run.proc.send_signal(sig)
+    return stop
+
+
+def cancel(cell: Cell, run: Run) -> None:
+    """Stop with ``torchjob cancel HANDLE`` from another terminal."""
+    done = cell.torchjob("cancel", run.handle())
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def kill_pid(cell: Cell, pid: int) -> None:
+    """kill -9 of the worker, by the pid it wrote at the gate (on this host)."""
+    os.kill(pid, signal.SIGKILL)
+
+
+def scancel(cell: Cell, run: Run) -> None:
+    """A Slurm job of the cell still queued after its run ended: cancelled (ours only)."""
+    job_id = re.split(r"[:/]", run.handle())[-1] if HANDLE.search(run.text()) else ""
+    if job_id.isdigit():
+        subprocess.run(["scancel", job_id], env=env_for_tests(), capture_output=True,
+                       check=False)
+
+
+def nothing(cell: Cell, run: Run) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Column:
+    """One backend of the matrix."""
+
+    backend: str  # what --to says
+    stop: Stop  # how a user stops a run there: the workers checkpoint, the run exits 143
+    kill: Kill = kill_pid  # kill -9 of one worker
+    sets: tuple[str, ...] = ()  # --set words this backend needs (e.g. a mount)
+    needs: tuple[str, ...] = ()  # pytest fixtures that bring its engine up
+    marks: tuple[str, ...] = ()  # pytest markers of its cells
+    cwd: str | None = None  # the workers' working directory, if not where torchjob runs
+    env: tuple[tuple[str, str], ...] = ()  # the user's environment for it (a venv activated)
+    cleanup: Stop = nothing  # after a cell: leave nothing of it queued or running
+
+
+# The venv activated: TorchX runs `python` on the nodes, not this interpreter (README, TorchX)
+VENV = (("PATH", os.pathsep.join([str(Path(PYTHON).parent), os.environ.get("PATH", "")])),)
+
+
+def on_slurm(backend: str, env: tuple[tuple[str, str], ...] = ()) -> Column:
+    """A column on the dev cluster (tests/slurm/conftest.py): stopped with torchjob cancel."""
+    return Column(backend, stop=cancel, needs=("slurm_cluster",), marks=("slurm",),
+                  cleanup=scancel, env=env)
+
+
+COLUMNS = (
+    Column("local", stop=send(signal.SIGTERM)),
+    Column("torchx:local_cwd", stop=send(signal.SIGINT)),
+    on_slurm("slurm"),
+    on_slurm("slurm:sbatch"),
+    on_slurm("torchx:slurm", env=VENV),
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of a cell: "pass", "fail", or its declared kind when it was not run."""
+
+    status: str
+    seconds: float = 0.0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Declared:
+    kind: Literal["n/a", "pending", "gap"]
+    why: str
+    fails_with: str = ""  # a gap: what its cell's failure says (so it fails for that reason)
+
+
+FRESH = Declared("pending", "checkpoint fingerprints, --fresh and exit 2 on a changed config "
+                 "are being built (issue 12): enable once merged")
+TORCHX_EXIT = Declared("gap", "TorchX reports a state, not an exit code: `torchjob run` "
+                       "turns every failure into 1 (jobs/backends/torchx/launch.py run)",
+                       "exit code 1, not 2")
+DECLARED: dict[tuple[str, str], Declared] = {
+    **{("changed config", c.backend): FRESH for c in COLUMNS},
+    ("configuration error", "torchx:local_cwd"): TORCHX_EXIT,
+    ("configuration error", "torchx:slurm"): TORCHX_EXIT,
+    ("stop and resume", "torchx:local_cwd"): Declared(
+        "gap", "Ctrl-C ends `torchjob run` with TorchX's SignalException (exit 1) and its "
+        "local scheduler kills the workers before they checkpoint", "exit code 1, not 143"),
+    ("stop and resume", "torchx:slurm"): Declared(
+        "gap", "`torchjob cancel` is TorchX's cancel, scancel: the workers get no time to "
+        "checkpoint, and TorchX 0.7 cannot read Slurm's 'CANCELLED by 0' (an AssertionError "
+        "in its describe), so `torchjob run` ends with a traceback, exit 1",
+        "exit code 1, not 143"),
+}
+
+
+@dataclass
+class Cell:
+    """One scenario on one backend, in a directory of its own (the cwd of its runs)."""
+
+    scenario: str
+    column: Column
+    workdir: Path
+    reference: Callable[[], dict]  # final parameters of the uninterrupted run (torchrun)
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.workdir / "runs" / "job"
+
+    @property
+    def gate(self) -> Path:
+        return self.workdir / "runs" / "gate"
+
+    def start(self, job: str | Path, *sets: str, options: tuple[str, ...] = ()) -> Run:
+        """``torchjob run --to BACKEND [OPTIONS] JOB --set ...`` in the background."""
+        words = [f"rdzv.port={free_port()}", "run_dir=runs/job", *self.column.sets, *sets]
+        argv = [PYTHON, "-m", "jobs", "run", "--to", self.column.backend, *options, str(job),
+                *[w for s in words for w in ("--set", s)]]
+        log = self.workdir / f"run-{len(self.runs)}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(argv, cwd=self.workdir, env=self.env(), stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        self.runs.append(Run(proc, log))
+        return self.runs[-1]
+
+    def run(self, job: str | Path, *sets: str, options: tuple[str, ...] = ()) -> tuple[int, str]:
+        """The same to its end: (exit code, output)."""
+        run = self.start(job, *sets, options=options)
+        return run.wait(), run.text()
+
+    def torchjob(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PYTHON, "-m", "jobs", *argv], cwd=self.workdir,
+                              env=self.env(), capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL)
+
+    def env(self) -> dict[str, str]:
+        return env_for_tests(**dict(self.column.env))
+
+    def at_gate(self, run: Run, ranks: int = 2) -> dict[int, int]:
+        """Every rank held at the gate (tests/conformance/gate.py): rank -> its pid."""
+        def held() -> dict[int, int] | bool:
+            if run.proc.poll() is not None:
+                raise AssertionError(f"the run ended before its gate:\n{run.tail()}")
+            found = {int(p.name[3:]): int(p.read_text()) for p in self.gate.glob("at-*")}
+            return len(found) == ranks and found
+        pids: dict[int, int] = wait_until(held, EVENT_TIMEOUT_S, f"{ranks} ranks at the gate",
+                                          run.tail)
+        return pids
+
+    def open_gate(self) -> None:
+        self.gate.mkdir(parents=True, exist_ok=True)
+        (self.gate / "go").touch()
+
+    def close(self) -> None:
+        for run in self.runs:
+            run.close()
+            self.column.cleanup(self, run)
