@@ -153,21 +153,8 @@ class Declared:
 
 FRESH = Declared("pending", "checkpoint fingerprints, --fresh and exit 2 on a changed config "
                  "are being built (issue 12): enable once merged")
-TORCHX_EXIT = Declared("gap", "TorchX reports a state, not an exit code: `torchjob run` "
-                       "turns every failure into 1 (jobs/backends/torchx/launch.py run)",
-                       "exit code 1, not 2")
 DECLARED: dict[tuple[str, str], Declared] = {
     **{("changed config", c.backend): FRESH for c in COLUMNS},
-    ("configuration error", "torchx:local_cwd"): TORCHX_EXIT,
-    ("configuration error", "torchx:slurm"): TORCHX_EXIT,
-    ("stop and resume", "torchx:local_cwd"): Declared(
-        "gap", "Ctrl-C ends `torchjob run` with TorchX's SignalException (exit 1) and its "
-        "local scheduler kills the workers before they checkpoint", "exit code 1, not 143"),
-    ("stop and resume", "torchx:slurm"): Declared(
-        "gap", "`torchjob cancel` is TorchX's cancel, scancel: the workers get no time to "
-        "checkpoint, and TorchX 0.7 cannot read Slurm's 'CANCELLED by 0' (an AssertionError "
-        "in its describe), so `torchjob run` ends with a traceback, exit 1",
-        "exit code 1, not 143"),
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from torchx.runner import get_runner
 from torchx.runner.config import apply as apply_torchxconfig
+from torchx.schedulers import slurm_scheduler
 from torchx.schedulers.local_scheduler import SignalException
 from torchx.specs import AppDef, AppDryRunInfo, AppState, AppStatus
 
@@ -23,6 +24,19 @@ from jobs.values import UserError
 from trainer.contract import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 
 LOCAL_SCHEDULERS = ("local_cwd", "local_docker")
+
+
+class _SlurmStates(dict[str, AppState]):
+    """TorchX 0.7's Slurm scheduler looks sacct's State up whole, so a cancelled job's
+    'CANCELLED by 0' fails its describe with an AssertionError (and `torchjob run` with a
+    traceback; meta-pytorch/torchx#1373 makes such lookups defensive). Looked up by its first
+    word here."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return super().get(key.split(" ", 1)[0], default)
+
+
+slurm_scheduler.SLURM_STATES = _SlurmStates(slurm_scheduler.SLURM_STATES)
 
 
 class TorchxError(UserError):
