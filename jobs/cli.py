@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from secrets import token_hex
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from jobs import backend as registry
 from jobs.backend import GRACE_S, Backend, Context, JobStatus, Request
@@ -54,25 +54,46 @@ def context(spec: JobSpec, args: argparse.Namespace, *, fresh: bool) -> Context:
     (run, submit): a new run id and a free port; else (render) the spec's own, so that the
     printed text is the same every time."""
     options = {"grace": getattr(args, "grace", GRACE_S)}
-    return Context(run_id=f"{spec.name}-{token_hex(3)}" if fresh else spec.name,
+    run_id = f"{spec.name}-{token_hex(3)}" if fresh else spec.name
+    return Context(run_id=run_id,
                    python=sys.executable, workdir=os.getcwd(),
                    port=free_port() if fresh else spec.rdzv.port,
                    cpu_count=os.cpu_count() or 1, source=args.job, options=options)
 
 
+def resume_overrides(args: argparse.Namespace) -> list[str]:
+    """``--fresh`` and ``--resume=force`` as the spec's ``resume`` field."""
+    if getattr(args, "fresh", False) and getattr(args, "resume", None):
+        raise UserError("--fresh and --resume=force contradict each other: choose one")
+    if getattr(args, "fresh", False):
+        return ["resume=fresh"]
+    return [f"resume={args.resume}"] if getattr(args, "resume", None) else []
+
+
+def submission(spec: JobSpec, run_id: str) -> JobSpec:
+    """``resume: fresh`` tied to this submission (its run id): the old checkpoints are moved
+    aside once, and a restart of the same job (a new attempt, a requeue, a pod or container
+    started again) resumes its own."""
+    return dataclasses.replace(spec, resume=f"fresh:{run_id}") if spec.resume == "fresh" \
+        else spec
+
+
 def requests(backend: Backend, args: argparse.Namespace, *, fresh: bool) -> list[Request]:
     """The spec rendered for ``backend``: one request, or with ``--sweep`` one for the whole
     array where the backend has arrays, else one per point."""
-    spec = load(Path(args.job), args.set)
+    spec = load(Path(args.job), [*args.set, *resume_overrides(args)])
     sweep = parse_sweep(getattr(args, "sweep", []))
+    def render(spec: JobSpec, **options: Any) -> Request:
+        ctx = context(spec, args, fresh=fresh)
+        ctx = dataclasses.replace(ctx, options={**ctx.options, **options})
+        return backend.render(submission(spec, ctx.run_id) if fresh else spec, ctx)
+
     if not sweep:
-        return [backend.render(spec, context(spec, args, fresh=fresh))]
+        return [render(spec)]
     points = sweep_specs(spec, sweep)  # checks the sweep on every backend
     if getattr(backend, "native_sweep", False):
-        ctx = context(spec, args, fresh=fresh)
-        return [backend.render(spec, dataclasses.replace(
-            ctx, options={**ctx.options, "sweep": sweep}))]
-    return [backend.render(point, context(point, args, fresh=fresh)) for point in points]
+        return [render(spec, sweep=sweep)]
+    return [render(point) for point in points]
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -201,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                          help="override a spec field, e.g. --set nnodes=1:2 or "
                               "--set trainer.args.epochs=3 (repeatable; value is YAML)")
+        cmd.add_argument("--fresh", action="store_true",
+                         help="start over: checkpoints already in the checkpoint directory "
+                              "are moved aside (never deleted), once; restarts of this job "
+                              "resume its own")
+        cmd.add_argument("--resume", choices=["force"],
+                         help="force: resume the checkpoints even though they were written "
+                              "with another configuration")
         return cmd
 
     def sweep_option(cmd: argparse.ArgumentParser) -> None:

@@ -11,8 +11,8 @@ they pass. A user's script gets exactly its ``trainer.args``; the built-in train
 from __future__ import annotations
 
 from jobs.spec import JobSpec, trainer_argv
-from trainer.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_DIR_OPTION, RUN_DIR_ENV,
-                              RUN_DIR_OPTION)
+from trainer.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_DIR_OPTION, RESUME_ENV,
+                              RESUME_OPTION, RUN_DIR_ENV, RUN_DIR_OPTION)
 
 
 def dir_options(spec: JobSpec) -> tuple[str, ...]:
@@ -22,8 +22,10 @@ def dir_options(spec: JobSpec) -> tuple[str, ...]:
 
 
 def dir_env(spec: JobSpec) -> dict[str, str]:
-    """The same as environment variables, for a node that runs plain torchrun (TrainJob)."""
-    return {RUN_DIR_ENV: spec.run_dir, CHECKPOINT_DIR_ENV: spec.checkpoint_dir}
+    """The same as environment variables (and ``spec.resume``), for a node that runs plain
+    torchrun (TrainJob)."""
+    return {RUN_DIR_ENV: spec.run_dir, CHECKPOINT_DIR_ENV: spec.checkpoint_dir,
+            **({RESUME_ENV: spec.resume} if spec.resume != "auto" else {})}
 
 
 def entry_args(spec: JobSpec) -> tuple[str, ...]:
@@ -44,6 +46,7 @@ def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str
         python, "-m", "trainer.agent",
         *dir_options(spec),
         *(["--retry-on-error"] if spec.retry_on_error else []),
+        *([RESUME_OPTION, spec.resume] if spec.resume != "auto" else []),
         "--nnodes", str(spec.nnodes),
         "--nproc-per-node", str(spec.nproc_per_node),
         "--rdzv-backend", spec.rdzv.backend,

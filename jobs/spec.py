@@ -96,6 +96,12 @@ def _script(value: str, path: str) -> None:
                   "write ./" + value)
 
 
+def _resume(value: str, path: str) -> None:
+    if value in ("auto", "force", "fresh") or re.fullmatch(r"fresh:[A-Za-z0-9._-]{1,120}", value):
+        return
+    raise bad(path, value, "must be auto, force or fresh (torchjob run --fresh, --resume=force)")
+
+
 _dns_label = pattern(DNS_1123_LABEL, "a Kubernetes name (lower case letters, digits, '-')",
                      "team-a", 63)
 _dns_name = _optional(pattern(DNS_1123_SUBDOMAIN, "a Kubernetes object name (lower case "
@@ -428,6 +434,10 @@ class JobSpec(Section):
                                    "killed or lost", 3, check=at_least(0))
     retry_on_error: bool = spec_field("restart also when user code raised (for flaky code; "
                                       "by default an exception fails the job at once)", False)
+    resume: str = spec_field(
+        "checkpoints of another configuration: auto (refused, exit 2), force (resumed anyway) "
+        "or fresh (moved aside once per submission; start over); torchjob run --fresh and "
+        "--resume=force set it", "auto", check=_resume)
     trainer: TrainerSection = spec_field("what every worker runs", factory=TrainerSection)
     rdzv: Rdzv = spec_field("rendezvous settings", factory=Rdzv)
     local: Local = spec_field("local backend settings", factory=Local)

@@ -15,7 +15,7 @@ from jobs.command import agent_command, dir_env
 from jobs.spec import JobSpec
 from jobs.values import SpecError
 from k8s.pod import Obj, env, metadata, on_cluster, resources
-from trainer.contract import DIR_OPTIONS
+from trainer.contract import AGENT_ENV_OPTIONS
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"
@@ -55,7 +55,7 @@ def render_trainjob(spec: JobSpec) -> Obj:
         raise SpecError("mounts", "TrainJob takes volumes from its runtime; use --to k8s")
     spec = on_cluster(spec)
     agent = agent_command(spec, python="python", rdzv_endpoint="", run_id=spec.name)
-    command = ["torchrun", *without_flags(agent, (*PET_FLAGS, *DIR_OPTIONS))[3:]]
+    command = ["torchrun", *without_flags(agent, (*PET_FLAGS, *AGENT_ENV_OPTIONS))[3:]]
     trainer: Obj = {"image": spec.image, "command": command, "numNodes": spec.nnodes.max,
                     "numProcPerNode": spec.nproc_per_node}
     trainer["env"] = [{"name": k, "value": v} for k, v in dir_env(spec).items()] + env(spec)

@@ -23,9 +23,10 @@ never even receives a SIGTERM: the kernel drops it, and the engine waited its wh
 period, while the workers it then started trained on.
 
 Before torchrun's arguments it takes torchjob's own options: ``--retry-on-error`` (restart on
-exceptions too) and ``--run-dir DIR --checkpoint-dir DIR``, exported to every worker as
-``TORCHJOB_RUN_DIR`` and ``TORCHJOB_CHECKPOINT_DIR``: a user's script learns where its files go
-without a word added to its argv.
+exceptions too), ``--run-dir DIR --checkpoint-dir DIR``, exported to every worker as
+``TORCHJOB_RUN_DIR`` and ``TORCHJOB_CHECKPOINT_DIR`` (a user's script learns where its files go
+without a word added to its argv), and ``--resume force|fresh[:TOKEN]``, exported as
+``TORCHJOB_RESUME`` (trainer.fingerprint).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import uuid
 from types import FrameType
 from typing import Any, NoReturn, Sequence
 
-from trainer.contract import (DIR_OPTIONS, EXIT_CONFIG, EXIT_STOPPED, STOP_SIGNALS, closing_line,
+from trainer.contract import (AGENT_ENV_OPTIONS, EXIT_CONFIG, EXIT_STOPPED, STOP_SIGNALS, closing_line,
                               job_exit_code)
 
 FAST_MODULE = "trainer"
@@ -95,8 +96,8 @@ def own_options(argv: list[str]) -> tuple[list[str], bool, dict[str, str]]:
     while argv:
         if argv[0] == RETRY_ON_ERROR:
             retry, argv = True, argv[1:]
-        elif argv[0] in DIR_OPTIONS and len(argv) > 1:
-            env[DIR_OPTIONS[argv[0]]], argv = argv[1], argv[2:]
+        elif argv[0] in AGENT_ENV_OPTIONS and len(argv) > 1:
+            env[AGENT_ENV_OPTIONS[argv[0]]], argv = argv[1], argv[2:]
         else:
             break
     return argv, retry, env

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +30,10 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from trainer.config import ConfigError
 from trainer.dist import from_rank0
+from trainer.fingerprint import differences, refusal
 
 MANIFEST = "manifest.json"
+FRESH_MARKER = ".fresh"  # the token of the submission that started over here (--fresh)
 FORMAT = 1
 
 
@@ -100,8 +103,11 @@ class Checkpointer:
     """Saves and restores model, optimizer, RNG and position for every rank of a job."""
 
     def __init__(self, root: str, *, rank: int, world_size: int, keep: int, async_save: bool,
-                 sharded: bool, config: dict[str, Any], say: Callable[[str], None]) -> None:
+                 sharded: bool, config: dict[str, Any], say: Callable[[str], None],
+                 resume: str = "") -> None:
         self.root = Path(root)
+        # trainer.fingerprint: "" (resume what matches), "force", or "fresh:TOKEN"
+        self.resume = resume
         self.rank, self.world_size = rank, world_size
         self.keep, self.async_save, self.sharded = keep, async_save, sharded
         self.layout = "sharded" if sharded else "replicated"
@@ -123,6 +129,8 @@ class Checkpointer:
                 device: torch.device) -> Position:
         """Load the newest checkpoint that verifies; Position() when there is none."""
         choice = from_rank0(self._choose() if self.rank == 0 else None)
+        if isinstance(choice, str):  # rank 0 refused the checkpoints: every rank stops
+            raise ConfigError(choice)
         if choice is None:
             return Position()
         path, manifest = Path(choice[0]), choice[1]
@@ -157,18 +165,49 @@ class Checkpointer:
                  f"micro-batch {pos['micro']})")
         return Position(**pos)
 
-    def _choose(self) -> tuple[str, dict[str, Any]] | None:
+    def _choose(self) -> tuple[str, dict[str, Any]] | str | None:
+        """Rank 0: the newest checkpoint that verifies and belongs to this configuration;
+        None; or why the checkpoints found are refused (another configuration)."""
+        if self.resume.startswith("fresh:"):
+            self._start_over(self.resume.removeprefix("fresh:"))
         if not self.root.is_dir():
             return None
         for stale in self.root.glob(".tmp-*"):  # a save that never finished; nobody writes now
             shutil.rmtree(stale, ignore_errors=True)
         for path in sorted(self.root.glob("step_*"), reverse=True):
             try:
-                return str(path), verify(path)
+                manifest = verify(path)
             except CheckpointError as exc:
                 self.say(f"WARNING: skipping checkpoint {path.name}: {exc}; "
                          "falling back to an older one")
+                continue
+            diffs = differences(manifest.get("config", {}), self.config)
+            if diffs and self.resume != "force":
+                return refusal(str(self.root), diffs)
+            if diffs:
+                self.say(f"WARNING: --resume=force: resuming {path.name}, written with "
+                         + "; ".join(f"{name} {old!r} (now {new!r})" for name, old, new in diffs))
+            return str(path), manifest
         return None
+
+    def _start_over(self, token: str) -> None:
+        """``--fresh``, once per submission (``token``): checkpoints found here are moved
+        aside to ``CHECKPOINT_DIR.old-TIME``, never deleted; a restart of the same
+        submission finds its token and resumes its own."""
+        marker = self.root / FRESH_MARKER
+        if marker.is_file() and marker.read_text() == token:
+            return
+        if self.root.is_dir() and any(self.root.iterdir()):
+            aside = self.root.with_name(f"{self.root.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+            while aside.exists():
+                aside = aside.with_name(aside.name + "-1")
+            os.rename(self.root, aside)
+            self.say(f"--fresh: the checkpoints already in {self.root} were moved to {aside}; "
+                     "starting over")
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-{FRESH_MARKER}"
+        tmp.write_text(token)
+        os.replace(tmp, marker)
 
     # -- save ----------------------------------------------------------------------------------
 

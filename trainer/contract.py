@@ -63,6 +63,10 @@ CHECKPOINT_DIR_ENV = "TORCHJOB_CHECKPOINT_DIR"
 # off its command line and exports them to its workers.
 RUN_DIR_OPTION, CHECKPOINT_DIR_OPTION = "--run-dir", "--checkpoint-dir"
 DIR_OPTIONS = {RUN_DIR_OPTION: RUN_DIR_ENV, CHECKPOINT_DIR_OPTION: CHECKPOINT_DIR_ENV}
+# How the job treats checkpoints it finds (trainer.fingerprint): the agent's --resume VALUE,
+# exported as TORCHJOB_RESUME: force, or fresh:TOKEN (unset: resume when they match).
+RESUME_OPTION, RESUME_ENV = "--resume", "TORCHJOB_RESUME"
+AGENT_ENV_OPTIONS = {**DIR_OPTIONS, RESUME_OPTION: RESUME_ENV}
 
 # The attempt of a node's first workers when the scheduler itself runs the job again (Slurm's
 # requeue: SLURM_RESTART_COUNT): the agent adds its own restarts to it. Unset: 0.

@@ -10,8 +10,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import sys
 import time
+import uuid
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import torch
@@ -21,13 +24,14 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from trainer.checkpoint import Checkpointer, Position
-from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
+from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, RESUME_ENV
 from trainer.config import ConfigError, TrainConfig, parse_args
 from trainer.data import TrainBatches, eval_batches
 from trainer.dist import Group, process_group
 from trainer.env import DistEnv, EnvError
 from trainer.preempt import EXIT_PREEMPTED, StopRequest
 from trainer.report import Reporter
+from trainer.script import record
 from trainer.tasks import Task, build_task
 
 
@@ -47,6 +51,7 @@ def main(argv: Sequence[str] | None = None, *, stopped_after_the_work: int = 0) 
             code = run(cfg, group, stop)
     except ConfigError as exc:
         tell(f"trainer [rank {env.rank}]: {exc}")
+        record(exc)  # the agent's last line then says why
         return EXIT_CONFIG
     finally:
         stop.restore()
@@ -57,6 +62,16 @@ def main(argv: Sequence[str] | None = None, *, stopped_after_the_work: int = 0) 
              "done and its final checkpoint written")
         return stopped_after_the_work
     return code
+
+
+def resume_mode(cfg: TrainConfig, environ: Mapping[str, str]) -> str:
+    """How to treat the checkpoints found (trainer.fingerprint): the launcher's
+    ``TORCHJOB_RESUME`` (``fresh`` alone: once per run id); ``--resume false``: never resume,
+    so every start moves the old ones aside (none is left to be resumed by mistake later)."""
+    mode = environ.get(RESUME_ENV, "")
+    if mode == "fresh":
+        mode = f"fresh:{environ.get('TORCHELASTIC_RUN_ID', 'run')}"
+    return mode if cfg.resume else f"fresh:{uuid.uuid4().hex}"
 
 
 def tell(line: str) -> None:
@@ -93,9 +108,10 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
     ckpt = Checkpointer(cfg.checkpoint_path, rank=group.rank, world_size=group.world_size,
                         keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint,
                         sharded=cfg.parallel == "fsdp" and dist.is_initialized(),
-                        config=dataclasses.asdict(cfg), say=rep.say)
+                        config=dataclasses.asdict(cfg), say=rep.say,
+                        resume=resume_mode(cfg, os.environ))
     torch.manual_seed(cfg.seed * 1000 + group.rank)  # dropout stream; a checkpoint restores it
-    pos = ckpt.restore(model, optimizer, group.device) if cfg.resume else Position()
+    pos = ckpt.restore(model, optimizer, group.device)
     if ckpt.restored_world_size != group.world_size and pos.micro:
         before, pos = pos, pos.resized(old_world=ckpt.restored_world_size,
                                        new_world=group.world_size, grad_accum=cfg.grad_accum,

@@ -151,11 +151,7 @@ class Declared:
     fails_with: str = ""  # a gap: what its cell's failure says (so it fails for that reason)
 
 
-FRESH = Declared("pending", "checkpoint fingerprints, --fresh and exit 2 on a changed config "
-                 "are being built (issue 12): enable once merged")
-DECLARED: dict[tuple[str, str], Declared] = {
-    **{("changed config", c.backend): FRESH for c in COLUMNS},
-}
+DECLARED: dict[tuple[str, str], Declared] = {}
 
 
 @dataclass

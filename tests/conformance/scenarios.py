@@ -106,13 +106,15 @@ def stop_and_resume(cell: Cell) -> None:
 
 def changed_config(cell: Cell) -> None:
     """A changed config over an old run directory is refused (exit 2, naming --fresh);
-    ``--fresh`` then starts over."""
+    ``--fresh`` then starts over, the old checkpoints moved aside."""
     code, out = cell.run(DEFAULT, *TRAINER_SETS)
     expect(code == 0, f"the first run: exit code {code}, not 0", out)
     code, out = cell.run(DEFAULT, *TRAINER_SETS, "trainer.args.lr=0.002")
     expect(code == 2 and "--fresh" in out, f"changed config: exit code {code}, not 2", out)
     code, out = cell.run(DEFAULT, *TRAINER_SETS, "trainer.args.lr=0.002", options=("--fresh",))
     expect(code == 0 and "resumed from" not in out, f"--fresh: exit code {code}", out)
+    aside = list(cell.run_dir.glob("checkpoints.old-*/step_*"))
+    expect(bool(aside), "--fresh: the old checkpoints were not moved aside", out)
 
 
 def third_party_script(cell: Cell) -> None:

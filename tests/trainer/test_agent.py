@@ -91,7 +91,8 @@ def test_a_stop_after_the_last_step_ends_the_workers_at_once(tmp_path: Path) -> 
     assert "Unable to shutdown process" not in err  # torchrun's SIGKILL after its timeout
     assert "grace" not in err
     steps = json.loads((tmp_path / "summary.json").read_text())["steps"]
-    again = subprocess.run(agent(tmp_path, *args), env=env_for_tests(),
+    # the same task (a checkpoint of another is refused); its stop marker is taken already
+    again = subprocess.run(agent(tmp_path, *STOP_AT_EVAL, *args), env=env,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"resumed from step_{steps:08d}" in again.stderr

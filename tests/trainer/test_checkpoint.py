@@ -139,7 +139,7 @@ def test_layout_mismatch_is_a_config_error(tmp_path: Path) -> None:
     manifest_path = tmp_path / "ck/step_00000001/manifest.json"
     manifest = json.loads(manifest_path.read_text())
     sharded = Checkpointer(str(tmp_path / "ck"), rank=0, world_size=1, keep=3,
-                           async_save=False, sharded=True, config={}, say=lambda m: None)
+                           async_save=False, sharded=True, config={"seed": 0}, say=lambda m: None)
     assert manifest["layout"] == "replicated"
     with pytest.raises(ConfigError, match="--parallel"):
         sharded.restore(model, opt, torch.device("cpu"))

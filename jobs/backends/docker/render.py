@@ -174,13 +174,15 @@ def _from_host_dir(volume: Obj) -> Obj:
     return {**volume, "source": f"${{{HOST_DIR_VAR}:-.}}{rest}"}
 
 
-def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python") -> Obj:
+def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python",
+                   run_id: str | None = None) -> Obj:
     """The compose document: one service per node (nnodes MAX), a shared run directory.
     ``host_dir`` ``.`` (the default) makes relative host paths start at ``$TORCHJOB_HOST_DIR``
-    (default ``.``, the compose file's directory)."""
+    (default ``.``, the compose file's directory). ``run_id``: the rendezvous id (default the
+    job's name)."""
     command = list(agent_command(spec, python=python,
                                  rdzv_endpoint=f"{RDZV_HOST}:{spec.rdzv.port}",
-                                 run_id=spec.name))
+                                 run_id=run_id or spec.name))
     mounts, named = spec_mounts(spec, host_dir)
     volumes = run_mounts(spec, host_dir) + mounts
     services: Obj = {}

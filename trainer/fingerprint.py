@@ -1,0 +1,52 @@
+"""What a checkpoint belongs to: the trainer settings that define the training trajectory.
+
+A checkpoint's manifest keeps the whole trainer config; resuming it under different values of
+these fields would train a different model from the old one's state (another task, model
+size, data, optimizer or seed), so a run refuses it (exit 2) and names each difference. Left
+out on purpose:
+
+- ``epochs`` and ``max_steps``: a change only extends (or shortens) the same trajectory, so
+  the run resumes and trains on to the new end;
+- the world size: an elastic job changes it by design and the checkpoint is resized on load
+  (``trainer.checkpoint.Position.resized``; FSDP shards are resharded);
+- how the run is watched or kept (logging, evaluation cadence, checkpoint cadence and
+  directory, timeouts, backend, data-loader workers): none changes what is learned.
+
+How a run treats checkpoints is the launcher's choice, told to every worker in
+``TORCHJOB_RESUME`` (``trainer.contract.RESUME_ENV``): unset, resume when the fingerprint
+matches; ``force``, resume anyway; ``fresh:TOKEN``, set the old checkpoints aside once per
+TOKEN (the job's submission) and start over. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+TRAJECTORY = ("task", "batch_size", "grad_accum", "lr", "weight_decay", "warmup_steps",
+              "schedule", "clip_grad", "precision", "parallel", "sync_bn", "seed",
+              "synthetic_samples", "synthetic_dim", "synthetic_hidden", "synthetic_layers",
+              "synthetic_classes")
+
+
+def fingerprint(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The trajectory-defining part of a trainer config (``dataclasses.asdict(TrainConfig)``)."""
+    return {name: config[name] for name in TRAJECTORY if name in config}
+
+
+def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(field, old value, new value) for each trajectory field that differs; a field the old
+    config lacks (written by an older trainer) is not a difference."""
+    before, after = fingerprint(old), fingerprint(new)
+    return [(name, before[name], after.get(name)) for name in TRAJECTORY
+            if name in before and before[name] != after.get(name)]
+
+
+def refusal(where: str, diffs: list[tuple[str, Any, Any]]) -> str:
+    """The message of a run that finds checkpoints of another configuration."""
+    changed = "; ".join(f"{name.replace('_', '-')}: {old!r} -> {new!r}"
+                        for name, old, new in diffs)
+    return (f"the checkpoints in {where} were written with another configuration ({changed}), "
+            "so resuming them would not continue that training. Either start over: torchjob "
+            "run --fresh (the old checkpoints are moved aside, not deleted), or resume them "
+            "anyway: torchjob run --resume=force (or put the old values back)")
