@@ -26,7 +26,8 @@ Before torchrun's arguments it takes torchjob's own options: ``--retry-on-error`
 exceptions too), ``--run-dir DIR --checkpoint-dir DIR``, exported to every worker as
 ``TORCHJOB_RUN_DIR`` and ``TORCHJOB_CHECKPOINT_DIR`` (a user's script learns where its files go
 without a word added to its argv), and ``--resume force|fresh[:TOKEN]``, exported as
-``TORCHJOB_RESUME`` (trainer.fingerprint).
+``TORCHJOB_RESUME`` (trainer.fingerprint). With a run directory it holds that directory's
+lock while it runs (trainer.runlock): a second live run on it is refused with exit 2.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ import uuid
 from types import FrameType
 from typing import Any, NoReturn, Sequence
 
-from trainer.contract import (AGENT_ENV_OPTIONS, EXIT_CONFIG, EXIT_STOPPED, STOP_SIGNALS, closing_line,
-                              job_exit_code)
+from trainer.contract import (AGENT_ENV_OPTIONS, EXIT_CONFIG, EXIT_STOPPED, RUN_DIR_ENV,
+                              STOP_SIGNALS, closing_line, job_exit_code)
+from trainer.runlock import RunDirBusy, RunLock
 
 FAST_MODULE = "trainer"
 SCRIPT_MODULE = "trainer.script"  # runs any other worker, as python would (trainer/script.py)
@@ -133,11 +135,34 @@ def main(argv: Sequence[str] | None = None) -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
+    lock = None
+    if RUN_DIR_ENV in env:
+        lock = RunLock(env[RUN_DIR_ENV], lock_id(args), say=lambda line: print(
+            line, file=sys.stderr, flush=True))
+        try:
+            lock.acquire()
+        except RunDirBusy as exc:
+            print(closing_line(str(exc), 0, EXIT_CONFIG), file=sys.stderr, flush=True)
+            sys.exit(EXIT_CONFIG)
     try:
         launch(args)
     finally:
+        if lock is not None:
+            lock.release()
         if own_log_dir is not None:
             shutil.rmtree(own_log_dir, ignore_errors=True)
+
+
+def lock_id(args: Any) -> str:
+    """Who holds the run directory's lock (trainer.runlock): the run's rendezvous id, shared by
+    its nodes and kept across restarts and requeues; a standalone agent is a run of its own."""
+    from torch.distributed.run import parse_min_max_nnodes
+
+    if args.standalone or args.rdzv_id == "none":  # torchrun's default id
+        if not args.standalone and parse_min_max_nnodes(args.nnodes)[1] > 1:
+            return f"static:{args.master_addr}:{args.master_port}"
+        return f"standalone:{uuid.uuid4()}"
+    return str(args.rdzv_id)
 
 
 def launch(args: Any) -> None:

@@ -209,9 +209,10 @@ def backend_status(job_id: str) -> tuple[str, int | None]:
 
 def test_scontrol_requeue_mid_run_resumes_from_the_last_checkpoint(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """``scontrol requeue`` (or preemption) sends SIGTERM to every process of the job at once,
-    so the workers stop without a final checkpoint: the next attempt resumes from the last
-    periodic one. No step is lost, and only steps after that checkpoint run twice."""
+    """``scontrol requeue`` (or preemption) sends SIGTERM to every process of the job at once.
+    The workers hear one stop and checkpoint where they are, unless Slurm's kill of the step
+    comes first: the next attempt resumes from that stop checkpoint, or from the last periodic
+    one. Either way no step is lost, and only steps after the resumed checkpoint run twice."""
     every = 20
     script, run_dir = submit(tmp_path, "sbatch-test-scontrol-requeue", TWO_BY_TWO
                              % f"epochs: 20, log_every: 1, checkpoint_every: {every}")
@@ -226,7 +227,8 @@ def test_scontrol_requeue_mid_run_resumes_from_the_last_checkpoint(
     resumed = [line for line in text.splitlines() if "training 440 steps" in line]
     assert len(resumed) == 2 and resumed[0].endswith("from step 0"), text
     start = int(resumed[1].rsplit("from step ", 1)[1])
-    assert start >= 40 and start % every == 0, resumed
+    # a periodic checkpoint at or after step 40, or the stop's own at or after step 50
+    assert start >= 40 and (start % every == 0 or start >= 50), resumed
     counts = collections.Counter(train_steps(run_dir))
     assert sorted(counts) == list(range(1, 441)), "a step is missing"
     assert all(s > start for s, n in counts.items() if n > 1), \

@@ -1,0 +1,163 @@
+"""One live run per run directory: a lock file every node's agent holds while its job runs.
+
+The run directory is on storage every node sees, often a network filesystem where ``flock``
+is unreliable or off, so the lock is a small JSON record created atomically (a temporary file
+hard-linked to ``RUN_DIR/.torchjob/lock``: the link fails when one exists) and renewed by a
+heartbeat (its mtime, every ``HEARTBEAT_S``) from every agent of the run that holds it:
+
+- no lock: this run takes it;
+- a lock of the same run (the same rendezvous id: another node of this job, a restarted
+  container or pod, a Slurm requeue): this agent joins it and heartbeats it too;
+- a lock of another run that is alive: refused, naming its run id, host and pid (exit 2);
+- a lock of another run that is stale: taken over, saying whose it was. Stale means nobody
+  renewed it for ``STALE_S``, or sooner, on the owner's own host and PID namespace, that its
+  process is gone (or its pid was reused) and nobody renewed it for two beats.
+
+The last agent of the run to leave removes it; one that leaves early while others run is
+harmless, since their next beat writes it again. Pure standard library, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+LOCK = Path(".torchjob") / "lock"
+HEARTBEAT_S = 5.0
+STALE_S = 30.0
+
+
+class RunDirBusy(Exception):
+    """Another live run holds the run directory."""
+
+
+def _pid_start(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot); None when it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _pid_ns() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _me(run_id: str) -> dict[str, Any]:
+    pid = os.getpid()
+    return {"run_id": run_id, "host": socket.gethostname(), "pid": pid,
+            "pid_start": _pid_start(pid), "pid_ns": _pid_ns(), "since": time.time()}
+
+
+def describe(owner: dict[str, Any]) -> str:
+    """``run digits-1a2b3c (host n1, pid 4242, since 12:00:03)``."""
+    since = time.strftime("%H:%M:%S", time.localtime(owner.get("since", 0)))
+    return (f"run {owner.get('run_id')!s} (host {owner.get('host')!s}, pid {owner.get('pid')!s}, "
+            f"since {since})")
+
+
+def stale(owner: dict[str, Any], age: float) -> str | None:
+    """Why a lock renewed ``age`` seconds ago is stale, or None while its run may be alive."""
+    if age >= STALE_S:
+        return f"not renewed for {age:.0f} s"
+    same_space = owner.get("host") == socket.gethostname() and owner.get("pid_ns") == _pid_ns()
+    if same_space and age >= 2 * HEARTBEAT_S:
+        pid = owner.get("pid")
+        if not isinstance(pid, int) or _pid_start(pid) != owner.get("pid_start"):
+            return "its process is gone"
+    return None
+
+
+class RunLock:
+    """The lock of ``run_dir`` for the run ``run_id``, held from ``acquire`` to ``release``."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], run_id: str,
+                 say: Any = print) -> None:
+        self.path = Path(run_dir) / LOCK
+        self.run_id, self.say = run_id, say
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def _read(self) -> tuple[dict[str, Any], float] | None:
+        try:
+            text, mtime = self.path.read_text(), self.path.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        try:
+            owner = json.loads(text)
+        except ValueError:
+            owner = {}
+        return (owner if isinstance(owner, dict) else {}), mtime
+
+    def _create(self) -> bool:
+        """Write our record at the lock's place unless one is there (atomic, NFS-safe)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".lock-{uuid.uuid4().hex}")
+        tmp.write_text(json.dumps(_me(self.run_id)))
+        try:
+            os.link(tmp, self.path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def acquire(self) -> None:
+        """Take or join the lock; RunDirBusy when another live run holds it."""
+        for _ in range(10):  # a race with another starter or a leaving owner: look again
+            if self._create():
+                break
+            found = self._read()
+            if found is None:
+                continue
+            owner, mtime = found
+            if owner.get("run_id") == self.run_id:
+                break
+            why = stale(owner, time.time() - mtime)
+            if why is None:
+                raise RunDirBusy(
+                    f"the run directory {self.path.parent.parent} is in use by {describe(owner)}: "
+                    "one live run per run directory. Wait for it to end, cancel it (torchjob "
+                    "cancel), or give this job another run_dir")
+            self.say(f"torchjob: taking over the lock of {self.path.parent.parent} from "
+                     f"{describe(owner)}: {why}")
+            gone = self.path.with_name(f".lock-stale-{uuid.uuid4().hex}")
+            try:
+                os.rename(self.path, gone)
+                gone.unlink()
+            except FileNotFoundError:
+                pass
+        else:
+            raise RunDirBusy(f"could not take the lock {self.path}: it keeps changing hands")
+        self._beat = threading.Thread(target=self._heartbeat, name="torchjob-runlock",
+                                      daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                found = self._read()
+                if found is None:
+                    self._create()
+                elif found[0].get("run_id") == self.run_id:
+                    os.utime(self.path)
+            except OSError:
+                pass  # storage hiccup: the next beat tries again
+
+    def release(self) -> None:
+        """Stop renewing; remove the lock if it is still this run's."""
+        self._stop.set()
+        found = self._read() if self._beat is not None else None
+        if found is not None and found[0].get("run_id") == self.run_id:
+            self.path.unlink(missing_ok=True)
