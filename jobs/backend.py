@@ -125,6 +125,8 @@ class Backend(Protocol):
     saying so and what to use instead."""
 
     name: str  # the registry name with its variant
+    native_sweep: bool  # a sweep is one submission (a Slurm job array)
+    sees_run_dir: bool  # its nodes see this machine's run directory (jobs.preflight)
 
     def check(self, spec: JobSpec) -> None:
         """Preflight: the tools and cluster this backend needs are there and the spec fits it;
@@ -193,6 +195,7 @@ class BaseBackend:
 
     name: str = ""
     native_sweep: bool = False  # True: a sweep is one submission (a Slurm job array)
+    sees_run_dir: bool = False  # True: the nodes see this machine's run directory (preflight)
 
     def _unsupported(self, what: str, instead: str = "") -> BackendError:
         return BackendError(f"backend {self.name!r} has no {what}" +

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from jobs import backend as registry
 from jobs.backend import GRACE_S, Backend, Context, JobStatus, Request
 from jobs.load import SpecError, load
+from jobs.preflight import check_checkpoints
 from jobs.spec import JobSpec
 from jobs.sweep import parse_sweep, sweep_specs
 from jobs.values import UserError
@@ -91,9 +92,17 @@ def requests(backend: Backend, args: argparse.Namespace, *, fresh: bool) -> list
     if not sweep:
         return [render(spec)]
     points = sweep_specs(spec, sweep)  # checks the sweep on every backend
-    if getattr(backend, "native_sweep", False):
+    if backend.native_sweep:
         return [render(spec, sweep=sweep)]
     return [render(point) for point in points]
+
+
+def preflight(backend: Backend, spec: JobSpec) -> None:
+    """Before anything is submitted: the backend's own check, and where its nodes see this
+    machine's run directory, checkpoints of another configuration (jobs.preflight)."""
+    backend.check(spec)
+    if backend.sees_run_dir:
+        check_checkpoints(spec, os.getcwd())
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -109,7 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sys.stdout.write(request.text)
         return EXIT_OK
     assert request.spec is not None
-    backend.check(request.spec)
+    preflight(backend, request.spec)
     return backend.run(request)
 
 
@@ -122,7 +131,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return EXIT_OK
     for request in found:
         assert request.spec is not None
-        backend.check(request.spec)
+        preflight(backend, request.spec)
     for request in found:
         print(backend.submit(request), flush=True)
     return EXIT_OK

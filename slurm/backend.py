@@ -38,6 +38,7 @@ class SlurmBackend(BaseBackend):
 
     name = "slurm"
     native_sweep = True  # a sweep is one job array (Context.options["sweep"])
+    sees_run_dir = True  # a cluster's shared filesystem, from where the job is submitted
 
     # -- before anything is queued ---------------------------------------------------------
 

@@ -22,6 +22,7 @@ from jobs.spec import JobSpec
 
 class DockerBackend(runs.RecordedRuns, BaseBackend):
     name = "docker"
+    sees_run_dir = True  # the run directory is bind-mounted from here
 
     def check(self, spec: JobSpec) -> None:
         launch.find_engine(spec.docker.engine)  # a UserError that says how to install one

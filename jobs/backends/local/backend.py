@@ -30,6 +30,7 @@ def plan_data(plan: LocalPlan) -> dict[str, Any]:
 
 class LocalBackend(runs.RecordedRuns, BaseBackend):
     name = "local"
+    sees_run_dir = True
 
     def check(self, spec: JobSpec) -> None:
         missing = [ref.env for ref in spec.secrets if ref.env not in os.environ]

@@ -23,6 +23,8 @@ class TorchxBackend(BaseBackend):
     def __init__(self, scheduler: str) -> None:
         self.scheduler = scheduler
         self.name = f"torchx:{scheduler}" if scheduler else "torchx"
+        # schedulers whose nodes run in (or share) this machine's filesystem
+        self.sees_run_dir = scheduler in ("local_cwd", "slurm")
 
     def _need_scheduler(self) -> str:
         if not self.scheduler:

@@ -1,0 +1,50 @@
+"""Checks made before anything is submitted that need to look at the run directory: a spec
+whose checkpoints were written with another training configuration is refused here, with exit
+2, on the backends whose nodes see this machine's run directory (local, docker, Slurm and
+TorchX's local and Slurm schedulers: ``Backend.sees_run_dir``). The trainer makes the same
+check on the nodes (trainer.checkpoint), so a backend that cannot be checked from here (a
+Kubernetes volume) refuses there instead, with the same message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from jobs.spec import JobSpec, trainer_argv
+from jobs.values import UserError
+from trainer.fingerprint import differences, refusal
+
+MANIFEST = "manifest.json"  # trainer.checkpoint.MANIFEST (that module needs torch)
+
+
+def newest_manifest(root: Path) -> dict[str, Any] | None:
+    """The manifest of the newest finished checkpoint under ``root``, if any can be read."""
+    if not root.is_dir():
+        return None
+    for step in sorted(root.glob("step_*"), reverse=True):
+        try:
+            manifest = json.loads((step / MANIFEST).read_text())
+        except (OSError, ValueError):
+            continue  # unfinished or damaged: the trainer falls back past it too
+        if isinstance(manifest, dict):
+            return manifest
+    return None
+
+
+def check_checkpoints(spec: JobSpec, cwd: str | Path) -> None:
+    """UserError (exit 2) when the built-in trainer would refuse the checkpoints it finds."""
+    if not spec.trainer.builtin or spec.resume != "auto":
+        return
+    from trainer import config  # the trainer's own parser: the config its workers build
+
+    manifest = newest_manifest(Path(cwd, spec.checkpoint_dir))
+    if manifest is None or not isinstance(manifest.get("config"), dict):
+        return
+    cfg = config.parse_args([*trainer_argv(spec.trainer.args), "--run-dir", spec.run_dir,
+                             "--checkpoint-dir", spec.checkpoint_dir])
+    diffs = differences(manifest["config"], dataclasses.asdict(cfg))
+    if diffs:
+        raise UserError(refusal(spec.checkpoint_dir, diffs))
