@@ -79,8 +79,9 @@ def test_one_service_per_node_running_the_one_agent_command() -> None:
     spec = load(EXAMPLES / "elastic.yaml")
     doc = render_compose(spec)
     assert list(doc["services"]) == ["node0", "node1"]  # nnodes MAX, spares included
+    # the rendezvous id: each torchjob run's own project name, else the job's name
     want = list(agent_command(spec, python="python", rdzv_endpoint="node0:29400",
-                              run_id=spec.name))
+                              run_id="${TORCHJOB_RUN_ID:-digits-elastic}"))
     for i, (name, service) in enumerate(doc["services"].items()):
         assert service["command"] == want
         assert service["hostname"] == name

@@ -30,8 +30,8 @@ from typing import IO, Any, Callable
 
 import yaml
 import trainer
-from jobs.backends.docker.render import (HOST_DIR_VAR, RESTARTS, compose_text, mounts_workdir,
-                                         render_compose, service_name)
+from jobs.backends.docker.render import (HOST_DIR_VAR, RESTARTS, RUN_ID_VAR, compose_text,
+                                         mounts_workdir, render_compose, service_name)
 from jobs.launcher import NodeOutput, Stops
 from jobs.runs import Record
 from jobs.spec import JobSpec
@@ -327,7 +327,8 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops,
             print("torchjob: stopping: before any container started", file=err, flush=True)
             return EXIT_STOPPED
         up = _run(engine.compose_argv(run.project, file, "up", "-d"), timeout=600,
-                  env={**os.environ, HOST_DIR_VAR: str(cwd.resolve())})
+                  env={**os.environ, HOST_DIR_VAR: str(cwd.resolve()),
+                       RUN_ID_VAR: run.project})
         run.nodes = _containers(run, spec.nnodes.max)
         if up.returncode != 0 or len(run.nodes) != spec.nnodes.max:
             tail = "\n".join((up.stdout + up.stderr).splitlines()[-20:])

@@ -164,6 +164,10 @@ def escape(value: Any) -> Any:
 # (``docker compose up`` beside the file) it is ``.``; ``torchjob run --to docker`` sets it to
 # the directory it was started in. The same text then works both ways.
 HOST_DIR_VAR = "TORCHJOB_HOST_DIR"
+# The rendezvous id, which also names the run that holds the run directory's lock
+# (trainer.runlock): each ``torchjob run --to docker`` sets it to its own project name, so two
+# runs of one file are two runs; unset (``docker compose up`` by hand) it is the job's name.
+RUN_ID_VAR = "TORCHJOB_RUN_ID"
 
 
 def _from_host_dir(volume: Obj) -> Obj:
@@ -174,15 +178,14 @@ def _from_host_dir(volume: Obj) -> Obj:
     return {**volume, "source": f"${{{HOST_DIR_VAR}:-.}}{rest}"}
 
 
-def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python",
-                   run_id: str | None = None) -> Obj:
+def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python") -> Obj:
     """The compose document: one service per node (nnodes MAX), a shared run directory.
     ``host_dir`` ``.`` (the default) makes relative host paths start at ``$TORCHJOB_HOST_DIR``
-    (default ``.``, the compose file's directory). ``run_id``: the rendezvous id (default the
-    job's name)."""
+    (default ``.``, the compose file's directory); the rendezvous id is ``$TORCHJOB_RUN_ID``
+    (default the job's name)."""
     command = list(agent_command(spec, python=python,
                                  rdzv_endpoint=f"{RDZV_HOST}:{spec.rdzv.port}",
-                                 run_id=run_id or spec.name))
+                                 run_id=spec.name))
     mounts, named = spec_mounts(spec, host_dir)
     volumes = run_mounts(spec, host_dir) + mounts
     services: Obj = {}
@@ -201,8 +204,10 @@ def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python"
             service["depends_on"] = [service_name(0)]
         services[name] = service
     services = escape(services)
-    if host_dir == ".":
-        for service in services.values():
+    for service in services.values():  # the agent's own --rdzv-id comes before the user's words
+        words = service["command"]
+        words[words.index("--rdzv-id") + 1] = f"${{{RUN_ID_VAR}:-{spec.name}}}"
+        if host_dir == ".":
             service["volumes"] = [_from_host_dir(v) for v in service["volumes"]]
     doc: Obj = {"name": spec.name, "x-torchjob": restarts(spec), "services": services}
     if named:
