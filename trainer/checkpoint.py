@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from trainer.config import ConfigError
 from trainer.dist import from_rank0
-from trainer.fingerprint import differences, refusal
+from trainer.fingerprint import differences, digest, refusal
 
 MANIFEST = "manifest.json"
 FRESH_MARKER = ".fresh"  # the token of the submission that started over here (--fresh)
@@ -299,7 +299,8 @@ class Checkpointer:
                 os.fsync(fh.fileno())
             files[file.name] = sha256(file)
         manifest = {"format": FORMAT, "layout": self.layout, "position": pos.__dict__,
-                    "world_size": self.world_size, "config": self.config, "files": files}
+                    "world_size": self.world_size, "config": self.config,
+                    "fingerprint": digest(self.config), "files": files}
         with open(tmp / MANIFEST, "w") as fh:
             json.dump(manifest, fh, indent=1)
             fh.flush()

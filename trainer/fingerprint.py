@@ -20,6 +20,8 @@ TOKEN (the job's submission) and start over. Pure: no torch.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +34,13 @@ TRAJECTORY = ("task", "batch_size", "grad_accum", "lr", "weight_decay", "warmup_
 def fingerprint(config: Mapping[str, Any]) -> dict[str, Any]:
     """The trajectory-defining part of a trainer config (``dataclasses.asdict(TrainConfig)``)."""
     return {name: config[name] for name in TRAJECTORY if name in config}
+
+
+def digest(config: Mapping[str, Any]) -> str:
+    """A short hash of the fingerprint, for the manifest and for people comparing runs (the
+    refusal itself compares the fields, so that it can name them)."""
+    text = json.dumps(fingerprint(config), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:

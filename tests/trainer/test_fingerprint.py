@@ -11,7 +11,7 @@ import pytest
 
 from trainer.checkpoint import FRESH_MARKER, Checkpointer
 from trainer.config import TrainConfig
-from trainer.fingerprint import TRAJECTORY, differences, refusal
+from trainer.fingerprint import TRAJECTORY, differences, digest, refusal
 from trainer.train import resume_mode
 
 BASE = dataclasses.asdict(TrainConfig())
@@ -38,6 +38,11 @@ def test_each_difference_is_named_with_its_old_and_new_value() -> None:
     text = refusal("runs/x/checkpoints", diffs)
     assert "task: 'digits' -> 'synthetic'; lr: 0.003 -> 0.01; seed: 0 -> 3" in text
     assert "--fresh" in text and "--resume=force" in text and "runs/x/checkpoints" in text
+
+
+def test_the_digest_changes_with_the_trajectory_only() -> None:
+    assert digest(BASE) == digest(changed(epochs=99, log_every=1))
+    assert digest(BASE) != digest(changed(lr=0.01))
 
 
 def test_every_trajectory_field_is_a_trainer_option() -> None:
