@@ -113,7 +113,8 @@ def test_a_second_run_is_refused_and_a_killed_runs_lock_is_taken_over(tmp_path: 
     assert lock.exists(), "a SIGKILLed agent cannot remove its lock"
     wait_for(lambda: time.time() - lock.stat().st_mtime >= 2 * HEARTBEAT_S, 3 * HEARTBEAT_S,
              "the killed run's lock to go two beats without renewal")
-    third = subprocess.run(agent(tmp_path, "--epochs", "1", "--checkpoint-dir", "fresh"),
+    third = subprocess.run(agent(tmp_path, "--epochs", "1", "--checkpoint-dir",
+                                 str(tmp_path / "fresh")),
                            env=env_for_tests(), capture_output=True, text=True, timeout=300)
     assert third.returncode == 0, third.stderr[-2000:]
     assert "from run standalone:" in third.stderr and "its process is gone" in third.stderr
