@@ -25,6 +25,7 @@ from importlib import resources
 
 from jobs.command import agent_command as shared_agent_command
 from jobs.command import dir_options, entry_args
+from jobs.hosts import refuse_system_dirs
 from jobs.spec import JobSpec
 from jobs.sweep import Sweep, sweep_specs
 from trainer.contract import omp_threads
@@ -207,6 +208,8 @@ def render_sbatch(spec: JobSpec, *, python: str, workdir: str, sweep: Sweep | No
     sbatch_value(workdir, "workdir")
     if not workdir.startswith("/"):
         raise ValueError(f"workdir {workdir!r} must be an absolute path")
+    if spec.slurm.container != "none":  # pyxis and apptainer bind-mount spec.mounts
+        refuse_system_dirs(spec, workdir=workdir, run_dirs=False)
     points = sweep_specs(spec, sweep) if sweep else []
     head = directives(spec, workdir=workdir, array=len(points))
     if spec.secrets:
