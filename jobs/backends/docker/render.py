@@ -158,7 +158,9 @@ def resources(spec: JobSpec) -> Obj:
 
 
 def escape(value: Any) -> Any:
-    """Compose interpolates ``$VAR`` in every string value: ``$$`` is a literal ``$``."""
+    """Compose interpolates ``$VAR`` and ``${VAR}`` in every string value: ``$$`` is a
+    literal ``$``. Applied once, to the whole document, before the renderer adds its own
+    ``${TORCHJOB_HOST_DIR:-.}``."""
     if isinstance(value, str):
         return value.replace("$", "$$")
     if isinstance(value, dict):
@@ -217,7 +219,7 @@ def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python"
             service["volumes"] = [_from_host_dir(v) for v in service["volumes"]]
     doc: Obj = {"name": spec.name, "x-torchjob": restarts(spec), "services": services}
     if named:
-        doc["volumes"] = named
+        doc["volumes"] = escape(named)
     return doc
 
 
