@@ -93,6 +93,17 @@ def test_one_host_holds_at_most_max_host_nodes(tmp_path: Path, to: str) -> None:
         assert cli("render", "--to", "k8s", str(tmp_path / "job.yaml"))[0] == 0
 
 
+def test_torchx_kubernetes_is_held_to_one_storable_object(tmp_path: Path) -> None:
+    (tmp_path / ".torchxconfig").write_text("[kubernetes]\nqueue = default\n")
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        refused(tmp_path, "name: x\nnnodes: 4096\n", "MAX_TORCHX_POD_NODES", "--to k8s",
+                to="torchx:kubernetes")
+    finally:
+        os.chdir(here)
+
+
 def test_env_with_a_nul_is_refused(tmp_path: Path) -> None:
     refused(tmp_path, 'name: x\nenv: {A: "a\\0b"}\n', "env.A:", "contains a NUL character")
 

@@ -20,6 +20,9 @@ from jobs.values import bad
 
 # Schedulers whose pods the kubelet starts: it expands $(VAR) in their command and env too.
 KUBERNETES_SCHEDULERS = ("kubernetes", "kubernetes_mcad")
+# Nodes of one job through TorchX's Kubernetes schedulers: they write a whole pod template per
+# node into one object (some 2 KB each), and the API server stores at most 1.5 MiB per object.
+MAX_TORCHX_POD_NODES = 512
 
 STATES = {"SUCCEEDED": State.SUCCEEDED, "FAILED": State.FAILED, "CANCELLED": State.CANCELLED,
           "RUNNING": State.RUNNING, "PENDING": State.PENDING, "SUBMITTED": State.PENDING,
@@ -42,6 +45,11 @@ class TorchxBackend(BaseBackend):
             on_one_host(spec.nnodes.max, "nnodes", self.name)
         if self.scheduler == "slurm":
             _slurm_fits(spec)
+        if self.scheduler in KUBERNETES_SCHEDULERS and spec.nnodes.max > MAX_TORCHX_POD_NODES:
+            raise bad("nnodes", str(spec.nnodes), f"is more than {MAX_TORCHX_POD_NODES} nodes "
+                      "(MAX_TORCHX_POD_NODES): TorchX's Kubernetes scheduler writes a pod "
+                      "template per node into one object, which the API server would refuse; "
+                      "use --to k8s (one template for all replicas)")
         # local_cwd runs here, in this interpreter's environment; elsewhere the image's python
         app = render_appdef(spec, python=context.python if self.scheduler == "local_cwd"
                             else "python", kubelet=self.scheduler in KUBERNETES_SCHEDULERS)
