@@ -15,6 +15,14 @@ from trainer.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_DIR_OPTION, RESUME_
                               RESUME_OPTION, RUN_DIR_ENV, RUN_DIR_OPTION)
 
 
+def kubelet_literal(text: str) -> str:
+    """``text`` as the kubelet must receive it to start the container with ``text`` itself: it
+    expands ``$(VAR)`` in a container's command, args and env values and reads ``$$`` as
+    ``$``, so every ``$`` is doubled (``$(HOME)`` -> ``$$(HOME)``). For every renderer that
+    writes a pod's command or env (Kubernetes, TorchX's Kubernetes scheduler), once."""
+    return text.replace("$", "$$")
+
+
 def dir_options(spec: JobSpec) -> tuple[str, ...]:
     """The agent's options that tell every worker the run's directories (``TORCHJOB_RUN_DIR``,
     ``TORCHJOB_CHECKPOINT_DIR``)."""

@@ -13,6 +13,7 @@ import dataclasses
 import math
 import os
 import re
+import stat
 import types
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -24,6 +25,10 @@ from jobs.spec import JobSpec, Section, suggest
 from jobs.values import FrozenMap, SpecError, bad, kind, show
 
 __all__ = ["SpecError", "build", "load", "loads", "parse_yaml"]
+
+# A job spec file, and a spec with its YAML aliases expanded: a few KiB in practice. Bounded so
+# that a wrong path (/dev/zero, a log file) or an alias bomb ends in an error, not in memory.
+MAX_SPEC_BYTES = 2**20
 
 _INT, _FLOAT, _BOOL = (f"tag:yaml.org,2002:{t}" for t in ("int", "float", "bool"))
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
@@ -178,8 +183,38 @@ def _section(cls: Any, raw: object, path: str) -> Any:
         raise exc.within(path) from None
 
 
+def _bounded(data: object) -> None:
+    """The data, with YAML aliases expanded, is at most MAX_SPEC_BYTES of text (an alias used
+    a million times is refused before anything walks it) and every string is Unicode that
+    UTF-8 can write (no lone surrogate such as "\\ud800")."""
+    budget = MAX_SPEC_BYTES
+    todo: list[tuple[str, object]] = [("", data)]
+    while todo:
+        path, item = todo.pop()
+        budget -= 1
+        if isinstance(item, str):
+            try:
+                budget -= len(item.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise bad(path, item, "is not valid Unicode text (it holds a lone surrogate "
+                          "such as \\ud800): write the character itself") from None
+        elif isinstance(item, dict):
+            todo += [(_path(path, key), key) for key in item]
+            todo += [(_path(path, key), value) for key, value in item.items()]
+        elif isinstance(item, list):
+            todo += [(f"{path}[{i}]", value) for i, value in enumerate(item)]
+        if budget < 0:
+            raise SpecError("", f"is more than {MAX_SPEC_BYTES} bytes with its YAML aliases "
+                            "expanded (MAX_SPEC_BYTES): a job spec is a few KiB; use fewer "
+                            "aliases or put large data in files")
+
+
 def build(data: object, source: str = "") -> JobSpec:
     """Python data (as YAML gives it) -> JobSpec; errors carry ``source``."""
+    try:
+        _bounded(data)
+    except SpecError as exc:
+        raise exc.sourced(source) from None
     if data is None:
         raise SpecError("", "is empty: a job spec is a mapping with at least 'name:'", source)
     if not isinstance(data, dict):
@@ -247,6 +282,9 @@ def apply_override(data: dict[Any, Any], override: str) -> str:
 
 def loads(text: str, overrides: Iterable[str] = (), *, source: str = "<string>") -> JobSpec:
     """A job spec from YAML text plus ``key=value`` overrides (defaults < text < overrides)."""
+    if len(text) > MAX_SPEC_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+        raise SpecError("", f"is more than {MAX_SPEC_BYTES} bytes (MAX_SPEC_BYTES): a job spec "
+                        "is a few KiB; put large data in files", source)
     data = parse_yaml(text, source)
     overrides = list(overrides)
     if overrides and data is None:
@@ -267,21 +305,46 @@ def loads(text: str, overrides: Iterable[str] = (), *, source: str = "<string>")
         raise
 
 
+def read_spec(path: Path) -> str:
+    """The text of a spec file: a regular file of at most MAX_SPEC_BYTES, in UTF-8. Checked
+    with stat before it is opened, and opened without blocking, so that a FIFO or a device
+    (/dev/zero) is refused at once; never more than MAX_SPEC_BYTES + 1 bytes are read."""
+    where = str(path)
+    try:
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise SpecError("", "is a directory, not a job spec file (name the YAML file in "
+                            "it, e.g. jobs/examples/default.yaml)", where)
+        if not stat.S_ISREG(info.st_mode):
+            raise SpecError("", "is not a regular file (a FIFO, device or socket): write the "
+                            "job spec to a file and name that", where)
+        if info.st_size > MAX_SPEC_BYTES:
+            raise SpecError("", f"is {info.st_size} bytes, more than {MAX_SPEC_BYTES} bytes "
+                            "(MAX_SPEC_BYTES): is it the job spec? a spec is a few KiB", where)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):  # replaced after the stat
+                raise SpecError("", "is not a regular file: write the job spec to a file",
+                                where)
+            data = file.read(MAX_SPEC_BYTES + 1)
+    except (FileNotFoundError, NotADirectoryError):
+        raise SpecError("", "no such file (check the path; examples are in jobs/examples/)",
+                        where) from None
+    except OSError as exc:
+        raise SpecError("", f"cannot be read: {exc.strerror or exc}", where) from None
+    if len(data) > MAX_SPEC_BYTES:  # it grew after the stat
+        raise SpecError("", f"is more than {MAX_SPEC_BYTES} bytes (MAX_SPEC_BYTES): is it the "
+                        "job spec? a spec is a few KiB", where)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError("", "is not UTF-8 text", where) from None
+
+
 def load(path_or_text: str | os.PathLike[str], overrides: Iterable[str] = ()) -> JobSpec:
     """A job spec from a file path (or, if it is YAML text with 'key: value', from text)."""
     if isinstance(path_or_text, str) and ("\n" in path_or_text or ": " in path_or_text
                                           or path_or_text.lstrip().startswith("{")):
         return loads(path_or_text, overrides)
     path = Path(path_or_text)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError("", "no such file (check the path; examples are in jobs/examples/)",
-                        str(path)) from None
-    except IsADirectoryError:
-        raise SpecError("", "is a directory, not a job spec file", str(path)) from None
-    except UnicodeDecodeError:
-        raise SpecError("", "is not UTF-8 text", str(path)) from None
-    except OSError as exc:
-        raise SpecError("", f"cannot be read: {exc.strerror or exc}", str(path)) from None
-    return loads(text, overrides, source=str(path))
+    return loads(read_spec(path), overrides, source=str(path))

@@ -16,13 +16,17 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, ClassVar, Literal
 
-from jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, MODULE, SECRET_KEY,
-                         Check, FrozenMap, Nnodes, Quantity, SpecError, at_least, bad, between,
-                         env_map, env_name, kind, one_line, pattern, positive, scalar_text,
-                         show, slurm_time)
+from jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, MAX_TOTAL_BYTES,
+                         MAX_VALUE_BYTES, MODULE, SECRET_KEY, Check, FrozenMap, Nnodes,
+                         Quantity, SpecError, at_least, at_most_bytes, bad, between, env_check,
+                         env_map, env_name, kind, one_line, path_line, pattern, positive,
+                         scalar_text, show, size, slurm_time)
 
 Scalar = str | bool | int | float
 Args = Mapping[str, Scalar] | tuple[str, ...]
+# Worker processes per node: one per GPU (8 on most nodes) or per CPU core for CPU training
+# (the largest nodes have a few hundred cores).
+MAX_NPROC_PER_NODE = 256
 
 
 def spec_field(help: str, default: Any = MISSING, *, factory: Callable[[], Any] | None = None,
@@ -73,7 +77,7 @@ def _flags(value: tuple[str, ...], path: str) -> None:
 
 
 def _mount_source(value: str, path: str) -> None:
-    one_line(value, path)
+    path_line(value, path)
     if ":" in value or "," in value:
         raise bad(path, value, "must not contain ':' or ',' (a host path or a volume/PVC name)")
 
@@ -90,10 +94,17 @@ def _image(value: str, path: str) -> None:
 
 
 def _script(value: str, path: str) -> None:
-    one_line(value, path)
+    path_line(value, path)
     if value.startswith("-"):
         raise bad(path, value, "starts with '-', so torchrun would read it as an option: "
                   "write ./" + value)
+
+
+def _nproc(value: int, path: str) -> None:
+    at_least(1)(value, path)
+    if value > MAX_NPROC_PER_NODE:
+        raise bad(path, value, f"is more than {MAX_NPROC_PER_NODE} (MAX_NPROC_PER_NODE): a node "
+                  "runs one worker process per GPU or CPU core")
 
 
 def _resume(value: str, path: str) -> None:
@@ -161,13 +172,16 @@ def _parse_args(raw: object, path: str) -> Args:
     raise bad(path, raw, f"is {kind(raw)}: {_ARGS_FIX}")
 
 
+_one_word = at_most_bytes(MAX_VALUE_BYTES, "per command-line word (MAX_VALUE_BYTES)")
+
+
 def _check_value(value: object, path: str, *, word: bool = False) -> None:
     """One argument value or word: a string, a finite number or true/false, without NUL."""
     if isinstance(value, (str, bool, int, float)):
         if isinstance(value, float) and not math.isfinite(value):
             raise bad(path, value, "is not a finite number (quote it to pass it as text)")
-        if isinstance(value, str) and "\0" in value:
-            raise bad(path, value, "contains a NUL character, which no command line carries")
+        if isinstance(value, str):
+            _one_word(value, path)
         return
     if word:
         raise bad(path, value, f"is {kind(value)}, but each item is one command-line word: a "
@@ -210,6 +224,11 @@ class TrainerSection(Section):
                                                                 key):
                     raise bad(f"args.{key}", key, "is not an argument name (e.g. grad_accum)")
                 _check_value(value, f"args.{key}")
+        total = sum(size(word) for word in trainer_argv(self.args))
+        if total > MAX_TOTAL_BYTES:
+            raise SpecError("args", f"hold {total} bytes, more than {MAX_TOTAL_BYTES} bytes "
+                            "(MAX_TOTAL_BYTES, what one command line carries): put large "
+                            "data in a file and pass its path")
         if self.builtin:
             if isinstance(self.args, tuple):
                 _check_trainer_words(self.args)
@@ -422,10 +441,10 @@ class JobSpec(Section):
                             "localhost/torchjob:latest", check=_image)
     nnodes: Nnodes = spec_field("nodes: N, or MIN:MAX for an elastic job", Nnodes(1, 1),
                                 parse=Nnodes.parse)
-    nproc_per_node: int = spec_field("worker processes per node", 1, check=at_least(1))
+    nproc_per_node: int = spec_field("worker processes per node", 1, check=_nproc)
     resources: Resources = spec_field("per-node resources", factory=Resources)
     env: Mapping[str, str] = spec_field("environment variables for every worker",
-                                        factory=FrozenMap, parse=env_map)
+                                        factory=FrozenMap, parse=env_map, check=env_check)
     secrets: tuple[SecretRef, ...] = spec_field("secrets by reference (never by value)", ())
     mounts: tuple[Mount, ...] = spec_field("host paths or volumes to mount", ())
     run_dir: str = spec_field("metrics, summary and plot; default runs/NAME", "")
@@ -450,8 +469,8 @@ class JobSpec(Section):
         run_dir = self.run_dir or f"runs/{self.name}"
         object.__setattr__(self, "run_dir", run_dir)
         object.__setattr__(self, "checkpoint_dir", self.checkpoint_dir or f"{run_dir}/checkpoints")
-        one_line(self.run_dir, "run_dir")
-        one_line(self.checkpoint_dir, "checkpoint_dir")
+        path_line(self.run_dir, "run_dir")
+        path_line(self.checkpoint_dir, "checkpoint_dir")
         nodes = self.nnodes.max if self.local.nodes is None else self.local.nodes
         if not self.nnodes.min <= nodes <= self.nnodes.max:
             raise bad("local.nodes", nodes, f"is outside nnodes {self.nnodes}: it must lie "

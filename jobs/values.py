@@ -17,6 +17,7 @@ from trainer.contract import CHECKPOINT_DIR_ENV, RUN_DIR_ENV
 
 K = TypeVar("K")
 V = TypeVar("V")
+Check = Callable[[Any, str], None]  # (typed value, field path) -> None, or a SpecError
 
 _repr = reprlib.Repr()
 _repr.maxstring = 80
@@ -94,6 +95,41 @@ class FrozenMap(dict[K, V]):
         return (type(self), (dict(self),))
 
 
+# ------------------------------------------------------------------------------- bounds
+
+KiB = 1024
+# One environment value or command-line word. Linux passes at most 128 KiB in one argument or
+# variable (MAX_ARG_STRLEN); a value a quarter of that still fits after quoting.
+MAX_VALUE_BYTES = 32 * KiB
+# All of env, or all of trainer.args, together: TorchX runs the node command as one
+# ``bash -c`` argument and its Slurm scheduler passes env as one ``srun --export`` argument.
+MAX_TOTAL_BYTES = 64 * KiB
+MAX_PATH_BYTES = 4096  # Linux PATH_MAX: run_dir, checkpoint_dir, a script, a mount's paths
+# Nodes of one job: the largest training runs use some 2,000 nodes, and Kubernetes supports
+# 5,000 nodes per cluster; beyond this a rendered request only grows (nnodes: 999999 once
+# made a 375 MB dry run).
+MAX_NNODES = 4096
+
+
+def size(text: str) -> int:
+    """Bytes of ``text`` in UTF-8 (what a command line, a file or the environment holds)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def at_most_bytes(limit: int, what: str) -> Check:
+    """A check that a string holds no NUL and is at most ``limit`` bytes (``what`` says why)."""
+    def check(value: Any, path: str) -> None:
+        if value is None:
+            return
+        if "\0" in value:
+            raise bad(path, value, "contains a NUL character, which no command line, "
+                      "environment or file name carries: remove it")
+        if size(value) > limit:
+            raise bad(path, value, f"is {size(value)} bytes, more than {limit} bytes {what}: "
+                      "shorten it (put large data in a file and pass its path)")
+    return check
+
+
 # ----------------------------------------------------------------------------- node range
 
 _NNODES = re.compile(r"([0-9]{1,6})(?::([0-9]{1,6}))?")
@@ -111,6 +147,10 @@ class Nnodes:
         if not 1 <= self.min <= self.max:
             raise bad("nnodes", str(self), f"is not a node range: need 1 <= MIN <= MAX "
                       f"{_NNODES_FIX}")
+        if self.max > MAX_NNODES:
+            raise bad("nnodes", str(self), f"asks for more than {MAX_NNODES} nodes, the most "
+                      "torchjob renders a job for (MAX_NNODES; the largest clusters have a few "
+                      "thousand): write a smaller count")
 
     def __str__(self) -> str:
         return str(self.min) if self.min == self.max else f"{self.min}:{self.max}"
@@ -177,8 +217,6 @@ class Quantity:
 
 # ------------------------------------------------------------------------- name checks
 
-Check = Callable[[Any, str], None]
-
 DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 DNS_1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -219,10 +257,23 @@ def between(low: int, high: int) -> Check:
     return check
 
 
+_one_value = at_most_bytes(MAX_VALUE_BYTES, "(MAX_VALUE_BYTES)")
+
+
 def one_line(value: Any, path: str) -> None:
     """Free text that ends up in a script directive or a flag: no control characters."""
     if value is not None and (not value or any(ord(c) < 32 or c == "\x7f" for c in value)):
         raise bad(path, value, "must be a non-empty single line without control characters")
+    _one_value(value, path)
+
+
+_a_path = at_most_bytes(MAX_PATH_BYTES, "(PATH_MAX, MAX_PATH_BYTES)")
+
+
+def path_line(value: Any, path: str) -> None:
+    """A file system path: one line, at most PATH_MAX bytes."""
+    one_line(value, path)
+    _a_path(value, path)
 
 
 def env_name(name: object, path: str) -> None:
@@ -243,6 +294,26 @@ def scalar_text(value: object) -> str:
     return str(value)
 
 
+_env_value = at_most_bytes(MAX_VALUE_BYTES, "per environment value (MAX_VALUE_BYTES)")
+
+
+def env_check(env: Any, path: str) -> None:
+    """Names that are environment variable names; values without NUL, each and all together
+    bounded (MAX_VALUE_BYTES, MAX_TOTAL_BYTES)."""
+    total = 0
+    for name, value in env.items():
+        env_name(name, f"{path}.{name}")
+        if not isinstance(value, str):
+            raise bad(f"{path}.{name}", value, f"is {kind(value)}, but an environment value "
+                      "is a string")
+        _env_value(value, f"{path}.{name}")
+        total += size(name) + size(value)
+    if total > MAX_TOTAL_BYTES:
+        raise SpecError(path, f"holds {total} bytes of names and values, more than "
+                        f"{MAX_TOTAL_BYTES} bytes (MAX_TOTAL_BYTES, what one command line "
+                        "carries): put large data in a file and pass its path")
+
+
 def env_map(raw: object, path: str) -> FrozenMap[str, str]:
     """``env:`` -- names checked, scalar values stringified, lists and mappings refused."""
     if not isinstance(raw, dict):
@@ -254,6 +325,7 @@ def env_map(raw: object, path: str) -> FrozenMap[str, str]:
             raise bad(f"{path}.{name}", value, f"is {kind(value)}, but an environment value "
                       "is a string or number (quote it; write '' for empty)")
         out[name] = scalar_text(value)
+    env_check(out, path)
     return FrozenMap(out)
 
 

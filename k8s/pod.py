@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from jobs.command import kubelet_literal
 from jobs.spec import JobSpec
 from jobs.values import DNS_1123_SUBDOMAIN, SpecError, bad
 
@@ -97,9 +98,20 @@ def pod_security(spec: JobSpec) -> Obj:
     return out
 
 
+def env_values(values: dict[str, str]) -> list[Obj]:
+    """Plain ``{name, value}`` entries, each value as the kubelet must receive it
+    (``kubelet_literal``: its ``$(VAR)`` expansion gives back the value itself)."""
+    return [{"name": name, "value": kubelet_literal(value)} for name, value in values.items()]
+
+
+def command_words(words: list[str]) -> list[str]:
+    """A container's command, each word as the kubelet must receive it (``kubelet_literal``)."""
+    return [kubelet_literal(word) for word in words]
+
+
 def env(spec: JobSpec) -> list[Obj]:
     """Plain values from ``env``; secrets only as ``valueFrom.secretKeyRef``."""
-    out: list[Obj] = [{"name": name, "value": value} for name, value in spec.env.items()]
+    out: list[Obj] = env_values(dict(spec.env))
     out += [{"name": ref.env, "valueFrom": {"secretKeyRef": {"name": ref.secret,
                                                              "key": ref.key}}}
             for ref in spec.secrets]

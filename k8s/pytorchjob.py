@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from jobs.command import agent_command
 from jobs.spec import JobSpec
-from k8s.pod import WAIT_FOR_HOST, Obj, metadata, on_cluster, pod_spec
+from k8s.pod import WAIT_FOR_HOST, Obj, command_words, metadata, on_cluster, pod_spec
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -45,7 +45,8 @@ def command(spec: JobSpec, python: str = "python") -> list[str]:
 
 
 def replica(spec: JobSpec, replicas: int) -> Obj:
-    container: Obj = {"name": CONTAINER, "image": spec.image, "command": command(spec),
+    container: Obj = {"name": CONTAINER, "image": spec.image,
+                      "command": command_words(command(spec)),
                       "ports": [{"name": "c10d", "containerPort": spec.rdzv.port}]}
     return {"replicas": replicas, "restartPolicy": spec.k8s.restart_policy,
             "template": {"metadata": {"labels": {"app.kubernetes.io/name": spec.name}},

@@ -14,7 +14,7 @@ from __future__ import annotations
 from jobs.command import agent_command, dir_env
 from jobs.spec import JobSpec
 from jobs.values import SpecError
-from k8s.pod import Obj, env, metadata, on_cluster, resources
+from k8s.pod import Obj, command_words, env, env_values, metadata, on_cluster, resources
 from trainer.contract import AGENT_ENV_OPTIONS
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -56,9 +56,9 @@ def render_trainjob(spec: JobSpec) -> Obj:
     spec = on_cluster(spec)
     agent = agent_command(spec, python="python", rdzv_endpoint="", run_id=spec.name)
     command = ["torchrun", *without_flags(agent, (*PET_FLAGS, *AGENT_ENV_OPTIONS))[3:]]
-    trainer: Obj = {"image": spec.image, "command": command, "numNodes": spec.nnodes.max,
-                    "numProcPerNode": spec.nproc_per_node}
-    trainer["env"] = [{"name": k, "value": v} for k, v in dir_env(spec).items()] + env(spec)
+    trainer: Obj = {"image": spec.image, "command": command_words(command),
+                    "numNodes": spec.nnodes.max, "numProcPerNode": spec.nproc_per_node}
+    trainer["env"] = env_values(dir_env(spec)) + env(spec)
     res = resources(spec)
     if res:
         trainer["resourcesPerNode"] = res

@@ -25,6 +25,7 @@ from importlib import resources
 
 from jobs.command import agent_command as shared_agent_command
 from jobs.command import dir_options, entry_args
+from jobs.hosts import refuse_system_dirs
 from jobs.spec import JobSpec
 from jobs.sweep import Sweep, sweep_specs
 from trainer.contract import omp_threads
@@ -72,11 +73,13 @@ def fill(template: str, values: Mapping[str, str]) -> str:
         return values[match[1]]
 
     out: list[str] = []
-    for line in template.splitlines():
+    # split at "\n" only: str.splitlines also cuts at "\r", "\x0b", "\u2028", ... inside a
+    # quoted value (export A=$'\r' would become two lines)
+    for line in template.removesuffix("\n").split("\n"):
         alone = PLACEHOLDER.fullmatch(line.strip())
         if alone:
             used.add(alone[1])
-            out += values[alone[1]].splitlines()
+            out += values[alone[1]].split("\n") if values[alone[1]] else []
         else:
             out.append(PLACEHOLDER.sub(one, line))
     if set(values) - used:
@@ -121,10 +124,12 @@ def directives(spec: JobSpec, *, workdir: str, array: int = 0) -> list[str]:
         opts.append(f"--array=0-{array - 1}")
     # --chdir: the run directory is where `torchjob logs` finds the logs (sacct's WorkDir);
     # the script goes to the working directory at once. --comment: `torchjob list` finds it.
+    # in --output and --error Slurm expands %j, %u, ...: a '%' of the run directory is '%%'
+    logs = run_dir.replace("%", "%%")
     opts += ["--requeue", "--open-mode=append", f"--chdir={sbatch_value(run_dir, 'run_dir')}",
              f"--comment={COMMENT}",
-             f"--output={sbatch_value(f'{run_dir}/{log}.out', 'run_dir')}",
-             f"--error={sbatch_value(f'{run_dir}/{log}.err', 'run_dir')}"]
+             f"--output={sbatch_value(f'{logs}/{log}.out', 'run_dir')}",
+             f"--error={sbatch_value(f'{logs}/{log}.err', 'run_dir')}"]
     opts += [sbatch_value(flag, "slurm.extra_flags") for flag in s.extra_flags]
     return [f"#SBATCH {opt}" for opt in opts]
 
@@ -207,6 +212,8 @@ def render_sbatch(spec: JobSpec, *, python: str, workdir: str, sweep: Sweep | No
     sbatch_value(workdir, "workdir")
     if not workdir.startswith("/"):
         raise ValueError(f"workdir {workdir!r} must be an absolute path")
+    if spec.slurm.container != "none":  # pyxis and apptainer bind-mount spec.mounts
+        refuse_system_dirs(spec, workdir=workdir, run_dirs=False)
     points = sweep_specs(spec, sweep) if sweep else []
     head = directives(spec, workdir=workdir, array=len(points))
     if spec.secrets:

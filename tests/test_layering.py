@@ -16,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("trainer", "jobs", "k8s", "slurm")
 CORE = {"jobs", "jobs.__init__", "jobs.spec", "jobs.load", "jobs.values", "jobs.command",
-        "jobs.backend", "jobs.sweep", "jobs.examples", "jobs.runs",
-        "jobs.launcher"}
+        "jobs.hosts", "jobs.backend", "jobs.sweep", "jobs.examples", "jobs.runs",
+        "jobs.launcher", "jobs.preflight"}
 CLI = {"jobs.cli", "jobs.__main__"}
 BACKENDS = {"jobs.backends.local": "local", "jobs.backends.docker": "docker",
             "jobs.backends.torchx": "torchx", "jobs.components": "torchx",
@@ -26,8 +26,9 @@ LEVEL = {"trainer": 0, "core": 1, "cli": 3}  # every backend is level 2
 # modules a pure renderer may not import: processes, network, clocks, environment
 IO_MODULES = {"subprocess", "socket", "time", "urllib", "http", "requests", "shutil",
               "kubernetes", "submitit", "multiprocessing", "asyncio", "datetime", "random"}
-RENDERERS = ["jobs/command.py", "jobs/sweep.py", "jobs/backends/local/render.py",
-             "jobs/backends/docker/render.py", "jobs/backends/torchx/render.py",
+RENDERERS = ["jobs/command.py", "jobs/hosts.py", "jobs/sweep.py",
+             "jobs/backends/local/render.py", "jobs/backends/docker/render.py",
+             "jobs/backends/torchx/render.py",
              "slurm/sbatch.py", "k8s/pytorchjob.py", "k8s/trainjob.py", "k8s/pod.py"]
 
 

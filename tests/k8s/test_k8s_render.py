@@ -29,6 +29,7 @@ from k8s.pytorchjob import render_pytorchjob
 from k8s.render import render_manifest
 from k8s.trainjob import render_trainjob
 from k8s.validate import validate
+from tests.k8s.kubelet import Everything, expand
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = ["a'; touch /tmp/pwned", 'b"; x; "', "$(touch /tmp/pwned)", "`id`", "two words",
@@ -182,8 +183,9 @@ def test_hostile_values_are_escaped_and_survive_yaml_exactly() -> None:
         assert yaml.safe_load(text) == obj
         assert validate(obj) == []
     c = containers(render_pytorchjob(spec))[0]
-    assert [e["value"] for e in c["env"]] == HOSTILE
-    tail = c["command"][-2 * len(HOSTILE):]
+    seen = Everything()  # the kubelet's $(VAR) expansion (emulated), every variable defined
+    assert [expand(e["value"], seen) for e in c["env"]] == HOSTILE
+    tail = [expand(word, seen) for word in c["command"][-2 * len(HOSTILE):]]
     assert tail[1::2] == HOSTILE  # every value one argv word, never through a shell
 
 

@@ -28,7 +28,7 @@ class DockerBackend(runs.RecordedRuns, BaseBackend):
         launch.find_engine(spec.docker.engine)  # a UserError that says how to install one
 
     def render(self, spec: JobSpec, context: Context) -> Request:
-        doc = render_compose(spec)
+        doc = render_compose(spec, workdir=context.workdir)
         return Request(self.name, spec.name, doc, compose_text(doc, source=context.source),
                        spec, context)
 

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from jobs.command import agent_command
+from jobs.hosts import on_one_host, refuse_system_dir
 from jobs.spec import JobSpec
 from jobs.values import SpecError
 from trainer.contract import omp_threads
@@ -68,15 +69,18 @@ def mounts_workdir(spec: JobSpec) -> bool:
     return not spec.trainer.builtin
 
 
-def run_mounts(spec: JobSpec, host_dir: str) -> list[Obj]:
+def run_mounts(spec: JobSpec, host_dir: str, workdir: str | None = None) -> list[Obj]:
     """Bind mounts that put run_dir and checkpoint_dir on the host, at the same path in every
     service: a relative path is resolved under the container's WORKDIR and its first component
     is mounted from ``host_dir`` (``runs/x`` -> ``HOST_DIR/runs`` at ``/workspace/runs``); an
     absolute path is mounted from the same host path. With the working directory mounted
     (``mounts_workdir``), that one mount of ``host_dir`` at WORKDIR holds every relative path.
-    Paths already under a spec mount are left to it."""
-    targets: list[tuple[str, str]] = [(_host_path(host_dir, "."), WORKDIR)] \
-        if mounts_workdir(spec) else []
+    Paths already under a spec mount are left to it. A host source that is a system
+    directory (relative ones counted from ``workdir``, where the run starts) is refused."""
+    targets: list[tuple[str, str]] = []
+    if mounts_workdir(spec):
+        refuse_system_dir("docker.mount_workdir", ".", workdir)
+        targets.append((_host_path(host_dir, "."), WORKDIR))
     for field in ("run_dir", "checkpoint_dir"):
         path = posixpath.normpath(getattr(spec, field))
         if path == ".." or path.startswith("../"):
@@ -91,6 +95,8 @@ def run_mounts(spec: JobSpec, host_dir: str) -> list[Obj]:
         container_path = path if path.startswith("/") else posixpath.join(WORKDIR, path)
         if any(_inside(container_path, m.target) for m in spec.mounts):
             continue
+        refuse_system_dir(field, getattr(spec, field), workdir,
+                          host_path=source if path.startswith("/") else top)
         targets.append((source, target))
     mounts: list[Obj] = []
     for source, target in sorted(set(targets), key=lambda st: st[1]):
@@ -99,13 +105,16 @@ def run_mounts(spec: JobSpec, host_dir: str) -> list[Obj]:
     return mounts
 
 
-def spec_mounts(spec: JobSpec, host_dir: str) -> tuple[list[Obj], Obj]:
+def spec_mounts(spec: JobSpec, host_dir: str, workdir: str | None = None
+                ) -> tuple[list[Obj], Obj]:
     """(service volumes, top-level named volumes) for ``spec.mounts``: a path (``/...``,
-    ``./...``) is a bind mount, any other source a named volume shared by all services."""
+    ``./...``) is a bind mount (never of a system directory), any other source a named volume
+    shared by all services."""
     mounts: list[Obj] = []
     named: Obj = {}
-    for mount in spec.mounts:
+    for i, mount in enumerate(spec.mounts):
         if mount.source.startswith(("/", "./", "../")) or mount.source in (".", ".."):
+            refuse_system_dir(f"mounts[{i}].source", mount.source, workdir)
             mounts.append({"type": "bind", "source": _host_path(host_dir, mount.source),
                            "target": mount.target, "read_only": mount.read_only})
         else:
@@ -149,7 +158,9 @@ def resources(spec: JobSpec) -> Obj:
 
 
 def escape(value: Any) -> Any:
-    """Compose interpolates ``$VAR`` in every string value: ``$$`` is a literal ``$``."""
+    """Compose interpolates ``$VAR`` and ``${VAR}`` in every string value: ``$$`` is a
+    literal ``$``. Applied once, to the whole document, before the renderer adds its own
+    ``${TORCHJOB_HOST_DIR:-.}``."""
     if isinstance(value, str):
         return value.replace("$", "$$")
     if isinstance(value, dict):
@@ -178,16 +189,19 @@ def _from_host_dir(volume: Obj) -> Obj:
     return {**volume, "source": f"${{{HOST_DIR_VAR}:-.}}{rest}"}
 
 
-def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python") -> Obj:
-    """The compose document: one service per node (nnodes MAX), a shared run directory.
-    ``host_dir`` ``.`` (the default) makes relative host paths start at ``$TORCHJOB_HOST_DIR``
-    (default ``.``, the compose file's directory); the rendezvous id is ``$TORCHJOB_RUN_ID``
-    (default the job's name)."""
+def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python",
+                   workdir: str | None = None) -> Obj:
+    """The compose document: one service per node (nnodes MAX, at most MAX_HOST_NODES), a
+    shared run directory. ``host_dir`` ``.`` (the default) makes relative host paths start at
+    ``$TORCHJOB_HOST_DIR`` (default ``.``, the compose file's directory); the rendezvous id is
+    ``$TORCHJOB_RUN_ID`` (default the job's name). ``workdir``: where the run starts, against
+    which relative bind sources are checked (no system directory)."""
+    on_one_host(spec.nnodes.max, "nnodes", "docker")
     command = list(agent_command(spec, python=python,
                                  rdzv_endpoint=f"{RDZV_HOST}:{spec.rdzv.port}",
                                  run_id=spec.name))
-    mounts, named = spec_mounts(spec, host_dir)
-    volumes = run_mounts(spec, host_dir) + mounts
+    mounts, named = spec_mounts(spec, host_dir, workdir)
+    volumes = run_mounts(spec, host_dir, workdir) + mounts
     services: Obj = {}
     for node in range(spec.nnodes.max):
         name = service_name(node)
@@ -211,7 +225,7 @@ def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python"
             service["volumes"] = [_from_host_dir(v) for v in service["volumes"]]
     doc: Obj = {"name": spec.name, "x-torchjob": restarts(spec), "services": services}
     if named:
-        doc["volumes"] = named
+        doc["volumes"] = escape(named)
     return doc
 
 

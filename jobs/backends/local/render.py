@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from jobs.command import agent_command
+from jobs.hosts import on_one_host
 from jobs.spec import JobSpec
 from jobs.values import FrozenMap
 from trainer.contract import omp_threads
@@ -35,6 +36,7 @@ def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
                  cpu_count: int) -> LocalPlan:
     """The torchrun command of each local node and the environment they need."""
     nodes = spec.local_nodes
+    on_one_host(nodes, "nnodes" if nodes == spec.nnodes.max else "local.nodes", "local")
     command = agent_command(spec, python=python, rdzv_endpoint=f"127.0.0.1:{port}",
                             run_id=run_id)
     env = {

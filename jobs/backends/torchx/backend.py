@@ -9,10 +9,20 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from torchx import specs
+
 from jobs.backend import BackendError, BaseBackend, Context, Handle, JobStatus, Request, State
 from jobs.backends.torchx import launch
 from jobs.backends.torchx.render import appdef_text, render_appdef
-from jobs.spec import JobSpec
+from jobs.hosts import on_one_host
+from jobs.spec import JobSpec, trainer_argv
+from jobs.values import bad
+
+# Schedulers whose pods the kubelet starts: it expands $(VAR) in their command and env too.
+KUBERNETES_SCHEDULERS = ("kubernetes", "kubernetes_mcad")
+# Nodes of one job through TorchX's Kubernetes schedulers: they write a whole pod template per
+# node into one object (some 2 KB each), and the API server stores at most 1.5 MiB per object.
+MAX_TORCHX_POD_NODES = 512
 
 STATES = {"SUCCEEDED": State.SUCCEEDED, "FAILED": State.FAILED, "CANCELLED": State.CANCELLED,
           "RUNNING": State.RUNNING, "PENDING": State.PENDING, "SUBMITTED": State.PENDING,
@@ -33,9 +43,18 @@ class TorchxBackend(BaseBackend):
         return self.scheduler
 
     def render(self, spec: JobSpec, context: Context) -> Request:
+        if self.scheduler in launch.LOCAL_SCHEDULERS:
+            on_one_host(spec.nnodes.max, "nnodes", self.name)
+        if self.scheduler == "slurm":
+            _slurm_fits(spec)
+        if self.scheduler in KUBERNETES_SCHEDULERS and spec.nnodes.max > MAX_TORCHX_POD_NODES:
+            raise bad("nnodes", str(spec.nnodes), f"is more than {MAX_TORCHX_POD_NODES} nodes "
+                      "(MAX_TORCHX_POD_NODES): TorchX's Kubernetes scheduler writes a pod "
+                      "template per node into one object, which the API server would refuse; "
+                      "use --to k8s (one template for all replicas)")
         # local_cwd runs here, in this interpreter's environment; elsewhere the image's python
         app = render_appdef(spec, python=context.python if self.scheduler == "local_cwd"
-                            else "python")
+                            else "python", kubelet=self.scheduler in KUBERNETES_SCHEDULERS)
         if not self.scheduler:  # the AppDef itself, for any scheduler
             return Request(self.name, spec.name, app, appdef_text(app), spec, context)
         info = launch.dryrun(app, self.scheduler, log_dir=f"{spec.run_dir}/torchx")
@@ -78,6 +97,28 @@ class TorchxBackend(BaseBackend):
             out.append(JobStatus(handle, STATES.get(item.state.name, State.UNKNOWN),
                                  name=item.name))
         return out
+
+
+def _slurm_fits(spec: JobSpec) -> None:
+    """What TorchX's Slurm scheduler cannot pass on unchanged: it replaces ``${app_id}`` in
+    every argument and variable with the job id (after its macros, with no escape), and
+    passes env as one ``srun --export=ALL,NAME=VALUE,...``, which splits at commas."""
+    args = spec.trainer.args
+    words = [(f"trainer.args[{i}]", w) for i, w in enumerate(trainer_argv(args))] \
+        if isinstance(args, tuple) else \
+        [(f"trainer.args.{k}", trainer_argv({k: v})[1]) for k, v in args.items()]
+    strings = [("run_dir", spec.run_dir), ("checkpoint_dir", spec.checkpoint_dir),
+               ("trainer.script", spec.trainer.script or ""), *words,
+               *((f"env.{k}", v) for k, v in spec.env.items())]
+    for path, text in strings:
+        if specs.macros.app_id in text:
+            raise bad(path, text, f"contains {specs.macros.app_id}, which TorchX's Slurm "
+                      "scheduler replaces with the job id: use --to slurm, or avoid it")
+    for name, value in spec.env.items():
+        if "," in value:
+            raise bad(f"env.{name}", value, "contains ',', which TorchX's Slurm scheduler "
+                      "cannot pass (srun --export=ALL,NAME=VALUE,... splits at commas): use "
+                      "--to slurm")
 
 
 def create(variant: str) -> TorchxBackend:

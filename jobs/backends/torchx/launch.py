@@ -18,6 +18,7 @@ from torchx.runner.config import apply as apply_torchxconfig
 from torchx.schedulers import slurm_scheduler
 from torchx.schedulers.local_scheduler import SignalException
 from torchx.specs import AppDef, AppDryRunInfo, AppState, AppStatus
+from torchx.specs.api import InvalidRunConfigException
 
 from jobs.backend import Closings
 from jobs.values import UserError
@@ -68,7 +69,11 @@ def dryrun(app: AppDef, scheduler: str, *, log_dir: str) -> AppDryRunInfo:
         cfg = _cfg(scheduler)
         if runner.scheduler_run_opts(scheduler).get("log_dir") is not None:
             cfg.setdefault("log_dir", log_dir)
-        return runner.dryrun(app, scheduler, cfg=cfg)
+        try:
+            return runner.dryrun(app, scheduler, cfg=cfg)
+        except InvalidRunConfigException as exc:  # e.g. kubernetes without its queue
+            raise TorchxError(f"TorchX's {scheduler} scheduler: {exc} (set it in "
+                              f".torchxconfig, section [{scheduler}])") from None
 
 
 def schedule(info: AppDryRunInfo) -> str:

@@ -4,6 +4,11 @@ One role, ``nnodes`` replicas (``min_replicas`` = MIN for elastic jobs), each ru
 same agent command as every other backend (``jobs.command``), through ``bash -c`` so that
 the rendezvous host can be the scheduler's rank-0 host variable (TorchX's own ``dist.ddp``
 does the same).
+
+TorchX substitutes its macros (``$app_id``, ``${app_id}``, ``$$``: ``string.Template``) in
+``Role.args`` and ``Role.env`` values: every user string is written there with each ``$``
+doubled (``literal``), so that it arrives unchanged; only the macros this module writes
+(``Macro``) are left to TorchX.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from typing import Any
 import yaml
 from torchx import specs
 
-from jobs.command import agent_command
+from jobs.command import agent_command, kubelet_literal
+from jobs.hosts import refuse_system_dir
 from jobs.spec import JobSpec
 from jobs.values import SpecError
 from trainer.contract import omp_threads
@@ -25,24 +31,51 @@ from trainer.contract import omp_threads
 ROLE = "trainer"
 
 
-def rdzv_endpoint(spec: JobSpec) -> str:
+class Macro(str):
+    """A word with TorchX macros in it, written by this module (the app id, rank 0's host):
+    the one kind of word TorchX may expand."""
+
+
+def literal(text: str) -> str:
+    """``text`` as TorchX must receive it in ``Role.args`` or ``Role.env`` to pass ``text``
+    itself on: its macro substitution (``string.Template.safe_substitute``) reads ``$$`` as
+    ``$``, so every ``$`` is doubled."""
+    return text.replace("$", "$$")
+
+
+def rdzv_endpoint(spec: JobSpec) -> Macro:
     """``localhost:0`` (a free port) on one node; else rank 0's host, as TorchX exports it.
     ``$$`` survives TorchX's macro substitution as ``$`` for bash to expand."""
     if spec.nnodes.max == 1:
-        return "localhost:0"
-    return f"$${{{specs.macros.rank0_env}:=localhost}}:{spec.rdzv.port}"
+        return Macro("localhost:0")
+    return Macro(f"$${{{specs.macros.rank0_env}:=localhost}}:{spec.rdzv.port}")
 
 
 def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retries: int = 0,
-                  named_resource: str | None = None, python: str = "python") -> specs.AppDef:
-    """The AppDef that ``torchx run`` / ``torchjob submit --to torchx:SCHEDULER`` submits."""
+                  named_resource: str | None = None, python: str = "python",
+                  kubelet: bool = False) -> specs.AppDef:
+    """The AppDef that ``torchx run`` / ``torchjob submit --to torchx:SCHEDULER`` submits.
+    ``kubelet``: for a Kubernetes scheduler, whose pods' command and env the kubelet expands
+    too (``$(VAR)``), user strings are escaped for it as well."""
     if spec.secrets:
         raise SpecError("secrets", "TorchX has no secret references: for local schedulers "
                         "put the variable in env, on Kubernetes use --to k8s")
+    for i, mount in enumerate(spec.mounts):
+        if mount.source.startswith("/"):
+            refuse_system_dir(f"mounts[{i}].source", mount.source)
     endpoint = rdzv_endpoint(spec)
     command = agent_command(spec, python=python, rdzv_endpoint=endpoint,
-                            run_id=specs.macros.app_id, extra_args=extra_args)
-    script = " ".join(arg if arg == endpoint else shlex.quote(arg) for arg in command)
+                            run_id=Macro(specs.macros.app_id), extra_args=extra_args)
+
+    def user(text: str) -> str:  # a user's string, for TorchX and then for the kubelet
+        return literal(kubelet_literal(text) if kubelet else text)
+
+    def word(arg: str) -> str:  # bash expands the endpoint; every other word is quoted
+        if arg is endpoint:
+            return arg
+        return shlex.quote(arg) if isinstance(arg, Macro) else user(shlex.quote(arg))
+
+    script = " ".join(word(arg) for arg in command)
     if named_resource:
         resource = specs.resource(h=named_resource)
     else:
@@ -58,7 +91,8 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
         name=ROLE, image=spec.image, entrypoint="bash", args=["-c", script],
         num_replicas=spec.nnodes.max, min_replicas=spec.nnodes.min, resource=resource,
         env={"OMP_NUM_THREADS": str(omp_threads(resource.cpu, spec.nproc_per_node)),
-             "PYTHONUNBUFFERED": "1", **spec.env}, port_map={"c10d": spec.rdzv.port},
+             "PYTHONUNBUFFERED": "1", **{k: user(v) for k, v in spec.env.items()}},
+        port_map={"c10d": spec.rdzv.port},
         max_retries=max_retries, mounts=mounts)
     return specs.AppDef(name=spec.name, roles=[role])
 
