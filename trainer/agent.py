@@ -45,12 +45,15 @@ from typing import Any, NoReturn, Sequence
 
 from trainer.contract import (AGENT_ENV_OPTIONS, EXIT_CONFIG, EXIT_STOPPED, RUN_DIR_ENV,
                               STOP_SIGNALS, closing_line, job_exit_code)
+from trainer.orphans import die_with_parent
 from trainer.runlock import RunDirBusy, RunLock
 
 FAST_MODULE = "trainer"
 SCRIPT_MODULE = "trainer.script"  # runs any other worker, as python would (trainer/script.py)
 RETRY_ON_ERROR = "--retry-on-error"  # ours, before torchrun's arguments: restart on exceptions
-PRELOAD = ["trainer.train", "torch._dynamo"]  # torch.optim imports torch._dynamo on first use
+# trainer.forkserver_guard first: the server dies with this agent (trainer.orphans);
+# torch.optim imports torch._dynamo on first use
+PRELOAD = ["trainer.forkserver_guard", "trainer.train", "torch._dynamo"]
 
 
 def worker(*argv: str) -> None:
@@ -62,6 +65,7 @@ def worker(*argv: str) -> None:
     worker would wait for the agent to read its result until the agent's 30 s shutdown
     timeout killed it). The next attempt resumes from that final checkpoint and ends at once.
     """
+    die_with_parent()  # the fork server, which dies with this agent (trainer.orphans)
     for sig in STOP_SIGNALS:  # heard again (start_forkserver)
         signal.signal(sig, signal.SIG_DFL)
     from trainer.train import main

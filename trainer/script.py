@@ -28,6 +28,7 @@ import traceback
 from typing import NoReturn
 
 from trainer.contract import EXIT_CONFIG, EXIT_RETRY
+from trainer.orphans import die_with_parent
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set by torch's agent for each worker
 
@@ -100,4 +101,5 @@ def leave(code: int) -> NoReturn:
 
 
 if __name__ == "__main__":
+    die_with_parent()  # the agent (trainer.orphans)
     leave(main(sys.argv[1:]))
