@@ -69,6 +69,9 @@ def from_records(handle: Handle, records: Sequence[Mapping[str, str]],
                  queued: Sequence[str]) -> JobStatus:
     """The status of ``handle`` from its sacct records and its tasks still in the queue
     (squeue: accounting may lag behind the queue for a moment, never the other way)."""
+    if not records and queued:  # just submitted: the queue knows it, accounting not yet
+        return JobStatus(handle, State.PENDING, None, "", "in the queue; not yet in Slurm's "
+                         "accounting", {})
     if not records:
         raise SlurmError(f"Slurm's accounting knows no job {handle.id!r}: check the id that "
                          "torchjob submit printed (sacct -X lists recent jobs)")

@@ -56,6 +56,13 @@ def test_an_array_is_its_tasks_together() -> None:
                                                        "20_7"]
 
 
+def test_a_job_in_the_queue_before_accounting_knows_it_is_pending() -> None:
+    """Right after sbatch, squeue lists the job a moment before sacct does: status and cancel
+    must not call it unknown (the README's submit-then-cancel session did, now and then)."""
+    status = from_records(JOB, [], ["12"])
+    assert (status.state, status.exit_code) == (State.PENDING, None)
+
+
 def test_an_unknown_job_is_a_configuration_error() -> None:
     with pytest.raises(SlurmError, match="knows no job '12'") as info:
         from_records(JOB, [], [])
