@@ -15,6 +15,7 @@ import yaml
 
 from jobs.spec import JobSpec
 from jobs.values import DNS_1123_SUBDOMAIN, SpecError, bad
+from trainer.contract import omp_threads
 
 Obj = dict[str, Any]
 GPU = "nvidia.com/gpu"
@@ -98,8 +99,12 @@ def pod_security(spec: JobSpec) -> Obj:
 
 
 def env(spec: JobSpec) -> list[Obj]:
-    """Plain values from ``env``; secrets only as ``valueFrom.secretKeyRef``."""
-    out: list[Obj] = [{"name": name, "value": value} for name, value in spec.env.items()]
+    """The workers' thread count, as every backend sets it (the pod's CPU request shared by
+    its workers, one when unset; a value in ``env`` wins), plain values from ``env``; secrets
+    only as ``valueFrom.secretKeyRef``."""
+    plain = {"OMP_NUM_THREADS": str(omp_threads(spec.resources.cpu, spec.nproc_per_node)),
+             **spec.env}
+    out: list[Obj] = [{"name": name, "value": value} for name, value in plain.items()]
     out += [{"name": ref.env, "valueFrom": {"secretKeyRef": {"name": ref.secret,
                                                              "key": ref.key}}}
             for ref in spec.secrets]
