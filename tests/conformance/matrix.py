@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from tests.procs import PYTHON, env_for_tests, free_port
+from tests.k8s.pods import ANNOUNCE_RE, JOB_LABEL, POD_LABEL, leftovers
+from tests.procs import PYTHON, ROOT, env_for_tests, free_port
 from tests.recorded import wait_until
 
 RUN_TIMEOUT_S = 400.0  # one `torchjob run` of a few steps on a shared 2-core machine
@@ -67,8 +68,22 @@ class Run:
                 self.proc.wait()
 
 
+@dataclass(frozen=True)
+class Worker:
+    """A worker held at the gate: its pid and host name, as it saw them (in a container:
+    the container's pid namespace and host name)."""
+
+    pid: int
+    host: str
+
+    @classmethod
+    def parse(cls, text: str) -> Worker:
+        pid, host = text.split()
+        return cls(int(pid), host)
+
+
 Stop = Callable[["Cell", Run], None]
-Kill = Callable[["Cell", int], None]
+Kill = Callable[["Cell", Worker], None]
 
 
 def send(sig: signal.Signals) -> Stop:
@@ -84,9 +99,24 @@ def cancel(cell: Cell, run: Run) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def kill_pid(cell: Cell, pid: int) -> None:
+def kill_pid(cell: Cell, worker: Worker) -> None:
     """kill -9 of the worker, by the pid it wrote at the gate (on this host)."""
-    os.kill(pid, signal.SIGKILL)
+    os.kill(worker.pid, signal.SIGKILL)
+
+
+def kill_in(container: str, worker: Worker) -> None:
+    """kill -9 of the worker inside its container (the image has no kill(1): python's)."""
+    done = subprocess.run(["podman", "exec", container, "python", "-c",
+                           "import os, sys; os.kill(int(sys.argv[1]), 9)", str(worker.pid)],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, f"kill -9 of {worker} in {container}: {done.stderr}"
+
+
+def podman_ids(*filters: str, what: str = "ps") -> list[str]:
+    argv = ["podman", "ps", "-a"] if what == "ps" else ["podman", "network", "ls"]
+    found = subprocess.run([*argv, "-q", *[w for f in filters for w in ("--filter", f)]],
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    return found.stdout.split()
 
 
 def scancel(cell: Cell, run: Run) -> None:
@@ -114,6 +144,10 @@ class Column:
     cwd: str | None = None  # the workers' working directory, if not where torchjob runs
     env: tuple[tuple[str, str], ...] = ()  # the user's environment for it (a venv activated)
     cleanup: Stop = nothing  # after a cell: leave nothing of it queued or running
+    command: tuple[str, ...] = ()  # what runs the job, if not `torchjob run --to BACKEND`
+
+    def argv(self) -> list[str]:
+        return list(self.command or (PYTHON, "-m", "jobs", "run", "--to", self.backend))
 
 
 # The venv activated: TorchX runs `python` on the nodes, not this interpreter (README, TorchX)
@@ -126,12 +160,95 @@ def on_slurm(backend: str, env: tuple[tuple[str, str], ...] = ()) -> Column:
                   cleanup=scancel, env=env)
 
 
+# The docker launcher's first line names its compose project (jobs/backends/docker/launch.py)
+PROJECT = re.compile(r"project (\S+), compose file")
+COMPOSE_LABEL = "com.docker.compose.project"  # on the containers
+NETWORK_LABEL = "io.podman.compose.project"  # on podman-compose's network
+
+
+def announced(pattern: re.Pattern[str], run: Run) -> str | None:
+    found = pattern.search(run.text())
+    return found[1] if found else None
+
+
+def docker_kill(cell: Cell, worker: Worker) -> None:
+    """kill -9 of the worker in its node container (service = host name, e.g. node1)."""
+    project = announced(PROJECT, cell.runs[-1])
+    ids = podman_ids(f"label={COMPOSE_LABEL}={project}",
+                     f"label=com.docker.compose.service={worker.host}")
+    assert len(ids) == 1, f"no one container of {project} for {worker}: {ids}"
+    kill_in(ids[0], worker)
+
+
+def docker_cleanup(cell: Cell, run: Run) -> None:
+    """Nothing of the run's compose project left (compose down removed it all)."""
+    project = announced(PROJECT, run)
+    if project is None:
+        return
+    containers = podman_ids(f"label={COMPOSE_LABEL}={project}")
+    networks = podman_ids(f"label={NETWORK_LABEL}={project}", what="network")
+    if containers or networks:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", *containers], capture_output=True,
+                       timeout=120, check=False)
+        subprocess.run(["podman", "network", "rm", "-f", *networks], capture_output=True,
+                       timeout=120, check=False)
+        raise AssertionError(f"{project} left containers {containers}, networks {networks}")
+
+
+def pod_kill(cell: Cell, worker: Worker) -> None:
+    """kill -9 of the worker in its pod (the pod's name is its host name)."""
+    token = announced(ANNOUNCE_RE, cell.runs[-1])
+    ids = podman_ids(f"label={JOB_LABEL}={token}", f"label={POD_LABEL}={worker.host}",
+                     "status=running")
+    assert len(ids) == 1, f"no one running pod {worker.host} of {token}: {ids}"
+    kill_in(ids[0], worker)
+
+
+def pod_cleanup(cell: Cell, run: Run) -> None:
+    """Nothing of the emulated job left (the runner removes its containers and network)."""
+    token = announced(ANNOUNCE_RE, run)
+    if token is not None and (left := leftovers(token)):
+        subprocess.run(["podman", "rm", "-f", "-t", "0", *left], capture_output=True,
+                       timeout=120, check=False)
+        subprocess.run(["podman", "network", "rm", "-f", token], capture_output=True,
+                       timeout=120, check=False)
+        raise AssertionError(f"pods of {token} left behind: {left}")
+
+
+# The gate's task (tests.conformance.gate) reaches containers as a user's task does: a
+# mount and PYTHONPATH (a host path for docker, a PersistentVolumeClaim on Kubernetes)
+TASK_MOUNT = "/opt/conformance"
+TASK_CLAIM = "conformance-tests"
+RUN_CLAIM = "cell"  # the pods' shared run directory: the cell's directory, as a RWX PVC
+
+
+def task_sets(source: str | Path) -> tuple[str, ...]:
+    return (f"mounts=[{{source: '{source}', target: '{TASK_MOUNT}/tests', read_only: true}}]",
+            f"env.PYTHONPATH={TASK_MOUNT}")
+
+
+# `torchjob run --to k8s` against the pod emulator (tests/k8s/pods.py): the manifest that
+# command submits, its pods run in podman as the operator would run them
+PODS = (PYTHON, "-m", "tests.k8s.pods", "--claim", f"{RUN_CLAIM}=.",
+        "--claim", f"{TASK_CLAIM}={ROOT / 'tests'}")
+
 COLUMNS = (
     Column("local", stop=send(signal.SIGTERM)),
     Column("torchx:local_cwd", stop=send(signal.SIGINT)),
     on_slurm("slurm"),
     on_slurm("slurm:sbatch"),
     on_slurm("torchx:slurm", env=VENV),
+    # a user's code (a script) runs from the working directory, mounted at the image's
+    Column("docker", stop=send(signal.SIGINT), kill=docker_kill, sets=task_sets(ROOT / "tests"),
+           needs=("container_image",), marks=("containers",), cwd="/workspace",
+           cleanup=docker_cleanup),
+    # the run directory is a PVC mounted at the image's working directory: relative paths
+    # (run_dir, a script) are on it, as on the host for the other columns
+    Column("k8s (pod contract)", stop=send(signal.SIGTERM), kill=pod_kill,
+           sets=(f"k8s.pvc={RUN_CLAIM}", "k8s.pvc_mount_path=/workspace",
+                 *task_sets(TASK_CLAIM)),
+           needs=("container_image",), marks=("containers",), cwd="/workspace",
+           cleanup=pod_cleanup, command=PODS),
 )
 
 
@@ -175,8 +292,11 @@ class Cell:
     def start(self, job: str | Path, *sets: str, options: tuple[str, ...] = ()) -> Run:
         """``torchjob run --to BACKEND [OPTIONS] JOB --set ...`` in the background."""
         words = [f"rdzv.port={free_port()}", "run_dir=runs/job", *self.column.sets, *sets]
-        argv = [PYTHON, "-m", "jobs", "run", "--to", self.column.backend, *options, str(job),
+        argv = [*self.column.argv(), *options, str(job),
                 *[w for s in words for w in ("--set", s)]]
+        # the workers write the gate, whatever user they run as (the image's is uid 1000)
+        self.gate.mkdir(parents=True, exist_ok=True)
+        self.gate.chmod(0o777)
         log = self.workdir / f"run-{len(self.runs)}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(argv, cwd=self.workdir, env=self.env(), stdout=out,
@@ -198,22 +318,29 @@ class Cell:
     def env(self) -> dict[str, str]:
         return env_for_tests(**dict(self.column.env))
 
-    def at_gate(self, run: Run, ranks: int = 2) -> dict[int, int]:
-        """Every rank held at the gate (tests/conformance/gate.py): rank -> its pid."""
-        def held() -> dict[int, int] | bool:
+    def at_gate(self, run: Run, ranks: int = 2) -> dict[int, Worker]:
+        """Every rank held at the gate (tests/conformance/gate.py): rank -> its worker."""
+        def held() -> dict[int, Worker] | bool:
             if run.proc.poll() is not None:
                 raise AssertionError(f"the run ended before its gate:\n{run.tail()}")
-            found = {int(p.name[3:]): int(p.read_text()) for p in self.gate.glob("at-*")}
+            found = {int(p.name[3:]): Worker.parse(p.read_text())
+                     for p in self.gate.glob("at-*")}
             return len(found) == ranks and found
-        pids: dict[int, int] = wait_until(held, EVENT_TIMEOUT_S, f"{ranks} ranks at the gate",
-                                          run.tail)
-        return pids
+        workers: dict[int, Worker] = wait_until(held, EVENT_TIMEOUT_S,
+                                                f"{ranks} ranks at the gate", run.tail)
+        return workers
 
     def open_gate(self) -> None:
         self.gate.mkdir(parents=True, exist_ok=True)
         (self.gate / "go").touch()
 
     def close(self) -> None:
+        """Every run stopped and cleaned up; what one left behind is raised at the end."""
+        left = []
         for run in self.runs:
             run.close()
-            self.column.cleanup(self, run)
+            try:
+                self.column.cleanup(self, run)
+            except AssertionError as exc:
+                left.append(str(exc))
+        assert not left, "; ".join(left)
