@@ -25,6 +25,7 @@ checkpointed).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import secrets
 import signal
@@ -102,7 +103,7 @@ def share(folder: Path, group: int) -> None:
     for path in [folder, *folder.rglob("*")]:
         if path.is_symlink():
             continue
-        subprocess.run(["chgrp", str(group), str(path)], check=True)
+        os.chown(path, -1, group)
         mode = path.stat().st_mode
         path.chmod(mode | 0o060 | (0o2010 if path.is_dir() else 0))
 
@@ -243,11 +244,9 @@ class PodJob:
             pod.status = status
             pod.code = int(code) if status in ("exited", "stopped", "dead") else None
 
-    def policy_restarts(self, code: int) -> bool:
-        policy = self.job["spec"]["pytorchReplicaSpecs"]["Master" if "Master" in
-                                                         self.job["spec"][
-                                                             "pytorchReplicaSpecs"]
-                                                         else "Worker"]["restartPolicy"]
+    def restarts(self, pod: Pod, code: int) -> bool:
+        """Whether the pod's replica's restartPolicy creates it again after ``code``."""
+        policy = self.job["spec"]["pytorchReplicaSpecs"][pod.replica]["restartPolicy"]
         return {"ExitCode": code >= 128, "OnFailure": code != 0, "Always": True,
                 "Never": False}[policy]
 
@@ -275,7 +274,7 @@ class PodJob:
         for pod in self.pods:
             if pod.code in (None, 0):
                 continue
-            if not self.policy_restarts(pod.code):
+            if not self.restarts(pod, pod.code):
                 return self.finish(pod.code, f"Failed: {pod.name} exited {pod.code}")
             if backoff is not None and self.recreated >= backoff:
                 return self.finish(pod.code, f"Failed: backoffLimit {backoff} reached "
@@ -321,11 +320,13 @@ class PodJob:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         assert proc.stdout is not None
+        fd = proc.stdout.fileno()
         try:
-            yield from iter(lambda: proc.stdout.read1(65536), b"")  # type: ignore[union-attr]
+            yield from iter(lambda: os.read(fd, 65536), b"")
         finally:
             proc.kill()
             proc.wait()
+            proc.stdout.close()
 
     def follow(self) -> Iterator[str]:
         """Every pod's lines, prefixed ``[master-0]``, until the job has ended (each step of
