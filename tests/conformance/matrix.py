@@ -2,7 +2,9 @@
 cell a real run of what users run, ``torchjob run --to BACKEND JOB.yaml --set ...``.
 
 A column is one entry of ``COLUMNS``: a backend's name, how a user stops a run there and how
-a worker dies there. A cell that cannot pass is declared in ``DECLARED``, the one place that
+a worker dies there (in a container: by the pid and host name the worker wrote at the gate).
+Kubernetes has no API server here: its column runs the PyTorchJob ``torchjob run --to k8s``
+would submit on the pod emulator (``tests/k8s/pods.py``), each pod a podman container. A cell that cannot pass is declared in ``DECLARED``, the one place that
 says why: ``n/a`` (the backend cannot do it: not run), ``pending`` (waits for work not merged
 yet: not run) or ``gap`` (the backend breaks the contract there: the cell runs and must still
 fail, so that the declaration goes once the gap is fixed). Nothing is skipped.
