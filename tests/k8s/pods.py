@@ -14,36 +14,26 @@ again in all), success (the Master's, else every Worker's, or for an elastic job
 Worker's), ``cleanPodPolicy`` Running (a finished job's running pods are deleted: SIGTERM,
 then SIGKILL after the grace period). Deleting the job (``PodJob.delete``) deletes its pods.
 
-``python -m tests.k8s.pods [--claim NAME=DIR] [--grace S] [--fresh] JOB.yaml [--set K=V]``
-is ``torchjob run --to k8s`` against this emulator: the manifest that command would submit
-(``jobs.cli.requests``), the pods' logs prefixed ``[master-0]`` as ``torchjob logs`` does,
-Ctrl-C or SIGTERM deletes the job, and the exit code is the job's as the operator judges it
-from its containers (0, the failed container's code, 143 when deleted after the pods
-checkpointed).
+``tests/k8s/pods_run.py`` is ``torchjob run --to k8s`` against it.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import secrets
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs import backend as registry
 from jobs.backend import Closings
-from jobs.cli import build_parser, requests
-from jobs.spec import JobSpec
-from jobs.values import SpecError, UserError
+from jobs.values import UserError
 from k8s.follow import Run, follow_runs
-from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+from trainer.contract import EXIT_OK, EXIT_STOPPED
 
 OPERATOR_PORT = 23456  # pytorchjob-port, unless the container names a port so
 GRACE_S = 30.0  # terminationGracePeriodSeconds' default
@@ -384,38 +374,3 @@ def run(job: Obj, claims: dict[str, Path], *, grace: float = GRACE_S,
         for sig, handler in before.items():
             signal.signal(sig, handler)
         pods.remove()
-
-
-def manifest(argv: list[str]) -> tuple[Obj, JobSpec]:
-    """The PyTorchJob ``torchjob run --to k8s ARGV`` would submit, and its spec."""
-    args = build_parser().parse_args(["run", "--to", "k8s", *argv])
-    (request,) = requests(registry.get("k8s"), args, fresh=True)
-    assert request.spec is not None
-    return request.data, request.spec
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.k8s.pods", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--claim", action="append", default=[], metavar="NAME=DIR",
-                        help="a PersistentVolumeClaim and the directory it is")
-    parser.add_argument("--grace", type=float, default=GRACE_S)
-    known, rest = parser.parse_known_args(argv)
-    claims = {}
-    for item in known.claim:
-        name, _, folder = item.partition("=")
-        claims[name] = Path(folder).resolve()
-    try:
-        job, _ = manifest(rest)
-        code, _ = run(job, claims, grace=known.grace, out=sys.stdout)
-    except (SpecError, UserError) as exc:
-        print(f"torchjob: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except RuntimeError as exc:
-        print(f"torchjob-pods: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
