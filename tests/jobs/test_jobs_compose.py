@@ -291,3 +291,11 @@ def test_a_node_that_failed_for_good_ends_the_job_after_the_grace(
     assert launch.result(spec, run.nodes, False) == 2
     assert "node1 failed (exit 2): the job failed; stopping the node(s) still running" \
         in capsys.readouterr().err
+
+
+def test_the_launcher_knows_the_run_id_its_agents_lock_with() -> None:
+    """The rendezvous id in the compose file is the run id of the run directory's lock, which
+    the launcher clears once every node is gone (trainer.runlock.clear)."""
+    spec = loads("name: job\nnnodes: 2\ntrainer: {module: x}")
+    assert launch.rdzv_id(compose_text(render_compose(spec, run_id="job-1a2b3c"))) == "job-1a2b3c"
+    assert launch.rdzv_id("services: {}") is None

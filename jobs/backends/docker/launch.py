@@ -39,6 +39,7 @@ from jobs.runs import Record
 from jobs.spec import JobSpec
 from jobs.values import UserError
 from trainer.contract import EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, job_exit_code
+from trainer.runlock import clear as clear_lock
 
 RECIPE = "jobs.backends.docker"  # the package whose data is the Dockerfile and container-setup
 IMAGE_UID = 1000  # the Dockerfile's USER: it must be able to write the run directory
@@ -298,6 +299,15 @@ def down(engine: Engine, project: str, file: Path) -> None:
             _run(["podman", "network", "rm", "-f", *nets], timeout=60)
 
 
+def rdzv_id(compose: str) -> str | None:
+    """The rendezvous id the compose file's agents run with: the run id of their lock."""
+    services = (yaml.safe_load(compose) or {}).get("services") or {}
+    command = (services.get(service_name(0)) or {}).get("command") or []
+    if "--rdzv-id" in command[:-1]:
+        return str(command[command.index("--rdzv-id") + 1]).replace("$$", "$")
+    return None
+
+
 def result(spec: JobSpec, nodes: list[_Node], signalled: bool) -> int:
     """0 when at least nnodes MIN nodes finished the training; else the trainer's codes."""
     if signalled:
@@ -365,6 +375,10 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops,
                     node.pump.join(timeout=30)
         output.close()
         down(engine, run.project, file)
+        # no agent of this run is left: a node killed (or stopped after the grace) could not
+        # release the run directory's lock, and the next run there would be refused for a while
+        if (rdzv := rdzv_id(text)) is not None:
+            clear_lock(run_dir, rdzv)
     code = result(spec, run.nodes, stops.count > 0)
     if code not in (EXIT_OK, EXIT_STOPPED):
         output.report([(i, node.code) for i, node in enumerate(run.nodes) if node.code], err)
