@@ -16,6 +16,7 @@ import yaml
 from jobs.command import kubelet_literal
 from jobs.spec import JobSpec
 from jobs.values import DNS_1123_SUBDOMAIN, SpecError, bad
+from trainer.contract import omp_threads
 
 Obj = dict[str, Any]
 GPU = "nvidia.com/gpu"
@@ -110,8 +111,12 @@ def command_words(words: list[str]) -> list[str]:
 
 
 def env(spec: JobSpec) -> list[Obj]:
-    """Plain values from ``env``; secrets only as ``valueFrom.secretKeyRef``."""
-    out: list[Obj] = env_values(dict(spec.env))
+    """The workers' thread count, as every backend sets it (the pod's CPU request shared by
+    its workers, one when unset; a value in ``env`` wins), plain values from ``env``; secrets
+    only as ``valueFrom.secretKeyRef``."""
+    plain = {"OMP_NUM_THREADS": str(omp_threads(spec.resources.cpu, spec.nproc_per_node)),
+             **spec.env}
+    out: list[Obj] = env_values(plain)
     out += [{"name": ref.env, "valueFrom": {"secretKeyRef": {"name": ref.secret,
                                                              "key": ref.key}}}
             for ref in spec.secrets]

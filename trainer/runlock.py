@@ -79,6 +79,22 @@ def stale(owner: dict[str, Any], age: float) -> str | None:
     return None
 
 
+def clear(run_dir: str | os.PathLike[str], run_id: str) -> bool:
+    """Remove ``run_dir``'s lock if the run ``run_id`` holds it; whether it did. For a launcher
+    that has seen every agent of that run end, however they ended: an agent killed in a
+    container could not remove it, and from another host or PID namespace nobody can tell
+    that it is gone before ``STALE_S``, so the next run there would be refused until then."""
+    path = Path(run_dir) / LOCK
+    try:
+        owner = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(owner, dict) or owner.get("run_id") != run_id:
+        return False
+    path.unlink(missing_ok=True)
+    return True
+
+
 class RunLock:
     """The lock of ``run_dir`` for the run ``run_id``, held from ``acquire`` to ``release``."""
 

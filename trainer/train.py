@@ -36,6 +36,13 @@ from trainer.tasks import Task, build_task
 
 
 
+# A refused run's exception, kept until the process exits: its traceback holds the model, and
+# freeing DDP's reducer once the process group was left can block for good in
+# ProcessGroupGloo's destructor (seen in containers, the peer rank refused too and gone). The
+# agent's workers exit without that teardown (os._exit in the forkserver child).
+REFUSED: list[ConfigError] = []
+
+
 def main(argv: Sequence[str] | None = None, *, stopped_after_the_work: int = 0) -> int:
     """Train; the exit code. ``stopped_after_the_work`` is the code when a stop signal arrived
     after the last step's stop check: the work is done and checkpointed, so 0 by default."""
@@ -52,6 +59,7 @@ def main(argv: Sequence[str] | None = None, *, stopped_after_the_work: int = 0) 
     except ConfigError as exc:
         tell(f"trainer [rank {env.rank}]: {exc}")
         record(exc)  # the agent's last line then says why
+        REFUSED.append(exc)
         return EXIT_CONFIG
     finally:
         stop.restore()

@@ -21,6 +21,7 @@ from tests.conformance.matrix import COLUMNS, DECLARED, Cell, Column, Outcome
 from tests.conformance.scenarios import SCENARIOS, trainer_flags
 from tests.conformance.table import table
 from tests.procs import PYTHON, ROOT, env_for_tests, final_params
+from tests.containers.conftest import container_image  # noqa: F401 (docker, k8s pods' image)
 from tests.slurm.conftest import slurm_cluster  # noqa: F401 (the slurm columns' engine)
 
 PARALLEL_ENV = "TORCHJOB_CONFORMANCE_PARALLEL"  # columns run at once (default: all)
@@ -85,8 +86,10 @@ def run_cell(scenario: str, column: Column, root: Path, reference: Reference) ->
         status, detail = "pass", ""
     except Exception:
         status, detail = "fail", traceback.format_exc()
-    finally:
-        cell.close()
+    try:
+        cell.close()  # a cell that leaves something running fails
+    except Exception:
+        status, detail = "fail", detail + traceback.format_exc()
     return Outcome(status, time.monotonic() - started, detail)
 
 

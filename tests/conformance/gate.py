@@ -3,7 +3,8 @@ pass, so that a cell acts at a known step of a run on any backend without sleepi
 
 Set through the job's ``env`` (every backend passes it to every worker):
 ``CONFORMANCE_GATE=DIR``: at training step ``GATE_STEP`` each rank writes ``DIR/at-RANK``
-(its pid) and holds until ``DIR/go`` exists or the trainer was told to stop (then it writes
+(its pid and host name: a worker in a container has its pid there, its host name is the
+container's) and holds until ``DIR/go`` exists or the trainer was told to stop (then it writes
 ``DIR/stopping-RANK`` and goes on, so that the stop lands in that step); once ``go`` exists
 the gate stays open, for the restarted and resumed runs too.
 ``CONFORMANCE_RAISE_RANK=R``: rank R raises a ValueError at that step, as user code would.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -51,7 +53,7 @@ def at_gate(rank: str) -> None:
         return
     gate = Path(folder)
     gate.mkdir(parents=True, exist_ok=True)
-    write(gate / f"at-{rank}", str(os.getpid()))
+    write(gate / f"at-{rank}", f"{os.getpid()} {socket.gethostname()}")
     deadline = time.monotonic() + HOLD_S
     while not (gate / "go").exists():
         if stop_requested():

@@ -2,7 +2,9 @@
 cell a real run of what users run, ``torchjob run --to BACKEND JOB.yaml --set ...``.
 
 A column is one entry of ``COLUMNS``: a backend's name, how a user stops a run there and how
-a worker dies there. A cell that cannot pass is declared in ``DECLARED``, the one place that
+a worker dies there (in a container: by the pid and host name the worker wrote at the gate).
+Kubernetes has no API server here: its column runs the PyTorchJob ``torchjob run --to k8s``
+would submit on the pod emulator (``tests/k8s/pods.py``), each pod a podman container. A cell that cannot pass is declared in ``DECLARED``, the one place that
 says why: ``n/a`` (the backend cannot do it: not run), ``pending`` (waits for work not merged
 yet: not run) or ``gap`` (the backend breaks the contract there: the cell runs and must still
 fail, so that the declaration goes once the gap is fixed). Nothing is skipped.
@@ -18,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from tests.procs import PYTHON, env_for_tests, free_port
+from tests.conformance.containers import (PODS, RUN_CLAIM, TASK_CLAIM, docker_cleanup,
+                                           docker_kill, pod_cleanup, pod_kill, task_sets)
+from tests.procs import PYTHON, ROOT, env_for_tests, free_port
 from tests.recorded import wait_until
 
 RUN_TIMEOUT_S = 400.0  # one `torchjob run` of a few steps on a shared 2-core machine
@@ -67,8 +71,22 @@ class Run:
                 self.proc.wait()
 
 
+@dataclass(frozen=True)
+class Worker:
+    """A worker held at the gate: its pid and host name, as it saw them (in a container:
+    the container's pid namespace and host name)."""
+
+    pid: int
+    host: str
+
+    @classmethod
+    def parse(cls, text: str) -> Worker:
+        pid, host = text.split()
+        return cls(int(pid), host)
+
+
 Stop = Callable[["Cell", Run], None]
-Kill = Callable[["Cell", int], None]
+Kill = Callable[["Cell", Worker], None]
 
 
 def send(sig: signal.Signals) -> Stop:
@@ -84,9 +102,9 @@ def cancel(cell: Cell, run: Run) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def kill_pid(cell: Cell, pid: int) -> None:
+def kill_pid(cell: Cell, worker: Worker) -> None:
     """kill -9 of the worker, by the pid it wrote at the gate (on this host)."""
-    os.kill(pid, signal.SIGKILL)
+    os.kill(worker.pid, signal.SIGKILL)
 
 
 def scancel(cell: Cell, run: Run) -> None:
@@ -114,6 +132,10 @@ class Column:
     cwd: str | None = None  # the workers' working directory, if not where torchjob runs
     env: tuple[tuple[str, str], ...] = ()  # the user's environment for it (a venv activated)
     cleanup: Stop = nothing  # after a cell: leave nothing of it queued or running
+    command: tuple[str, ...] = ()  # what runs the job, if not `torchjob run --to BACKEND`
+
+    def argv(self) -> list[str]:
+        return list(self.command or (PYTHON, "-m", "jobs", "run", "--to", self.backend))
 
 
 # The venv activated: TorchX runs `python` on the nodes, not this interpreter (README, TorchX)
@@ -132,6 +154,17 @@ COLUMNS = (
     on_slurm("slurm"),
     on_slurm("slurm:sbatch"),
     on_slurm("torchx:slurm", env=VENV),
+    # a user's code (a script) runs from the working directory, mounted at the image's
+    Column("docker", stop=send(signal.SIGINT), kill=docker_kill, sets=task_sets(ROOT / "tests"),
+           needs=("container_image",), marks=("containers",), cwd="/workspace",
+           cleanup=docker_cleanup),
+    # the run directory is a PVC mounted at the image's working directory: relative paths
+    # (run_dir, a script) are on it, as on the host for the other columns
+    Column("k8s (pod contract)", stop=send(signal.SIGTERM), kill=pod_kill,
+           sets=(f"k8s.pvc={RUN_CLAIM}", "k8s.pvc_mount_path=/workspace",
+                 *task_sets(TASK_CLAIM)),
+           needs=("container_image",), marks=("containers",), cwd="/workspace",
+           cleanup=pod_cleanup, command=PODS),
 )
 
 
@@ -175,8 +208,11 @@ class Cell:
     def start(self, job: str | Path, *sets: str, options: tuple[str, ...] = ()) -> Run:
         """``torchjob run --to BACKEND [OPTIONS] JOB --set ...`` in the background."""
         words = [f"rdzv.port={free_port()}", "run_dir=runs/job", *self.column.sets, *sets]
-        argv = [PYTHON, "-m", "jobs", "run", "--to", self.column.backend, *options, str(job),
+        argv = [*self.column.argv(), *options, str(job),
                 *[w for s in words for w in ("--set", s)]]
+        # the workers write the gate, whatever user they run as (the image's is uid 1000)
+        self.gate.mkdir(parents=True, exist_ok=True)
+        self.gate.chmod(0o777)
         log = self.workdir / f"run-{len(self.runs)}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(argv, cwd=self.workdir, env=self.env(), stdout=out,
@@ -198,22 +234,29 @@ class Cell:
     def env(self) -> dict[str, str]:
         return env_for_tests(**dict(self.column.env))
 
-    def at_gate(self, run: Run, ranks: int = 2) -> dict[int, int]:
-        """Every rank held at the gate (tests/conformance/gate.py): rank -> its pid."""
-        def held() -> dict[int, int] | bool:
+    def at_gate(self, run: Run, ranks: int = 2) -> dict[int, Worker]:
+        """Every rank held at the gate (tests/conformance/gate.py): rank -> its worker."""
+        def held() -> dict[int, Worker] | bool:
             if run.proc.poll() is not None:
                 raise AssertionError(f"the run ended before its gate:\n{run.tail()}")
-            found = {int(p.name[3:]): int(p.read_text()) for p in self.gate.glob("at-*")}
+            found = {int(p.name[3:]): Worker.parse(p.read_text())
+                     for p in self.gate.glob("at-*")}
             return len(found) == ranks and found
-        pids: dict[int, int] = wait_until(held, EVENT_TIMEOUT_S, f"{ranks} ranks at the gate",
-                                          run.tail)
-        return pids
+        workers: dict[int, Worker] = wait_until(held, EVENT_TIMEOUT_S,
+                                                f"{ranks} ranks at the gate", run.tail)
+        return workers
 
     def open_gate(self) -> None:
         self.gate.mkdir(parents=True, exist_ok=True)
         (self.gate / "go").touch()
 
     def close(self) -> None:
+        """Every run stopped and cleaned up; what one left behind is raised at the end."""
+        left = []
         for run in self.runs:
             run.close()
-            self.column.cleanup(self, run)
+            try:
+                self.column.cleanup(self, run)
+            except AssertionError as exc:
+                left.append(str(exc))
+        assert not left, "; ".join(left)

@@ -73,8 +73,8 @@ def kill_worker(cell: Cell) -> None:
     """kill -9 of a worker mid-run: the group restarts from the last checkpoint and ends
     bitwise where an uninterrupted run ends."""
     run = cell.start(DEFAULT, *GATED)
-    pids = cell.at_gate(run)
-    cell.column.kill(cell, pids[1])
+    workers = cell.at_gate(run)
+    cell.column.kill(cell, workers[1])
     cell.open_gate()
     code = run.wait()
     out = run.text()

@@ -14,8 +14,10 @@ HEADER = """\
 Generated from a run of the whole matrix, {when}: `TORCHJOB_WRITE_CONFORMANCE=1
 .venv/bin/python -m pytest tests/conformance` rewrites it; do not edit it by hand. Every cell
 is a real run of `torchjob run --to BACKEND` on one 2-core machine (the Slurm columns on
-`slurm/devcluster`), {workers} backend(s) at a time, {wall:.0f} s in all; the seconds are each
-cell's own, from its first command to its last check. What each scenario checks:
+`slurm/devcluster`, docker on podman; `k8s (pod contract)`: the PyTorchJob `torchjob run --to
+k8s` submits, its pods run in podman as the operator would run them, `tests/k8s/pods.py`, as
+no API server can run here), {workers} backend(s) at a time, {wall:.0f} s in all; the seconds
+are each cell's own, from its first command to its last check. What each scenario checks:
 `tests/conformance/scenarios.py`; the reasons below: `DECLARED` in `tests/conformance/matrix.py`.
 """
 

@@ -189,7 +189,8 @@ def test_dollar_paren_reaches_kubernetes_unchanged() -> None:
         "template"]["spec"]["containers"][0]
     defined = Everything()
     assert [expand(w, defined) for w in container["command"][-len(USER):]] == USER
-    assert expand(container["env"][0]["value"], defined) == "$(HOME)"
+    [value] = [e["value"] for e in container["env"] if e["name"] == "A"]
+    assert expand(value, defined) == "$(HOME)"
 
 
 def test_braces_reach_compose_unchanged() -> None:

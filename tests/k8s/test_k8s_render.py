@@ -184,7 +184,8 @@ def test_hostile_values_are_escaped_and_survive_yaml_exactly() -> None:
         assert validate(obj) == []
     c = containers(render_pytorchjob(spec))[0]
     seen = Everything()  # the kubelet's $(VAR) expansion (emulated), every variable defined
-    assert [expand(e["value"], seen) for e in c["env"]] == HOSTILE
+    assert [expand(e["value"], seen) for e in c["env"] if e["name"] != "OMP_NUM_THREADS"] \
+        == HOSTILE
     tail = [expand(word, seen) for word in c["command"][-2 * len(HOSTILE):]]
     assert tail[1::2] == HOSTILE  # every value one argv word, never through a shell
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.procs import PYTHON, descendants, env_for_tests, last_step, wait_for
 from trainer.contract import CLOSING_RE
-from trainer.runlock import HEARTBEAT_S, LOCK, STALE_S, RunDirBusy, RunLock
+from trainer.runlock import HEARTBEAT_S, LOCK, STALE_S, RunDirBusy, RunLock, clear
 
 
 def write_lock(run_dir: Path, age: float, **record: object) -> Path:
@@ -52,6 +52,18 @@ def test_a_live_run_of_another_id_refuses_naming_its_owner(tmp_path: Path) -> No
     assert f"run job-1 (host {socket.gethostname()}, pid {os.getpid()}" in text
     assert str(tmp_path) in text and "run_dir" in text
     owner.release()
+
+
+def test_a_launcher_clears_its_own_runs_lock_only(tmp_path: Path) -> None:
+    """A run whose agents were killed in containers (another PID namespace: nobody can tell
+    they are gone before STALE_S): its launcher, which saw them all end, clears the lock."""
+    path = write_lock(tmp_path, 1, host="node0", pid=1, run_id="job-1")
+    assert not clear(tmp_path, "job-2") and path.exists()
+    assert clear(tmp_path, "job-1") and not path.exists()
+    assert not clear(tmp_path, "job-1")  # none left: nothing to do
+    lock = RunLock(tmp_path, "job-2")
+    lock.acquire()
+    lock.release()
 
 
 def test_a_lock_from_another_host_is_stale_only_when_not_renewed(tmp_path: Path) -> None:

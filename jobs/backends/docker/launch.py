@@ -6,8 +6,10 @@ A node container that was killed (exit 128+N but 143: its agent died of a signal
 killer or ``podman kill`` does) is started again, up to the compose file's
 ``x-torchjob.max_restarts`` times in all, and rejoins; one that ended 1 (the job failed), 2
 (bad configuration) or 143 (stopped, e.g. ``podman stop``) stays down, and an elastic job
-carries on without it. The job ends when every node has ended (or, once one node finished its training, the others
-had a grace period to finish too). Ctrl-C/SIGTERM (counted by ``jobs.launcher.perform`` from
+carries on without it. The job ends when every node has ended, or once one node finished its
+training or failed for good (the others hear of it and end too) and the others had a grace
+period to end: one that did not (a worker hung in its teardown) is then stopped, as the
+PyTorchJob operator deletes the running pods of a job that ended. Ctrl-C/SIGTERM (counted by ``jobs.launcher.perform`` from
 before the run starts) stops the containers with a grace period (their workers checkpoint and
 exit 143), or, before they were started, starts none; a second Ctrl-C kills them. Whatever way
 this ends, ``compose down`` removes the containers and the network.
@@ -37,6 +39,7 @@ from jobs.runs import Record
 from jobs.spec import JobSpec
 from jobs.values import UserError
 from trainer.contract import EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, job_exit_code
+from trainer.runlock import clear as clear_lock
 
 RECIPE = "jobs.backends.docker"  # the package whose data is the Dockerfile and container-setup
 IMAGE_UID = 1000  # the Dockerfile's USER: it must be able to write the run directory
@@ -45,7 +48,7 @@ SERVICE_LABEL = "com.docker.compose.service"
 INSTALL_HINT = ("install podman and podman-compose (Debian/Ubuntu: apt-get install podman "
                 "podman-compose, or scripts/container-setup engine) or Docker with its compose "
                 "plugin (docker compose version must work)")
-FINISH_GRACE_S = 60.0  # once a node finished training, the others' time to finish too
+FINISH_GRACE_S = 60.0  # once a node finished training or failed, the others' time to end too
 _POLL_S = 1.0
 
 
@@ -207,11 +210,25 @@ class _Run:
         """A node ended its training (exit 0): the job is done or ending."""
         return any(node.code == 0 and node.exited_at is not None for node in self.nodes)
 
+    def failed(self) -> _Node | None:
+        """A node that ended the job for good: it failed (1), was misconfigured (2) or ended
+        with another code below 128, none of which is restarted."""
+        return next((node for node in self.nodes if node.exited_at is not None
+                     and 0 < node.code < 128), None)
+
+    def ending(self) -> str:
+        """Why the job is ending though nodes still run ("" while it is not)."""
+        if self.finished():
+            return "training finished"
+        if failed := self.failed():
+            return f"{failed.name} failed (exit {failed.code}): the job failed"
+        return ""
+
     def restartable(self, node: _Node) -> bool:
         """The node ended killed (not failed, misconfigured or stopped), it has restarts left,
-        nobody asked the run to stop and no node has finished the training."""
+        nobody asked the run to stop, no node has finished the training and none failed."""
         return (node.exited_at is not None and killed(node.code) and not self.stops.count
-                and node.restarts < self.max_restarts and not self.finished())
+                and node.restarts < self.max_restarts and not self.ending())
 
     def restart(self, node: _Node, err: IO[str]) -> None:
         node.restarts += 1
@@ -350,6 +367,10 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops,
                     node.pump.join(timeout=30)
         output.close()
         down(engine, run.project, file)
+        # no agent of this run is left: a node killed (or stopped after the grace) could not
+        # release the run directory's lock, and the next run there would be refused for a while.
+        # Its agents locked with the rendezvous id, which is this project's name (RUN_ID_VAR).
+        clear_lock(run_dir, run.project)
     code = result(spec, run.nodes, stops.count > 0)
     if code not in (EXIT_OK, EXIT_STOPPED):
         output.report([(i, node.code) for i, node in enumerate(run.nodes) if node.code], err)
@@ -361,6 +382,7 @@ def _wait(run: _Run, spec: JobSpec, grace: float, err: IO[str]) -> None:
     stopper: subprocess.Popen[bytes] | None = None
     killed = False
     finished_at: float | None = None
+    why = ""
     while True:
         run.refresh()
         for node in run.nodes:
@@ -379,10 +401,10 @@ def _wait(run: _Run, spec: JobSpec, grace: float, err: IO[str]) -> None:
             print("torchjob: killing every container now", file=err, flush=True)
             _run([run.engine.name, "kill", *run.ids()], timeout=60)
             killed = True
-        if finished_at is None and run.finished():
+        if finished_at is None and (why := run.ending()):
             finished_at = time.monotonic()
         if finished_at is not None and time.monotonic() - finished_at > FINISH_GRACE_S:
-            print(f"torchjob: training finished; stopping the node(s) still running after "
+            print(f"torchjob: {why}; stopping the node(s) still running after "
                   f"{FINISH_GRACE_S:g} s", file=err, flush=True)
             _run([run.engine.name, "stop", "-t", "10", *run.ids()], timeout=120)
             run.refresh()
