@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,12 +28,38 @@ def start_docker_api() -> subprocess.CompletedProcess[str]:
     return api
 
 
+def service_pids(docker_host: str = "") -> list[int]:
+    """The podman API services (answering on ``docker_host``, when given)."""
+    found = subprocess.run(["pgrep", "-f", f"^podman system service .*{docker_host}"],
+                           capture_output=True, text=True, check=False)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def networks() -> set[str]:
+    return set(subprocess.run(["podman", "network", "ls", "--format", "{{.Name}}"],
+                              capture_output=True, text=True, check=False).stdout.split())
+
+
 @pytest.fixture(scope="module")
-def docker_host(container_image: str) -> str:
-    """podman's Docker API socket, started by scripts/container-setup; its DOCKER_HOST."""
+def docker_host(container_image: str) -> Iterator[str]:
+    """podman's Docker API socket, started by scripts/container-setup; its DOCKER_HOST. What
+    these tests started (the service, TorchX's network) is stopped and removed after them; a
+    service that ran before them runs after them too."""
+    nets, before = networks(), service_pids()
     api = start_docker_api()
     host = [line for line in api.stdout.splitlines() if line.startswith("DOCKER_HOST=")][-1]
-    return host.split("=", 1)[1]
+    host = host.split("=", 1)[1]
+    yield host
+    for name in networks() - nets:
+        subprocess.run(["podman", "network", "rm", "-f", name], capture_output=True,
+                       check=False)
+    if before:
+        start_docker_api()  # a test replaced the service that was running
+        return
+    for pid in service_pids(host):
+        os.kill(pid, 15)
+    wait_for(lambda: not service_pids(host), 30, "the podman API service the tests started "
+             "to exit")
 
 
 def remove_app_containers(output: str) -> None:
@@ -104,18 +131,13 @@ def test_docker_api_replaces_a_service_whose_directory_is_gone(container_image: 
     replaces it with one started from /. (Last in this file: it replaces the shared one.)"""
     import docker
 
-    def service_pids() -> list[int]:
-        found = subprocess.run(["pgrep", "-f", f"^podman system service .*{docker_host}"],
-                               capture_output=True, text=True, check=False)
-        return [int(pid) for pid in found.stdout.split()]
-
     def answers() -> bool:
         return subprocess.run(["podman", "--url", docker_host, "version"],
                               capture_output=True, check=False).returncode == 0
 
-    for pid in service_pids():
+    for pid in service_pids(docker_host):
         os.kill(pid, 15)
-    wait_for(lambda: not service_pids(), 10, "the running service to exit")
+    wait_for(lambda: not service_pids(docker_host), 10, "the running service to exit")
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     subprocess.Popen(["podman", "system", "service", "--time=0", docker_host], cwd=checkout,
@@ -123,14 +145,14 @@ def test_docker_api_replaces_a_service_whose_directory_is_gone(container_image: 
                      stderr=subprocess.DEVNULL, start_new_session=True)
     wait_for(answers, 10, "a service started from the checkout")
     checkout.rmdir()
-    stale = service_pids()
+    stale = service_pids(docker_host)
     client = docker.DockerClient(base_url=docker_host)
     name = f"stale-service-{os.getpid()}"
     with pytest.raises(docker.errors.APIError, match="broken pipe"):
         client.containers.run(container_image, ["true"], name=name)
 
     assert "its working directory is gone" in start_docker_api().stderr
-    assert not set(stale) & set(service_pids())
+    assert not set(stale) & set(service_pids(docker_host))
     client.containers.get(name).remove(force=True)  # created, never started
     assert client.containers.run(container_image, ["python", "-c", "print('up')"],
                                  remove=True) == b"up\n"
