@@ -55,8 +55,7 @@ def context(spec: JobSpec, args: argparse.Namespace, *, fresh: bool) -> Context:
     (run, submit): a new run id and a free port; else (render) the spec's own, so that the
     printed text is the same every time."""
     options = {"grace": getattr(args, "grace", GRACE_S)}
-    run_id = f"{spec.name}-{token_hex(3)}" if fresh else spec.name
-    return Context(run_id=run_id,
+    return Context(run_id=f"{spec.name}-{token_hex(3)}" if fresh else spec.name,
                    python=sys.executable, workdir=os.getcwd(),
                    port=free_port() if fresh else spec.rdzv.port,
                    cpu_count=os.cpu_count() or 1, source=args.job, options=options)

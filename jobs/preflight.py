@@ -15,9 +15,8 @@ from typing import Any
 
 from jobs.spec import JobSpec, trainer_argv
 from jobs.values import UserError
+from trainer.contract import MANIFEST
 from trainer.fingerprint import differences, refusal
-
-MANIFEST = "manifest.json"  # trainer.checkpoint.MANIFEST (that module needs torch)
 
 
 def newest_manifest(root: Path) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ from typing import Any
 from jobs.backend import BackendError, Handle, JobStatus, State
 from jobs.values import UserError
 from trainer.contract import EXIT_OK, EXIT_STOPPED
+from trainer.runlock import pid_start
 
 RECORD_DIR = ".torchjob"  # under the run directory
 RECORD = "run.json"
@@ -61,16 +62,6 @@ def check_run_id(backend: str, text: str) -> str:
     return text
 
 
-def _proc_start(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot), None when it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] == b"Z" else fields[19].decode()
-
-
 def _boot_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -90,7 +81,7 @@ class Proc:
 
     @classmethod
     def of(cls, pid: int) -> Proc | None:
-        start = _proc_start(pid)
+        start = pid_start(pid)
         return None if start is None else cls(pid, start, socket.gethostname(), _boot_id())
 
     @classmethod
@@ -102,7 +93,7 @@ class Proc:
 
     def alive(self) -> bool:
         """Still this very process (same host, boot, pid and start time)."""
-        return self.here() and self.boot == _boot_id() and _proc_start(self.pid) == self.start
+        return self.here() and self.boot == _boot_id() and pid_start(self.pid) == self.start
 
 
 def state_of(code: int) -> State:

@@ -29,10 +29,10 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from trainer.config import ConfigError
+from trainer.contract import MANIFEST
 from trainer.dist import from_rank0
 from trainer.fingerprint import differences, digest, refusal
 
-MANIFEST = "manifest.json"
 FRESH_MARKER = ".fresh"  # the token of the submission that started over here (--fresh)
 FORMAT = 1
 

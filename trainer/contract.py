@@ -68,6 +68,10 @@ DIR_OPTIONS = {RUN_DIR_OPTION: RUN_DIR_ENV, CHECKPOINT_DIR_OPTION: CHECKPOINT_DI
 RESUME_OPTION, RESUME_ENV = "--resume", "TORCHJOB_RESUME"
 AGENT_ENV_OPTIONS = {**DIR_OPTIONS, RESUME_OPTION: RESUME_ENV}
 
+# A finished checkpoint's record (trainer.checkpoint), also read before submitting
+# (jobs.preflight): step, world size, config and its fingerprint, a checksum per file.
+MANIFEST = "manifest.json"
+
 # The attempt of a node's first workers when the scheduler itself runs the job again (Slurm's
 # requeue: SLURM_RESTART_COUNT): the agent adds its own restarts to it. Unset: 0.
 ATTEMPT_BASE_ENV = "TORCHJOB_ATTEMPT_BASE"

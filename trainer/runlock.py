@@ -37,14 +37,15 @@ class RunDirBusy(Exception):
     """Another live run holds the run directory."""
 
 
-def _pid_start(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot); None when it is gone or a zombie."""
+def pid_start(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), which tells a reused pid apart;
+    None when it is gone or a zombie."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
         return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return None if fields[0] in ("Z", "X") else fields[19]
+    return None if fields[0] in (b"Z", b"X") else fields[19].decode()
 
 
 def _pid_ns() -> str:
@@ -57,7 +58,7 @@ def _pid_ns() -> str:
 def _me(run_id: str) -> dict[str, Any]:
     pid = os.getpid()
     return {"run_id": run_id, "host": socket.gethostname(), "pid": pid,
-            "pid_start": _pid_start(pid), "pid_ns": _pid_ns(), "since": time.time()}
+            "pid_start": pid_start(pid), "pid_ns": _pid_ns(), "since": time.time()}
 
 
 def describe(owner: dict[str, Any]) -> str:
@@ -74,22 +75,33 @@ def stale(owner: dict[str, Any], age: float) -> str | None:
     same_space = owner.get("host") == socket.gethostname() and owner.get("pid_ns") == _pid_ns()
     if same_space and age >= 2 * HEARTBEAT_S:
         pid = owner.get("pid")
-        if not isinstance(pid, int) or _pid_start(pid) != owner.get("pid_start"):
+        if not isinstance(pid, int) or pid_start(pid) != owner.get("pid_start"):
             return "its process is gone"
     return None
 
 
-def clear(run_dir: str | os.PathLike[str], run_id: str) -> bool:
-    """Remove ``run_dir``'s lock if the run ``run_id`` holds it; whether it did. For a launcher
-    that has seen every agent of that run end, however they ended: an agent killed in a
-    container could not remove it, and from another host or PID namespace nobody can tell
-    that it is gone before ``STALE_S``, so the next run there would be refused until then."""
-    path = Path(run_dir) / LOCK
+def read(path: Path) -> tuple[dict[str, Any], float] | None:
+    """The lock's record (empty when unreadable) and when it was last renewed; None: no lock."""
     try:
-        owner = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(owner, dict) or owner.get("run_id") != run_id:
+        text, mtime = path.read_text(), path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    try:
+        owner = json.loads(text)
+    except ValueError:
+        owner = {}
+    return (owner if isinstance(owner, dict) else {}), mtime
+
+
+def clear(run_dir: str | os.PathLike[str], run_id: str) -> bool:
+    """Remove ``run_dir``'s lock if the run ``run_id`` holds it; whether it did. For an agent
+    leaving, and for a launcher that has seen every agent of that run end, however they ended:
+    an agent killed in a container could not remove it, and from another host or PID namespace
+    nobody can tell that it is gone before ``STALE_S``, so the next run there would be refused
+    until then."""
+    path = Path(run_dir) / LOCK
+    found = read(path)
+    if found is None or found[0].get("run_id") != run_id:
         return False
     path.unlink(missing_ok=True)
     return True
@@ -100,21 +112,10 @@ class RunLock:
 
     def __init__(self, run_dir: str | os.PathLike[str], run_id: str,
                  say: Any = print) -> None:
-        self.path = Path(run_dir) / LOCK
+        self.run_dir, self.path = Path(run_dir), Path(run_dir) / LOCK
         self.run_id, self.say = run_id, say
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
-
-    def _read(self) -> tuple[dict[str, Any], float] | None:
-        try:
-            text, mtime = self.path.read_text(), self.path.stat().st_mtime
-        except FileNotFoundError:
-            return None
-        try:
-            owner = json.loads(text)
-        except ValueError:
-            owner = {}
-        return (owner if isinstance(owner, dict) else {}), mtime
 
     def _create(self) -> bool:
         """Write our record at the lock's place unless one is there (atomic, NFS-safe)."""
@@ -134,7 +135,7 @@ class RunLock:
         for _ in range(10):  # a race with another starter or a leaving owner: look again
             if self._create():
                 break
-            found = self._read()
+            found = read(self.path)
             if found is None:
                 continue
             owner, mtime = found
@@ -143,10 +144,10 @@ class RunLock:
             why = stale(owner, time.time() - mtime)
             if why is None:
                 raise RunDirBusy(
-                    f"the run directory {self.path.parent.parent} is in use by {describe(owner)}: "
+                    f"the run directory {self.run_dir} is in use by {describe(owner)}: "
                     "one live run per run directory. Wait for it to end, cancel it (torchjob "
                     "cancel), or give this job another run_dir")
-            self.say(f"torchjob: taking over the lock of {self.path.parent.parent} from "
+            self.say(f"torchjob: taking over the lock of {self.run_dir} from "
                      f"{describe(owner)}: {why}")
             gone = self.path.with_name(f".lock-stale-{uuid.uuid4().hex}")
             try:
@@ -163,7 +164,7 @@ class RunLock:
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                found = self._read()
+                found = read(self.path)
                 if found is None:
                     self._create()
                 elif found[0].get("run_id") == self.run_id:
@@ -174,6 +175,5 @@ class RunLock:
     def release(self) -> None:
         """Stop renewing; remove the lock if it is still this run's."""
         self._stop.set()
-        found = self._read() if self._beat is not None else None
-        if found is not None and found[0].get("run_id") == self.run_id:
-            self.path.unlink(missing_ok=True)
+        if self._beat is not None:
+            clear(self.run_dir, self.run_id)
