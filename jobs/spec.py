@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, ClassVar, Literal
 
+from trainer.contract import MAX_STALLED_DEFAULT
 from jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, MAX_TOTAL_BYTES,
                          MAX_VALUE_BYTES, MODULE, SECRET_KEY, Check, FrozenMap, Nnodes,
                          Quantity, SpecError, at_least, at_most_bytes, bad, between, env_check,
@@ -451,6 +452,11 @@ class JobSpec(Section):
     checkpoint_dir: str = spec_field("checkpoints; default RUN_DIR/checkpoints", "")
     max_restarts: int = spec_field("restarts of the whole worker group after a worker was "
                                    "killed or lost", 3, check=at_least(0))
+    max_stalled_restarts: int = spec_field(
+        "restart storm guard: restarts in a row that come back to the same checkpoint before "
+        "the job stops (exit 1) instead of restarting again; counted across requeues and pod "
+        "restarts in RUN_DIR/ledger.jsonl; 0 turns it off", MAX_STALLED_DEFAULT,
+        check=at_least(0))
     retry_on_error: bool = spec_field("restart also when user code raised (for flaky code; "
                                       "by default an exception fails the job at once)", False)
     resume: str = spec_field(

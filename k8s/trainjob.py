@@ -15,7 +15,7 @@ from jobs.command import agent_command, dir_env
 from jobs.spec import JobSpec
 from jobs.values import SpecError
 from k8s.pod import Obj, command_words, env, env_values, metadata, on_cluster, resources
-from trainer.contract import AGENT_ENV_OPTIONS
+from trainer.contract import AGENT_ENV_OPTIONS, MAX_STALLED_DEFAULT
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"
@@ -51,6 +51,9 @@ def render_trainjob(spec: JobSpec) -> Obj:
     if spec.retry_on_error:
         raise SpecError("retry_on_error", "is not supported by TrainJob, whose nodes run plain "
                         "torchrun: use --to k8s")
+    if spec.max_stalled_restarts != MAX_STALLED_DEFAULT:
+        raise SpecError("max_stalled_restarts", "is not supported by TrainJob, whose nodes run "
+                        "plain torchrun: use --to k8s")
     if spec.mounts:
         raise SpecError("mounts", "TrainJob takes volumes from its runtime; use --to k8s")
     spec = on_cluster(spec)

@@ -26,7 +26,8 @@ Before torchrun's arguments it takes torchjob's own options: ``--retry-on-error`
 exceptions too), ``--run-dir DIR --checkpoint-dir DIR``, exported to every worker as
 ``TORCHJOB_RUN_DIR`` and ``TORCHJOB_CHECKPOINT_DIR`` (a user's script learns where its files go
 without a word added to its argv), and ``--resume force|fresh[:TOKEN]``, exported as
-``TORCHJOB_RESUME`` (trainer.fingerprint). With a run directory it holds that directory's
+``TORCHJOB_RESUME`` (trainer.fingerprint), and ``--max-stalled-restarts N``, the restart storm
+guard (trainer.ledger: 0 turns it off). With a run directory it holds that directory's
 lock while it runs (trainer.runlock): a second live run on it is refused with exit 2.
 """
 
@@ -43,14 +44,16 @@ import uuid
 from types import FrameType
 from typing import Any, NoReturn, Sequence
 
-from trainer.contract import (AGENT_ENV_OPTIONS, EXIT_CONFIG, EXIT_STOPPED, RUN_DIR_ENV,
-                              STOP_SIGNALS, closing_line, job_exit_code)
+from trainer.contract import (AGENT_ENV_OPTIONS, EXIT_CONFIG, EXIT_STOPPED, MAX_STALLED_OPTION,
+                              RUN_DIR_ENV, STOP_SIGNALS, closing_line, job_exit_code)
 from trainer.orphans import die_with_parent
 from trainer.runlock import RunDirBusy, RunLock
 
 FAST_MODULE = "trainer"
 SCRIPT_MODULE = "trainer.script"  # runs any other worker, as python would (trainer/script.py)
 RETRY_ON_ERROR = "--retry-on-error"  # ours, before torchrun's arguments: restart on exceptions
+# ours too, each a whole number: the Agent attribute it sets
+COUNT_OPTIONS = {MAX_STALLED_OPTION: "max_stalled_restarts"}
 # trainer.forkserver_guard first: the server dies with this agent (trainer.orphans);
 # torch.optim imports torch._dynamo on first use
 PRELOAD = ["trainer.forkserver_guard", "trainer.train", "torch._dynamo"]
@@ -95,18 +98,24 @@ def stop_as_torch_does(signum: int, frame: FrameType | None) -> NoReturn:
     raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
 
 
-def own_options(argv: list[str]) -> tuple[list[str], bool, dict[str, str]]:
-    """torchjob's options off the front of ``argv``, in any order: (torchrun's arguments,
-    whether to retry on errors, the variables to export to the workers)."""
-    retry, env = False, {}
+def own_options(argv: list[str]) -> tuple[list[str], dict[str, Any], dict[str, str]]:
+    """torchjob's options off the front of ``argv``, in any order: (torchrun's arguments, the
+    agent's settings (``Agent`` attributes), the variables to export to the workers). A
+    number that is not one: a ValueError that names the option."""
+    settings: dict[str, Any] = {}
+    env: dict[str, str] = {}
     while argv:
         if argv[0] == RETRY_ON_ERROR:
-            retry, argv = True, argv[1:]
+            settings["retry_on_error"], argv = True, argv[1:]
         elif argv[0] in AGENT_ENV_OPTIONS and len(argv) > 1:
             env[AGENT_ENV_OPTIONS[argv[0]]], argv = argv[1], argv[2:]
+        elif argv[0] in COUNT_OPTIONS and len(argv) > 1:
+            if not argv[1].isdigit():
+                raise ValueError(f"{argv[0]} {argv[1]!r}: must be a whole number >= 0")
+            settings[COUNT_OPTIONS[argv[0]]], argv = int(argv[1]), argv[2:]
         else:
             break
-    return argv, retry, env
+    return argv, settings, env
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -124,9 +133,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"torchjob: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     launcher_api.LocalElasticAgent = Agent  # type: ignore[misc]  # launch_agent makes one
-    argv, retry, env = own_options(list(sys.argv[1:] if argv is None else argv))
-    if retry:
-        Agent.retry_on_error = True
+    try:
+        argv, settings, env = own_options(list(sys.argv[1:] if argv is None else argv))
+    except ValueError as exc:
+        print(f"torchjob: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    for name, value in settings.items():
+        setattr(Agent, name, value)
     os.environ.update(env)  # the workers inherit it (also through the forkserver)
     args = parse_args(argv)
     own_log_dir = None

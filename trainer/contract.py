@@ -34,6 +34,14 @@ def job_exit_code(codes: set[int]) -> int:
         return EXIT_STOPPED
     return EXIT_FAILED
 
+def nodes_exit_code(codes: list[int], min_nodes: int) -> int:
+    """The job's exit code from its nodes' (agents', containers'): 0 when at least ``min_nodes``
+    (nnodes MIN) of them finished, as an elastic job does that completed after losing nodes;
+    otherwise ``job_exit_code`` of the others (1 when there are none)."""
+    if codes and sum(code == EXIT_OK for code in codes) >= min_nodes:
+        return EXIT_OK
+    return job_exit_code({code for code in codes if code != EXIT_OK} or {EXIT_FAILED})
+
 # An agent's last line when the job failed (``trainer.agent``): the first failing node and
 # rank and why, the attempt and the job's exit code. Launchers find it in a node's output
 # and end with it; a scheduler that reports no exit code (TorchX) takes the code from it.
@@ -44,6 +52,11 @@ HEARD_FAIL, HEARD_RESTART = "stopping: ", "another node: "
 CLOSING_RE = re.compile(re.escape(CLOSING) + f"(?P<heard>{re.escape(HEARD_FAIL)}|"
                         f"{re.escape(HEARD_RESTART)})?" + r"(?P<what>.*) \(attempt "
                         r"(?P<attempt>\d+), exit (?P<code>\d+)\)$")
+
+
+# Node 0's agent's last line when the job finished: the attempt, the size, the restarts and
+# every change of membership (trainer.ledger); launchers find it in a node's output.
+FINISHED = "torchjob: the job finished: "
 
 
 def closing_line(why: str, attempt: int, code: int) -> str:
@@ -67,6 +80,9 @@ DIR_OPTIONS = {RUN_DIR_OPTION: RUN_DIR_ENV, CHECKPOINT_DIR_OPTION: CHECKPOINT_DI
 # exported as TORCHJOB_RESUME: force, or fresh:TOKEN (unset: resume when they match).
 RESUME_OPTION, RESUME_ENV = "--resume", "TORCHJOB_RESUME"
 AGENT_ENV_OPTIONS = {**DIR_OPTIONS, RESUME_OPTION: RESUME_ENV}
+# The agent's storm guard (trainer.ledger): restarts in a row that come back to the same
+# checkpoint before the job is stopped as a restart storm; 0 turns it off.
+MAX_STALLED_OPTION, MAX_STALLED_DEFAULT = "--max-stalled-restarts", 3
 
 # A finished checkpoint's record (trainer.checkpoint), also read before submitting
 # (jobs.preflight): step, world size, config and its fingerprint, a checksum per file.

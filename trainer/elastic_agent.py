@@ -28,6 +28,7 @@ scheduler itself ran the job again) are filled in here, each time the workers st
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -39,8 +40,10 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 from torch.distributed.elastic.utils import store as store_util
 
-from trainer.contract import ATTEMPT_BASE_ENV, HEARD_FAIL, HEARD_RESTART, log_prefix
-from trainer.failures import Failure, Verdict, judge, last_line
+from trainer import ledger
+from trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FINISHED, HEARD_FAIL,
+                              HEARD_RESTART, RUN_DIR_ENV, log_prefix)
+from trainer.failures import RESTARTING, Failure, Verdict, judge, last_line
 
 BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at signals)
 # A node whose workers only lost a peer waits this long for the verdict of the node where the
@@ -101,6 +104,24 @@ class MembershipWatch:
         """The c10d handler's synced shared state (``.state``), or None for other handlers."""
         return getattr(self._handler, "_state_holder", None)
 
+    @property
+    def round(self) -> int | None:
+        """The round this node last joined (c10d), else None."""
+        return self._round
+
+    def nodes(self) -> list[str] | None:
+        """The names (``host:pid``, trainer.ledger) of the round's nodes in node order (c10d);
+        None with a handler that does not tell."""
+        state = getattr(self._holder(), "state", None)
+        if state is None:
+            return None
+        ranked = sorted(state.participants.items(), key=lambda item: item[1])
+        return [f"{desc.addr}:{desc.pid}" for desc, _ in ranked]
+
+    def this_node(self) -> str:
+        node = getattr(self._handler, "_this_node", None)
+        return ledger.node_name() if node is None else f"{node.addr}:{node.pid}"
+
 
 def _cause(verdict: Verdict) -> str:
     return verdict.cause.describe() if verdict.cause else "a worker failed"
@@ -122,12 +143,17 @@ class Agent(LocalElasticAgent):
     restarts only for lost workers (trainer.failures), decided alike on every node."""
 
     retry_on_error = False  # set by ``python -m trainer.agent --retry-on-error``
+    max_stalled_restarts = 3  # ``--max-stalled-restarts``: the storm guard (trainer.ledger)
     closing: tuple[str, int] | None = None  # why the job failed, and the attempt
 
     def __init__(self, spec: agent_api.WorkerSpec, *args: Any, **kwargs: Any) -> None:
         spec.rdzv_handler = MembershipWatch(spec.rdzv_handler)  # type: ignore[assignment]
         super().__init__(spec, *args, **kwargs)
         self._attempt_base = attempt_base(os.environ)
+        # the run's ledger (trainer.ledger), in the run directory: none without one
+        self._run_dir = os.environ.get(RUN_DIR_ENV) or None
+        self._checkpoint_dir = os.environ.get(CHECKPOINT_DIR_ENV) or None
+        self._run_id = spec.rdzv_handler.get_run_id()
 
     def _monitor_workers(self, worker_group: agent_api.WorkerGroup) -> agent_api.RunResult:
         result = super()._monitor_workers(worker_group)
@@ -139,12 +165,69 @@ class Agent(LocalElasticAgent):
             if verdict.restart and self._remaining_restarts <= 0:
                 verdict = Verdict(False, verdict.cause, f"{_cause(verdict)}: no restarts left "
                                   f"(max_restarts: {worker_group.spec.max_restarts})")
+            mark = ledger.checkpoint_mark(self._checkpoint_dir)
+            if verdict.restart:
+                verdict = self._storm(verdict, mark)
             verdict = self._shared(verdict)
             log.warning("torchjob: %s", verdict.why)
+            if verdict.restart and not verdict.why.startswith(HEARD_RESTART):
+                self._note("restart", verdict, mark)  # the node that told the others writes
             if not verdict.restart:
                 Agent.closing = (verdict.why, self.attempt())
                 self._remaining_restarts = 0  # torch's loop then stops the group and returns
         return result
+
+    def _storm(self, verdict: Verdict, mark: str | None) -> Verdict:
+        """``verdict`` (a restart), or a failure when the restarts before it already came
+        back to checkpoint ``mark`` ``max_stalled_restarts`` times (trainer.ledger)."""
+        if self._run_dir is None or self.max_stalled_restarts <= 0:
+            return verdict
+        stalled = ledger.stalled(ledger.read(self._run_dir), self._run_id, mark)
+        if len(stalled) < self.max_stalled_restarts:
+            return verdict
+        why = ledger.storm_line(stalled, mark)
+        ledger.append(self._run_dir, "storm", run=self._run_id, checkpoint=mark,
+                      restarts=len(stalled), cause=_cause(verdict))
+        return Verdict(False, verdict.cause, f"{_cause(verdict)}: {why}")
+
+    def _note(self, event: str, verdict: Verdict, mark: str | None, **extra: Any) -> None:
+        """A restart's line in the ledger: where and how the workers failed, and what the next
+        attempt resumes from."""
+        if self._run_dir is None:
+            return
+        watch = self._rdzv_watch()
+        cause = verdict.cause
+        name = watch.this_node() if watch else ledger.node_name()
+        ledger.append(self._run_dir, event, run=self._run_id, round=watch.round if watch else None,
+                      node=f"{self._worker_group.group_rank} ({name})",
+                      rank=cause.rank if cause else None,
+                      **(ledger.exit_fields(cause.exitcode) if cause else {}),
+                      cause=verdict.why.removesuffix(RESTARTING), attempt=self.attempt(),
+                      checkpoint=mark, **extra)
+
+    def _finished_line(self) -> str:
+        """How the job ended, from node 0 (``trainer.contract.FINISHED``): the attempt, the
+        size, the restarts and every change of membership of this run (trainer.ledger)."""
+        group = self._worker_group
+        nodes = group.group_world_size or 1
+        line = (f"{FINISHED}attempt {self.attempt()}, {nodes} node(s), world size "
+                f"{group.spec.local_world_size * nodes}")
+        if self._run_dir is None:
+            return line
+        records = ledger.read(self._run_dir)
+        restarts = [r for r in records if r.get("event") == "restart"
+                    and r.get("run") == self._run_id]
+        changes = ledger.membership(records, self._run_id)
+        line += f"; {len(restarts)} restart(s)"
+        if changes:
+            line += "; membership changes: " + "; ".join(changes)
+        if restarts or changes:
+            line += f" (all in {ledger.path(self._run_dir)})"
+        return line
+
+    def _rdzv_watch(self) -> MembershipWatch | None:
+        handler = self._worker_group.spec.rdzv_handler
+        return handler if isinstance(handler, MembershipWatch) else None
 
     def _shared(self, verdict: Verdict) -> Verdict:
         """The verdict every node of the round acts on: a node where the failure began says
@@ -152,12 +235,12 @@ class Agent(LocalElasticAgent):
         store, nodes = self._store, self._worker_group.group_world_size or 1
         if store is None or nodes == 1:
             return verdict if verdict.restart is not None else \
-                Verdict(True, verdict.cause, f"{_cause(verdict)}: restarting the workers")
+                Verdict(True, verdict.cause, f"{_cause(verdict)}{RESTARTING}")
         if verdict.restart is None:
             heard = self._hear(store)
             if heard is None:
                 return Verdict(True, verdict.cause, f"{_cause(verdict)}; no other node said "
-                               f"why within {VERDICT_WAIT_S:g} s: restarting the workers")
+                               f"why within {VERDICT_WAIT_S:g} s{RESTARTING}")
             return heard
         if verdict.restart:
             try:  # the first to say restart, unless another node already failed the job
@@ -210,7 +293,23 @@ class Agent(LocalElasticAgent):
         node = worker_group.group_rank  # set by the rendezvous that precedes every start
         self._log_line_prefix_template = log_prefix("?" if node is None else node, "${rank}",
                                                     self.attempt())
+        watch = self._rdzv_watch()
+        if node == 0 and self._run_dir is not None and watch is not None:
+            nodes = watch.nodes()  # the round's members, written once, by its node 0
+            ledger.append(self._run_dir, "round", run=self._run_id, round=watch.round,
+                          nodes=nodes if nodes is not None else worker_group.group_world_size,
+                          world_size=worker_group.spec.local_world_size
+                          * (worker_group.group_world_size or 1), attempt=self.attempt(),
+                          checkpoint=ledger.checkpoint_mark(self._checkpoint_dir))
         return super()._start_workers(worker_group)
+
+    def _restart_workers(self, worker_group: agent_api.WorkerGroup) -> None:
+        if worker_group.state == agent_api.WorkerState.HEALTHY and worker_group.group_rank == 0:
+            # torch restarts healthy workers for a change of membership (a node waits to join)
+            self._note("restart", Verdict(True, None, "a change of membership: a node is "
+                                          "waiting to join (or was dropped)"),
+                       ledger.checkpoint_mark(self._checkpoint_dir), membership=True)
+        super()._restart_workers(worker_group)
 
     def _exit_barrier(self) -> None:
         # torch's own: one store.wait() of up to exit_barrier_timeout, deaf to signals
@@ -219,6 +318,8 @@ class Agent(LocalElasticAgent):
             return super()._exit_barrier()
         log.info("local workers finished (%s): waiting up to %s s for the other nodes",
                  group.state, self._exit_barrier_timeout)
+        if group.state == agent_api.WorkerState.SUCCEEDED and group.group_rank == 0:
+            print(self._finished_line(), file=sys.stderr, flush=True)
         self._in_exit_barrier = True
         try:
             last = store_util._barrier_nonblocking(  # the same keys as torch's barrier

@@ -18,6 +18,7 @@ from trainer.contract import EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED
 
 # what a collective raises when another process of the group is gone (gloo's transport,
 # NCCL's abort); torch's own DistError types are recognised by class
+RESTARTING = ": restarting the workers"  # how a restart verdict's line ends
 PEER_LOSS_TEXT = ("/gloo/transport/", "Connection closed by peer", "Connection reset by peer",
                   "NCCL communicator was aborted", "ncclRemoteError", "ncclSystemError")
 
@@ -136,5 +137,5 @@ def judge(failures: list[Failure], *, retry_on_error: bool) -> Verdict:
     if cause is None and not first("peer"):
         cause = first("terminated")  # SIGTERM from outside, to this node's workers alone
     if cause is not None:
-        return Verdict(True, cause, f"{cause.describe()}: restarting the workers")
+        return Verdict(True, cause, f"{cause.describe()}{RESTARTING}")
     return Verdict(None, first("peer"), "")

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+
+from trainer import ledger
 
 T = TypeVar("T")
 
@@ -92,12 +95,24 @@ class Reporter:
         """Write summary.json and plot.png, and print the summary (rank 0)."""
         def write() -> None:
             self.close()
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+            (self.run_dir / "summary.json").write_text(
+                json.dumps({**summary, **history(self.run_dir)}, indent=1) + "\n")
             plot(self.run_dir / "metrics.jsonl", self.run_dir / "plot.png")
             shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                               for k, v in summary.items())
             self.log.info(f"done: {shown}; see {self.run_dir}/summary.json and plot.png")
         self.main(write)
+
+
+def history(run_dir: Path) -> dict[str, Any]:
+    """This run's restarts and changes of membership, from the agent's ledger
+    (trainer.ledger; the run is torchrun's ``TORCHELASTIC_RUN_ID``): empty without an agent."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    records = ledger.read(run_dir)
+    if run_id is None or not records:
+        return {}
+    restarts = [r for r in records if r.get("event") == "restart" and r.get("run") == run_id]
+    return {"restarts": len(restarts), "membership": ledger.membership(records, run_id)}
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

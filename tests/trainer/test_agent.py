@@ -27,10 +27,15 @@ def test_exit_code_keeps_the_trainers_meaning(codes: set[int], expected: int) ->
 def test_own_options_come_off_before_torchruns_in_any_order() -> None:
     argv = ["--run-dir", "r d", "--retry-on-error", "--checkpoint-dir", "c", "--nnodes", "1",
             "x.py", "--run-dir", "not ours"]
-    assert own_options(argv) == (["--nnodes", "1", "x.py", "--run-dir", "not ours"], True,
+    assert own_options(argv) == (["--nnodes", "1", "x.py", "--run-dir", "not ours"],
+                                 {"retry_on_error": True},
                                  {"TORCHJOB_RUN_DIR": "r d", "TORCHJOB_CHECKPOINT_DIR": "c"})
-    assert own_options(["--nnodes", "1"]) == (["--nnodes", "1"], False, {})
-    assert own_options(["--run-dir"]) == (["--run-dir"], False, {})  # torchrun says what's wrong
+    assert own_options(["--max-stalled-restarts", "0", "--nnodes", "1"]) == (
+        ["--nnodes", "1"], {"max_stalled_restarts": 0}, {})
+    assert own_options(["--nnodes", "1"]) == (["--nnodes", "1"], {}, {})
+    assert own_options(["--run-dir"]) == (["--run-dir"], {}, {})  # torchrun says what's wrong
+    with pytest.raises(ValueError, match="--max-stalled-restarts 'x': must be a whole number"):
+        own_options(["--max-stalled-restarts", "x"])
 
 
 def agent(run_dir: Path, *args: str) -> list[str]:

@@ -38,7 +38,7 @@ from jobs.launcher import NodeOutput, Stops
 from jobs.runs import Record
 from jobs.spec import JobSpec
 from jobs.values import UserError
-from trainer.contract import EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, job_exit_code
+from trainer.contract import EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, nodes_exit_code
 from trainer.runlock import clear as clear_lock
 
 RECIPE = "jobs.backends.docker"  # the package whose data is the Dockerfile and container-setup
@@ -303,10 +303,8 @@ def result(spec: JobSpec, nodes: list[_Node], signalled: bool) -> int:
     """0 when at least nnodes MIN nodes finished the training; else the trainer's codes."""
     if signalled:
         return EXIT_STOPPED
-    done = sum(node.code == 0 and node.status != "created" for node in nodes)
-    if nodes and done >= spec.nnodes.min:
-        return EXIT_OK
-    return job_exit_code({node.code for node in nodes if node.code != 0} or {1})
+    return nodes_exit_code([node.code for node in nodes if node.status != "created"],
+                           spec.nnodes.min)
 
 
 def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops,

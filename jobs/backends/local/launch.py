@@ -27,7 +27,7 @@ from jobs.backend import GRACE_S
 from jobs.backends.local.render import LocalPlan
 from jobs.launcher import NodeOutput, Stops
 from jobs.runs import Proc, Record
-from trainer.contract import EXIT_CONFIG, EXIT_STOPPED, job_exit_code
+from trainer.contract import EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, nodes_exit_code
 
 _POLL = 0.1
 _SCAN_EVERY = 0.5
@@ -136,7 +136,7 @@ def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
               record: Record | None = None, echo: bool = True,
               err: IO[str] | None = None) -> int:
     """Run every node of the plan to the end: 0 all done, 143 stopped (``stops``: the stop
-    signals so far), 1 a node failed, 2 a secret is missing or a node could not start. Each
+    signals so far), 1 a node failed (0 when at least nnodes MIN nodes finished), 2 a secret is missing or a node could not start. Each
     node's output goes to its log in ``record`` and, with ``echo``, to our stdout and stderr
     (as the node wrote it); the nodes' processes are noted in the record."""
     err = err or sys.stderr
@@ -199,6 +199,13 @@ def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
         output.close()
     if stops.count:
         return EXIT_STOPPED
-    output.report([(i, p.returncode) for i, p in enumerate(nodes.procs) if p.returncode != 0],
-                  err)
-    return job_exit_code({p.returncode for p in nodes.procs})
+    codes = [p.returncode for p in nodes.procs]
+    code = nodes_exit_code(codes, plan.min_nodes)
+    failed = [(i, c) for i, c in enumerate(codes) if c != 0]
+    if code == EXIT_OK and failed:
+        lost = ", ".join(f"node {i} (exit {c})" for i, c in failed)
+        print(f"torchjob: the job finished without {lost}: an elastic job goes on while at "
+              f"least nnodes MIN={plan.min_nodes} node(s) remain", file=err)
+    else:
+        output.report(failed, err)
+    return code

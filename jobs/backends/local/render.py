@@ -30,6 +30,9 @@ class LocalPlan:
     secrets: tuple[str, ...] = ()
     # The user's script (trainer.script), which must exist here before anything starts.
     script: str | None = None
+    # nnodes MIN: the job finished when at least this many nodes did (an elastic job goes on
+    # without a lost node)
+    min_nodes: int = 1
 
 
 def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
@@ -46,7 +49,8 @@ def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
         **spec.env,
     }
     return LocalPlan(commands=(command,) * nodes, env=FrozenMap(env),
-                     secrets=tuple(ref.env for ref in spec.secrets), script=spec.trainer.script)
+                     secrets=tuple(ref.env for ref in spec.secrets), script=spec.trainer.script,
+                     min_nodes=spec.nnodes.min)
 
 
 def render_text(plan: LocalPlan) -> str:

@@ -1,0 +1,82 @@
+"""An elastic job (nnodes 1:2, two local agents) that loses a node mid-run: the agent is
+killed, its workers go with it within seconds (trainer.orphans), the survivor re-forms the
+group at the smaller size, finishes, and the job exits 0; node 0's finished line and the
+summary list the change of membership (trainer.ledger)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.procs import (PYTHON, alive, cmdline, children, descendants, env_for_tests,
+                         last_step, wait_for)
+from trainer.contract import FINISHED
+
+pytestmark = pytest.mark.integration
+TRIALS = int(os.environ.get("TORCHJOB_TRIALS", "1"))  # more by hand
+GONE_S = 10.0  # the issue's bound: no worker of a killed agent left 10 s later
+JOB = """\
+name: loss
+nnodes: "1:2"
+nproc_per_node: 1
+max_restarts: 3
+local:
+  nodes: 2
+trainer:
+  module: trainer
+  args: {epochs: 30, log_every: 1, eval_every: 0, progress: lines, checkpoint_every: 20}
+"""
+
+
+def agents(launcher: int) -> list[int]:
+    """The launcher's node agents, in the order it started them."""
+    return sorted(pid for pid in children(launcher) if "trainer.agent" in cmdline(pid))
+
+
+def store_host(agent_pids: list[int]) -> int | None:
+    """The agent that hosts the rendezvous store itself (it listens on the endpoint's port),
+    if one does."""
+    port = next(word.rsplit(":", 1)[1] for word in cmdline(agent_pids[0]).split()
+                if word.startswith("127.0.0.1:"))
+    listening = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True,
+                               text=True).stdout
+    return next((pid for pid in agent_pids if f"pid={pid}," in listening), None)
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_killing_a_node_agent_leaves_no_worker_and_the_job_finishes(tmp_path: Path,
+                                                                    trial: int) -> None:
+    (tmp_path / "job.yaml").write_text(JOB)
+    run = tmp_path / "runs" / "loss"
+    log = open(tmp_path / "out.txt", "w+")
+    proc = subprocess.Popen([PYTHON, "-m", "jobs", "run", "job.yaml"], cwd=tmp_path,
+                            env=env_for_tests(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        nodes = wait_for(lambda: len(found := agents(proc.pid)) == 2 and found, 60,
+                         "two node agents")
+        wait_for(lambda: last_step(run) >= 25 or proc.poll() is not None, 120, "step 25")
+        host = store_host(nodes)
+        victim = next(pid for pid in nodes if pid != host)
+        workers = descendants(victim)
+        assert workers, f"no process under agent {victim}"
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: not any(alive(pid) for pid in workers), GONE_S,
+                 f"the killed agent's processes {workers} to end")
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log.seek(0)
+    out = log.read()
+    assert code == 0, out[-4000:]
+    finished = [line for line in out.splitlines() if FINISHED in line]
+    assert finished and "left" in finished[-1] and "world size 1" in finished[-1], out[-4000:]
+    assert "the job finished without node" in out, out[-4000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["restarts"] >= 1 and any("left" in m for m in summary["membership"]), summary

@@ -1,0 +1,190 @@
+"""The run's ledger: every restart and every change of membership, one JSON line each, in
+``RUN_DIR/ledger.jsonl``.
+
+It lives in the run directory (shared storage on a cluster) and is only ever appended to, so
+it outlives the agents that write it: a Slurm requeue, a pod restart or the next
+``torchjob run`` of the same run directory adds to the same file. The agent
+(trainer.elastic_agent) writes it; the trainer's summary and the launchers read it.
+
+Lines (``event`` says which):
+- ``restart``: the workers are started again. ``time``, ``node`` (the agent's node in the round
+  and its host), ``rank`` and ``exit``/``signal`` of the failure it rests on, ``cause`` (one
+  line), ``attempt`` (the one that failed), ``checkpoint`` (the newest checkpoint at the time:
+  what the next attempt resumes from).
+- ``round``: a rendezvous round completed; written by the round's node 0. ``round``,
+  ``nodes`` (each node's name, in node order), ``world_size``, ``attempt``, ``checkpoint``.
+- ``storm``: the job was stopped as a restart storm (see ``stalled``).
+Each line also names its ``run`` (the rendezvous id: kept across restarts and requeues, new
+for each submission).
+
+The storm guard: a restart that comes back to the checkpoint the previous restarts already came
+back to made no progress. After ``max_stalled`` such restarts in a row, the next one is not
+made: the job stops (exit 1) with a line that names the storm and the last causes, instead of
+burning its allocation on a failure that recurs at the same place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from trainer.contract import MANIFEST
+
+LEDGER = "ledger.jsonl"
+MAX_LINE = 4096  # one write of at most this: lines of concurrent writers do not interleave
+
+
+def path(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(run_dir) / LEDGER
+
+
+def node_name() -> str:
+    """This agent's name in the ledger: its host and pid (two agents of one host, as the local
+    backend runs them, stay apart; a restarted container or a requeued task is a new node)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def checkpoint_mark(checkpoint_dir: str | os.PathLike[str] | None) -> str | None:
+    """The newest checkpoint in ``checkpoint_dir``: the name of the newest finished
+    ``step_*`` (its manifest written, trainer.checkpoint), or for a script that keeps its
+    checkpoints its own way, the newest modification time of what is in the directory (and
+    one level below); None when there is nothing."""
+    if not checkpoint_dir:
+        return None
+    root = Path(checkpoint_dir)
+    try:
+        steps = sorted((p for p in root.glob("step_*") if (p / MANIFEST).is_file()), reverse=True)
+        if steps:
+            return steps[0].name
+        newest = 0.0
+        for entry in root.iterdir():
+            if entry.name.startswith("."):
+                continue
+            newest = max(newest, entry.stat().st_mtime)
+            if entry.is_dir():
+                newest = max([newest, *(p.stat().st_mtime for p in entry.iterdir())])
+    except OSError:
+        return None
+    return f"modified {time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(newest))}Z" \
+        if newest else None
+
+
+def exit_fields(exitcode: int) -> dict[str, Any]:
+    """``{"exit": 1}`` or, for a death by signal, ``{"signal": "SIGKILL"}``."""
+    if exitcode < 0 or exitcode > 128:
+        number = -exitcode if exitcode < 0 else exitcode - 128
+        try:
+            return {"signal": signal.Signals(number).name}
+        except ValueError:
+            return {"signal": f"signal {number}"}
+    return {"exit": exitcode}
+
+
+def append(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> None:
+    """Add one line (best effort: a ledger that cannot be written never stops the job)."""
+    record = {"event": event, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              **fields}
+    line = json.dumps(record, default=str)
+    if len(line) >= MAX_LINE:
+        record["cause"] = str(record.get("cause", ""))[:MAX_LINE // 2] + "..."
+        line = json.dumps(record, default=str)[:MAX_LINE - 1]
+    try:
+        target = path(run_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def read(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every line of the ledger that parses, oldest first ([] when there is none)."""
+    try:
+        text = path(run_dir).read_text(errors="replace")
+    except OSError:
+        return []
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def stalled(records: Iterable[dict[str, Any]], run_id: str,
+            mark: str | None) -> list[dict[str, Any]]:
+    """Run ``run_id``'s restarts in a row, newest last, that came back to checkpoint ``mark``:
+    its restarts since its checkpoint last changed (a storm, when there are many), one per
+    rendezvous round (several nodes may each note the same restart). Another run of the same
+    directory (a new submission) starts afresh; a restart for a change of membership (a node
+    joining) is no failure and not counted."""
+    run: list[dict[str, Any]] = []
+    rounds: set[Any] = set()
+    for record in records:
+        if (record.get("event") != "restart" or record.get("run") != run_id
+                or record.get("membership")):
+            continue
+        if record.get("checkpoint") != mark:
+            run, rounds = [], set()
+            continue
+        key = record.get("round")
+        if key is None or key not in rounds:
+            run.append(record)
+            rounds.add(key)
+    return run
+
+
+def storm_line(restarts: list[dict[str, Any]], mark: str | None) -> str:
+    """Why the job stops: the storm and its last causes."""
+    where = f"checkpoint {mark}" if mark else "no checkpoint"
+    causes = "; ".join(f"{r.get('time', '?')} {r.get('cause', '?')}" for r in restarts[-3:])
+    return (f"restart storm: {len(restarts)} restarts in a row came back to {where} without "
+            f"getting further (max_stalled_restarts); stopping instead of restarting again. "
+            f"Last causes: {causes}. The restarts are listed in {LEDGER}")
+
+
+def membership(records: Iterable[dict[str, Any]], run_id: str | None = None) -> list[str]:
+    """The membership changes between consecutive rounds of run ``run_id`` (None: the last run
+    in the ledger), one line each: which nodes left or joined, when the change was noticed (the
+    restart it caused), and the size and checkpoint the next round started with."""
+    records = list(records)
+    if run_id is None:
+        runs = [r.get("run") for r in records if r.get("event") == "round"]
+        run_id = runs[-1] if runs else None
+    changes: list[str] = []
+    before: list[str] | None = None
+    noticed: str | None = None
+    for record in records:
+        if record.get("run") != run_id:
+            continue
+        if record.get("event") == "restart":
+            noticed = noticed or str(record.get("time", "?"))
+            continue
+        if record.get("event") != "round":
+            continue
+        nodes = [str(n) for n in record.get("nodes", [])]
+        if before is not None:
+            left = [n for n in before if n not in nodes]
+            joined = [n for n in nodes if n not in before]
+            what = "; ".join([*([f"{', '.join(left)} left"] if left else []),
+                              *([f"{', '.join(joined)} joined"] if joined else [])])
+            if what:
+                changes.append(
+                    f"{what} (noticed {noticed or record.get('time', '?')}): from "
+                    f"{record.get('time', '?')} {len(nodes)} node(s), world size "
+                    f"{record.get('world_size', '?')}, from "
+                    f"{record.get('checkpoint') or 'the start'}")
+        before, noticed = nodes, None
+    return changes
