@@ -27,6 +27,7 @@ scheduler itself ran the job again) are filled in here, each time the workers st
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -36,6 +37,7 @@ from typing import Any
 from torch.distributed import DistError
 from torch.distributed.elastic.agent.server import api as agent_api
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 from torch.distributed.elastic.utils import store as store_util
@@ -54,6 +56,23 @@ VERDICT_KEY = "torchjob.verdict"  # in the round's own store: each round decides
 VERDICT_READ_KEY = "torchjob.verdict.read"
 
 log = agent_api.logger  # torchrun's own agent log, with its format
+
+
+class NoWorkerTraceback(logging.Filter):
+    """Drops the traceback of torch's "failed (exitcode: N) local_rank: R" error: it is the
+    agent's own ``ProcessExitedException`` (a worker ended with exit N), which says nothing
+    that line does not; the worker's own traceback is in its log above. It also keeps the
+    restart fast: torch's log formatter imports ``torch._dynamo`` (seconds) to format any
+    traceback, the first time one is logged, and that was on every first restart's path."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and type(record.exc_info[1]).__name__ in (
+                "ProcessExitedException", "ProcessRaisedException"):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+mp_api.logger.addFilter(NoWorkerTraceback())
 
 
 class MembershipWatch:
