@@ -77,13 +77,19 @@ def main(argv: list[str]) -> int:
 
 def failed(exc: BaseException) -> int:
     """A worker's exception: recorded for its agent, its traceback printed as the interpreter
-    prints it, and the exit code: ``EXIT_RETRY`` when it only says a peer is gone, else 1."""
-    from trainer.failures import is_peer_loss
+    prints it, and the exit code: ``EXIT_RETRY`` when it only says a peer is gone (then one
+    line, not the traceback of a collective that lost its peer), else 1."""
+    from trainer.failures import is_peer_loss, last_line
 
     record(exc)
-    traceback.print_exception(exc)
+    peer = is_peer_loss(exc)
+    if peer:
+        text = last_line(f"{type(exc).__name__}: {exc}")
+        print(f"torchjob: lost a peer ({text}): the agent restarts the group", file=sys.stderr)
+    else:
+        traceback.print_exception(exc)
     sys.stderr.flush()
-    return EXIT_RETRY if is_peer_loss(exc) else 1
+    return EXIT_RETRY if peer else 1
 
 
 def leave(code: int) -> NoReturn:
