@@ -60,7 +60,8 @@ def store_command(spec: JobSpec, *, python: str, port: int | str | None = None
                   ) -> tuple[str, ...]:
     """argv of the job's own rendezvous store (``trainer.store``), on ``port`` (default
     ``rdzv.port``)."""
-    return (python, "-m", STORE_MODULE, "--port", str(spec.rdzv.port if port is None else port))
+    word = port if isinstance(port, str) else str(spec.rdzv.port if port is None else port)
+    return (python, "-m", STORE_MODULE, "--port", word)  # a str (a shell word) stays as it is
 
 
 def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str,

@@ -64,6 +64,8 @@ if [ "$attempt" -gt "$max_requeues" ]; then
   exit 143
 fi
 mkdir -p "$TORCHJOB_NODE_STATUS"
+store=""
+@store@
 
 
 # one task per node: this wrapper around the agent (a constant; it takes the agent's command as "$@")
@@ -93,6 +95,7 @@ if [ "$stop" = 0 ]; then
     [ "$next" = 127 ] || code=$next  # 127: the step had already been collected
   done
 fi
+if [ -n "$store" ]; then kill -TERM "$store" 2>/dev/null || true; wait "$store" || true; fi
 
 # a failed step: which nodes never reported how their agent ended (lost: killed, or the node failed)?
 if [ "$code" != 0 ] && [ "$stop" = 0 ]; then
