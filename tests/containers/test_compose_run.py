@@ -397,14 +397,15 @@ TRIALS = int(os.environ.get("TORCHJOB_TRIALS", "1"))  # by hand: TORCHJOB_TRIALS
 
 
 @pytest.mark.parametrize("victim", ["node0", "node1"])
-def test_an_elastic_job_survives_losing_any_node(container_image: str, tmp_path: Path,
-                                                 victim: str) -> None:
+def test_an_elastic_job_survives_losing_any_node(request: pytest.FixtureRequest,
+                                                 tmp_path: Path, victim: str) -> None:
     """nnodes 1:2, the rendezvous store in its own service: podman kill of ``victim`` (node0,
     where the endpoint pointed before the store had a service of its own, or node1) mid-run,
     never started again (docker.restart=no: the node is lost): the store keeps serving, the
     other node finishes alone from the newest checkpoint, the run exits 0 and leaves nothing
-    behind. TORCHJOB_TRIALS times (5 by hand)."""
-    image = os.environ.get("TORCHJOB_TEST_IMAGE", container_image)
+    behind. TORCHJOB_TRIALS times (5 by hand; TORCHJOB_TEST_IMAGE: an image of your own
+    instead of building the shared one)."""
+    image = os.environ.get("TORCHJOB_TEST_IMAGE") or request.getfixturevalue("container_image")
     failures = []
     for trial in range(TRIALS):
         cwd = tmp_path / f"trial{trial}"
