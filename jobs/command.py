@@ -65,14 +65,16 @@ def store_command(spec: JobSpec, *, python: str, port: int | str | None = None
 
 
 def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str,
-                  extra_args: tuple[str, ...] = ()) -> tuple[str, ...]:
+                  extra_args: tuple[str, ...] = (), store_client: bool = False
+                  ) -> tuple[str, ...]:
     """argv of one node's agent: c10d rendezvous at ``rdzv_endpoint``, then the trainer
-    (``-m MODULE`` or a script) and its arguments. With ``own_store`` no agent hosts the
-    store (``is_host=false``: torch would otherwise let the agent whose host name matches the
-    endpoint serve it), even on the store's own host."""
+    (``-m MODULE`` or a script) and its arguments. With ``store_client`` (a backend that runs
+    the job's own store, ``own_store``) no agent hosts the store (``is_host=false``: torch
+    would otherwise let the agent whose host name matches the endpoint serve it), even on the
+    store's own host."""
     rdzv_conf = (f"join_timeout={spec.rdzv.join_timeout},"
                  f"last_call_timeout={spec.rdzv.last_call_timeout}"
-                 + (",is_host=false" if own_store(spec) else ""))
+                 + (",is_host=false" if store_client else ""))
     return (
         python, "-m", "trainer.agent",
         *dir_options(spec),

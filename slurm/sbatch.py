@@ -153,7 +153,8 @@ def agent_command(spec: JobSpec, *, python: str) -> list[str]:
     """The shared agent command, with the rendezvous on the first node's job port."""
     return list(shared_agent_command(spec, python=python,
                                      rdzv_endpoint=Raw('"$rdzv_host:$port"'),
-                                     run_id=Raw('"$SLURM_JOB_ID"')))
+                                     run_id=Raw('"$SLURM_JOB_ID"'),
+                                     store_client=own_store(spec)))
 
 
 def _mounts(spec: JobSpec) -> list[str]:

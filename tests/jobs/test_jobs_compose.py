@@ -88,7 +88,7 @@ def test_one_service_per_node_running_the_one_agent_command() -> None:
     assert "volumes" not in store and "deploy" not in store and store["restart"] == "no"
     # the rendezvous id: each torchjob run's own project name, else the job's name
     want = list(agent_command(spec, python="python", rdzv_endpoint="rendezvous:29400",
-                              run_id="${TORCHJOB_RUN_ID:-digits-elastic}"))
+                              run_id="${TORCHJOB_RUN_ID:-digits-elastic}", store_client=True))
     assert "join_timeout=600,last_call_timeout=5,is_host=false" in want
     for i, (name, service) in enumerate(doc["services"].items()):
         assert service["command"] == want

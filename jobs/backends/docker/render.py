@@ -204,7 +204,7 @@ def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python"
     command = list(agent_command(spec, python=python,
                                  rdzv_endpoint=f"{STORE_SERVICE if store else RDZV_HOST}:"
                                                f"{spec.rdzv.port}",
-                                 run_id=spec.name))
+                                 run_id=spec.name, store_client=store))
     mounts, named = spec_mounts(spec, host_dir, workdir)
     volumes = run_mounts(spec, host_dir, workdir) + mounts
     services: Obj = {}

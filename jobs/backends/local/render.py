@@ -42,7 +42,7 @@ def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
     nodes = spec.local_nodes
     on_one_host(nodes, "nnodes" if nodes == spec.nnodes.max else "local.nodes", "local")
     command = agent_command(spec, python=python, rdzv_endpoint=f"127.0.0.1:{port}",
-                            run_id=run_id)
+                            run_id=run_id, store_client=own_store(spec))
     env = {
         # the machine's CPUs shared by the emulated nodes, then by each node's workers
         "OMP_NUM_THREADS": str(omp_threads(cpu_count / nodes, spec.nproc_per_node)),
