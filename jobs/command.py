@@ -4,7 +4,8 @@
 exports to the workers, and ``--retry-on-error``), then torchrun's arguments; this builds them
 from the JobSpec so that the topology, rendezvous, restarts and trainer arguments are stated
 in one place. Backends differ only in the interpreter, the rendezvous endpoint and the run id
-they pass. A user's script gets exactly its ``trainer.args``; the built-in trainer also its
+they pass. An elastic job's rendezvous store runs apart from every node (``own_store``:
+``python -m trainer.store``, ``store_command``), and its agents are all clients of it. A user's script gets exactly its ``trainer.args``; the built-in trainer also its
 ``--run-dir`` and ``--checkpoint-dir``.
 """
 
@@ -45,12 +46,36 @@ def entry_args(spec: JobSpec) -> tuple[str, ...]:
     return (*own, *trainer_argv(spec.trainer.args))
 
 
+def own_store(spec: JobSpec) -> bool:
+    """Whether the job's rendezvous store runs as a process of its own that no node hosts: for
+    elastic jobs (``nnodes: MIN:MAX``), which must outlive the loss of any one node. A fixed-size
+    job cannot go on without every node anyway, so its first node's agent hosts the store (as
+    torchrun does) and no extra process or service is started for it."""
+    return spec.nnodes.is_elastic
+
+
+STORE_MODULE = "trainer.store"
+
+
+def store_command(spec: JobSpec, *, python: str, port: int | str | None = None
+                  ) -> tuple[str, ...]:
+    """argv of the job's own rendezvous store (``trainer.store``), on ``port`` (default
+    ``rdzv.port``)."""
+    word = port if isinstance(port, str) else str(spec.rdzv.port if port is None else port)
+    return (python, "-m", STORE_MODULE, "--port", word)  # a str (a shell word) stays as it is
+
+
 def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str,
-                  extra_args: tuple[str, ...] = ()) -> tuple[str, ...]:
+                  extra_args: tuple[str, ...] = (), store_client: bool = False
+                  ) -> tuple[str, ...]:
     """argv of one node's agent: c10d rendezvous at ``rdzv_endpoint``, then the trainer
-    (``-m MODULE`` or a script) and its arguments."""
+    (``-m MODULE`` or a script) and its arguments. With ``store_client`` (a backend that runs
+    the job's own store, ``own_store``) no agent hosts the store (``is_host=false``: torch
+    would otherwise let the agent whose host name matches the endpoint serve it), even on the
+    store's own host."""
     rdzv_conf = (f"join_timeout={spec.rdzv.join_timeout},"
-                 f"last_call_timeout={spec.rdzv.last_call_timeout}")
+                 f"last_call_timeout={spec.rdzv.last_call_timeout}"
+                 + (",is_host=false" if store_client else ""))
     return (
         python, "-m", "trainer.agent",
         *dir_options(spec),

@@ -64,6 +64,8 @@ if [ "$attempt" -gt "$max_requeues" ]; then
   exit 143
 fi
 mkdir -p "$TORCHJOB_NODE_STATUS"
+store=""
+@store@
 
 
 # one task per node: this wrapper around the agent (a constant; it takes the agent's command as "$@")
@@ -93,20 +95,21 @@ if [ "$stop" = 0 ]; then
     [ "$next" = 127 ] || code=$next  # 127: the step had already been collected
   done
 fi
+if [ -n "$store" ]; then kill -TERM "$store" 2>/dev/null || true; wait "$store" || true; fi
 
 # a failed step: which nodes never reported how their agent ended (lost: killed, or the node failed)?
 if [ "$code" != 0 ] && [ "$stop" = 0 ]; then
   lost="" finished=0
   for host in $hosts; do
     if [ ! -f "$TORCHJOB_NODE_STATUS/$host" ]; then lost="$lost $host"
-    elif [ "$(cat "$TORCHJOB_NODE_STATUS/$host")" = 0 ]; then finished=1; fi
+    elif [ "$(cat "$TORCHJOB_NODE_STATUS/$host")" = 0 ]; then finished=$((finished + 1)); fi
   done
   if [ -n "$lost" ]; then
     echo "torchjob: lost node(s):$lost: the task there ended without reporting (killed, or the node failed); step exit $code" >&2
     if [ "$elastic" = 0 ]; then
       echo "torchjob: nnodes is $nnodes (fixed): the job cannot continue without every node, so it failed (the other agents gave up after rdzv.join_timeout=${join_timeout}s or max_restarts=$max_restarts). Submit again to resume from the last checkpoint, or use nnodes MIN:MAX to carry on with fewer nodes" >&2
-    elif [ "$finished" = 1 ]; then
-      echo "torchjob: the job continued without them at a smaller size (nnodes $nnodes: at least $min_nodes) and finished"
+    elif [ "$finished" -ge "$min_nodes" ]; then  # as every backend: trainer.contract.nodes_exit_code
+      echo "torchjob: the job continued without them at a smaller size (nnodes $nnodes: at least $min_nodes) and finished on $finished node(s)"
       code=0
     else
       echo "torchjob: the remaining node(s) did not finish either: failed" >&2

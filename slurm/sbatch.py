@@ -3,7 +3,13 @@ both Slurm backends (submitit, plain sbatch) submit unchanged. Pure.
 
 One ``srun`` task per node runs the torchrun agent (``python -m trainer.agent``); the agents meet
 at a c10d rendezvous on the allocation's first node, on the port ``trainer.env.slurm_port``
-derives from the job id. The shell lives in ``job.sh`` (package data, checked with shellcheck);
+derives from the job id. For an elastic job that store is not any agent's: it is a process of
+the batch shell (``python -m trainer.store``, ``store_block``), on the first node beside it
+and outside the training step, so that losing any node's task, the first node's too, leaves
+the others their rendezvous. Slurm ends the whole job when the batch host itself fails, so
+serving the store there adds no failure mode Slurm does not have already; in its own step
+(``srun --overlap``) it would be killed with the first node's tasks by anything that ends the
+job's steps there, and would compete with them for the step's resources on a real cluster. The shell lives in ``job.sh`` (package data, checked with shellcheck);
 this module fills in its ``@name@`` placeholders with values quoted for the shell here, at the
 edge. Everything that varies (interpreter, working directory) is passed in, so the text is
 deterministic and golden-tested whole.
@@ -24,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from importlib import resources
 
 from jobs.command import agent_command as shared_agent_command
-from jobs.command import dir_options, entry_args
+from jobs.command import dir_options, entry_args, own_store, store_command
 from jobs.hosts import refuse_system_dirs
 from jobs.spec import JobSpec
 from jobs.sweep import Sweep, sweep_specs
@@ -147,7 +153,8 @@ def agent_command(spec: JobSpec, *, python: str) -> list[str]:
     """The shared agent command, with the rendezvous on the first node's job port."""
     return list(shared_agent_command(spec, python=python,
                                      rdzv_endpoint=Raw('"$rdzv_host:$port"'),
-                                     run_id=Raw('"$SLURM_JOB_ID"')))
+                                     run_id=Raw('"$SLURM_JOB_ID"'),
+                                     store_client=own_store(spec)))
 
 
 def _mounts(spec: JobSpec) -> list[str]:
@@ -183,6 +190,30 @@ def node_command(spec: JobSpec, *, python: str, workdir: str, swept: bool = Fals
             "jobs.command.agent_command: python -m trainer.agent DIR_OPTIONS ... ENTRY_ARGS"
         agent = [*head[:3], Raw('"${dirs[@]}"'), *agent[len(head):end], Raw('"${point[@]}"')]
     return [*prefix, *agent]
+
+
+def store_block(spec: JobSpec, *, python: str, workdir: str) -> str:
+    """The lines that start an elastic job's rendezvous store in the batch shell (``$store``:
+    its pid, stopped once the step has ended); none for a fixed-size job. With pyxis, whose
+    image only ``srun`` can enter, it is a one-task step on the first node that shares the
+    training step's resources (``--overlap``)."""
+    if not own_store(spec):
+        return ""
+    prefix: list[str] = []
+    if spec.slurm.container == "apptainer":
+        prefix = [w for w in node_command(spec, python=python, workdir=workdir)[:-len(
+            agent_command(spec, python=python))] if w != "--nv"]  # no GPU for the store
+    elif spec.slurm.container == "pyxis":
+        prefix = ["srun", "--overlap", "--nodes=1", "--ntasks=1",
+                  Raw('--nodelist="$rdzv_host"'),
+                  *(w for w in srun_options(spec, workdir=workdir) if w.startswith("--container"))]
+    command = [*prefix, *store_command(spec, python=python, port=Raw('"$port"'))]
+    return "\n".join([
+        "# the rendezvous store of this elastic job, served by this batch shell on the first",
+        "# node and by no training task: losing any node's task leaves it (losing the batch",
+        "# host ends the whole job in Slurm anyway); stopped once the training step has ended",
+        f"{quote(command)} &",
+        "store=$!"])
 
 
 def point_block(points: list[JobSpec]) -> str:
@@ -235,6 +266,7 @@ def render_sbatch(spec: JobSpec, *, python: str, workdir: str, sweep: Sweep | No
                              for key, value in environment(spec).items()),
         "node_status": shlex.quote(posixpath.join(run_dir, ".torchjob-nodes")),
         "point": point_block(points) if points else "",
+        "store": store_block(spec, python=python, workdir=workdir),
         "srun_options": quote(srun_options(spec, workdir=workdir)),
         "agent": quote(node_command(spec, python=python, workdir=workdir, swept=bool(points))),
     }

@@ -44,8 +44,9 @@ import uuid
 from types import FrameType
 from typing import Any, NoReturn, Sequence
 
-from trainer.contract import (AGENT_ENV_OPTIONS, EXIT_CONFIG, EXIT_STOPPED, MAX_STALLED_OPTION,
-                              RUN_DIR_ENV, STOP_SIGNALS, closing_line, job_exit_code)
+from trainer.contract import (AGENT_ENV_OPTIONS, EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED,
+                              MAX_STALLED_OPTION, RUN_DIR_ENV, STOP_SIGNALS, closing_line,
+                              job_exit_code)
 from trainer.orphans import die_with_parent
 from trainer.runlock import RunDirBusy, RunLock
 
@@ -224,9 +225,18 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, exit_at_once)  # before importing torch (seconds)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
     try:
         main()
+    except RendezvousConnectionError as exc:  # the store is gone (or never came): say so
+        from trainer.elastic_agent import attempt_base
+
+        cause = exc.__cause__ or exc.__context__
+        print(closing_line(f"the rendezvous store is unreachable ({cause or exc}): it was "
+                           "stopped or lost, or never started; the nodes cannot meet without it",
+                           attempt_base(os.environ), EXIT_FAILED), file=sys.stderr, flush=True)
+        sys.exit(EXIT_FAILED)
     except ChildFailedError as exc:
         from trainer.elastic_agent import Agent
 

@@ -389,3 +389,58 @@ def test_the_readme_docker_session(container_image: str, tmp_path: Path) -> None
                     / LAUNCHER_LOG).read_text()
             assert record["ended"] - record["started"] < GRACE_S, said
             assert "exit code 137" not in said, said  # killed after the grace: not stopped
+
+
+# -- no single point of failure: the node the rendezvous endpoint used to point at may go too --
+
+TRIALS = int(os.environ.get("TORCHJOB_TRIALS", "1"))  # by hand: TORCHJOB_TRIALS=5
+
+
+@pytest.mark.parametrize("victim", ["node0", "node1"])
+def test_an_elastic_job_survives_losing_any_node(request: pytest.FixtureRequest,
+                                                 tmp_path: Path, victim: str) -> None:
+    """nnodes 1:2, the rendezvous store in its own service: podman kill of ``victim`` (node0,
+    where the endpoint pointed before the store had a service of its own, or node1) mid-run,
+    never started again (docker.restart=no: the node is lost): the store keeps serving, the
+    other node finishes alone from the newest checkpoint, the run exits 0 and leaves nothing
+    behind. TORCHJOB_TRIALS times (5 by hand; TORCHJOB_TEST_IMAGE: an image of your own
+    instead of building the shared one)."""
+    image = os.environ.get("TORCHJOB_TEST_IMAGE") or request.getfixturevalue("container_image")
+    failures = []
+    for trial in range(TRIALS):
+        cwd = tmp_path / f"trial{trial}"
+        logfile = tmp_path / f"trial{trial}.log"
+        run_dir = cwd / "runs" / "digits-elastic"
+        began = time.monotonic()
+        argv = torchjob_argv("elastic.yaml", f"image={image}", "docker.restart=no",
+                             "trainer.args.epochs=3", "trainer.args.batch_size=8",
+                             "trainer.args.checkpoint_every=10", "trainer.args.log_every=1",
+                             "trainer.args.progress=lines", "trainer.args.pg_timeout=30")
+        with running(argv, cwd, logfile) as proc:
+            project = project_of(logfile)
+            wait_for(lambda: last_step(run_dir) >= 30 or proc.poll() is not None, 300,
+                     "step 30")
+            store = container(project, "rendezvous")
+            killed = podman("kill", container(project, victim))
+            code = proc.wait(timeout=600)
+        out = logfile.read_text()
+        problem = None
+        if proc.returncode is not None and killed.returncode != 0:
+            problem = f"podman kill failed: {killed.stderr}"
+        elif code != 0:
+            problem = f"exit {code}"
+        elif world_sizes(out)[-1:] != [2]:
+            problem = f"the survivor did not go on alone (world sizes {world_sizes(out)})"
+        elif json.loads((run_dir / "summary.json").read_text())["world_size"] != 2:
+            problem = "no summary at world size 2"
+        else:
+            try:
+                assert_nothing_left(project)
+            except AssertionError as exc:
+                problem = str(exc)
+        print(f"trial {trial}: podman kill {victim} at step >= 30 (store {store[:12]}): "
+              f"{problem or 'ok'} (world sizes {world_sizes(out)}) in "
+              f"{time.monotonic() - began:.1f}s")
+        if problem:
+            failures.append(f"trial {trial}: {problem}\n{out[-3000:]}")
+    assert not failures, f"{len(failures)}/{TRIALS} trials failed:\n" + "\n".join(failures)

@@ -1,7 +1,9 @@
-"""An elastic job (nnodes 1:2, two local agents) that loses a node mid-run: the agent is
-killed, its workers go with it within seconds (trainer.orphans), the survivor re-forms the
-group at the smaller size, finishes, and the job exits 0; node 0's finished line and the
-summary list the change of membership (trainer.ledger)."""
+"""An elastic job (nnodes 1:2, two local agents, its own rendezvous store: trainer.store) that
+loses a node mid-run, either one: the agent is killed, its workers go with it within seconds
+(trainer.orphans), the survivor re-forms the group at the smaller size, finishes, and the job
+exits 0; node 0's finished line and the summary list the change of membership
+(trainer.ledger). The store itself lost ends the agents with a line that says so, not a hang.
+Compose and Slurm: tests/containers/test_compose_run.py and tests/slurm/test_sbatch_run.py."""
 
 from __future__ import annotations
 
@@ -38,18 +40,14 @@ def agents(launcher: int) -> list[int]:
     return sorted(pid for pid in children(launcher) if "trainer.agent" in cmdline(pid))
 
 
-def store_host(agent_pids: list[int]) -> int | None:
-    """The agent that hosts the rendezvous store itself (it listens on the endpoint's port),
-    if one does."""
-    port = next(word.rsplit(":", 1)[1] for word in cmdline(agent_pids[0]).split()
-                if word.startswith("127.0.0.1:"))
-    listening = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True,
-                               text=True).stdout
-    return next((pid for pid in agent_pids if f"pid={pid}," in listening), None)
+def store(launcher: int) -> list[int]:
+    """The launcher's rendezvous store process (trainer.store)."""
+    return [pid for pid in children(launcher) if "trainer.store" in cmdline(pid)]
 
 
 @pytest.mark.parametrize("trial", range(TRIALS))
-def test_killing_a_node_agent_leaves_no_worker_and_the_job_finishes(tmp_path: Path,
+@pytest.mark.parametrize("lost", [0, 1])  # node 0: the one torchrun's endpoint would point at
+def test_killing_a_node_agent_leaves_no_worker_and_the_job_finishes(tmp_path: Path, lost: int,
                                                                     trial: int) -> None:
     (tmp_path / "job.yaml").write_text(JOB)
     run = tmp_path / "runs" / "loss"
@@ -60,8 +58,9 @@ def test_killing_a_node_agent_leaves_no_worker_and_the_job_finishes(tmp_path: Pa
         nodes = wait_for(lambda: len(found := agents(proc.pid)) == 2 and found, 60,
                          "two node agents")
         wait_for(lambda: last_step(run) >= 25 or proc.poll() is not None, 120, "step 25")
-        host = store_host(nodes)
-        victim = next(pid for pid in nodes if pid != host)
+        stores = store(proc.pid)
+        assert len(stores) == 1, f"no rendezvous store of its own: {stores}"
+        victim = nodes[lost]
         workers = descendants(victim)
         assert workers, f"no process under agent {victim}"
         os.kill(victim, signal.SIGKILL)
@@ -78,5 +77,33 @@ def test_killing_a_node_agent_leaves_no_worker_and_the_job_finishes(tmp_path: Pa
     finished = [line for line in out.splitlines() if FINISHED in line]
     assert finished and "left" in finished[-1] and "world size 1" in finished[-1], out[-4000:]
     assert "the job finished without node" in out, out[-4000:]
+    assert "RendezvousConnectionError" not in out and "TCPStore.cpp" not in out, out[-4000:]
+    assert not alive(stores[0]), "the store outlived the run"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["restarts"] >= 1 and any("left" in m for m in summary["membership"]), summary
+
+
+def test_a_lost_store_ends_the_agents_with_a_line_that_says_so(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(JOB)
+    log = open(tmp_path / "out.txt", "w+")
+    proc = subprocess.Popen([PYTHON, "-m", "jobs", "run", "job.yaml"], cwd=tmp_path,
+                            env=env_for_tests(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        nodes = wait_for(lambda: len(found := agents(proc.pid)) == 2 and found, 60,
+                         "two node agents")
+        wait_for(lambda: last_step(tmp_path / "runs" / "loss") >= 25 or proc.poll() is not None,
+                 120, "step 25")
+        stores = store(proc.pid)
+        assert len(stores) == 1, stores
+        os.kill(stores[0], signal.SIGKILL)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log.seek(0)
+    out = log.read()
+    assert code == 1, out[-3000:]
+    assert "torchjob: the rendezvous store ended (exit -9) while nodes run" in out, out[-3000:]
+    assert "torchjob: the job failed: the rendezvous store is unreachable" in out, out[-3000:]
+    assert not any(alive(pid) for pid in nodes), "an agent outlived its store"

@@ -56,8 +56,10 @@ def test_render_examples() -> None:
     assert f"{sys.executable} -m trainer.agent" in line
     elastic = torchjob("render", str(EXAMPLES / "elastic.yaml"))
     lines = elastic.stdout.splitlines()
-    assert elastic.returncode == 0 and len(lines) == 3 and lines[-1] == "wait"
-    assert all("--nnodes 1:2" in line and line.endswith(" &") for line in lines[:2])
+    # the rendezvous store first (its own process), the two agents, then the store stopped
+    assert elastic.returncode == 0 and len(lines) == 4 and lines[-1] == "wait %2 %3; kill %1"
+    assert "-m trainer.store --port" in lines[0]
+    assert all("--nnodes 1:2" in line and line.endswith(" &") for line in lines[1:3])
 
 
 def test_set_overrides_reach_the_command() -> None:

@@ -80,21 +80,30 @@ def test_root_compose_yaml_is_the_rendered_example() -> None:
 def test_one_service_per_node_running_the_one_agent_command() -> None:
     spec = load(EXAMPLES / "elastic.yaml")
     doc = render_compose(spec)
-    assert list(doc["services"]) == ["node0", "node1"]  # nnodes MAX, spares included
+    # nnodes MAX, spares included, and the elastic job's own rendezvous store, which no
+    # node hosts: the nodes depend on it and all are its clients
+    assert list(doc["services"]) == ["rendezvous", "node0", "node1"]
+    store = doc["services"].pop("rendezvous")
+    assert store["command"] == ["python", "-m", "trainer.store", "--port", "29400"]
+    assert "volumes" not in store and "deploy" not in store and store["restart"] == "no"
     # the rendezvous id: each torchjob run's own project name, else the job's name
-    want = list(agent_command(spec, python="python", rdzv_endpoint="node0:29400",
-                              run_id="${TORCHJOB_RUN_ID:-digits-elastic}"))
+    want = list(agent_command(spec, python="python", rdzv_endpoint="rendezvous:29400",
+                              run_id="${TORCHJOB_RUN_ID:-digits-elastic}", store_client=True))
+    assert "join_timeout=600,last_call_timeout=5,is_host=false" in want
     for i, (name, service) in enumerate(doc["services"].items()):
         assert service["command"] == want
         assert service["hostname"] == name
         assert service["image"] == spec.image
         assert service["shm_size"] == "1024m"  # resources.shm (1Gi), in whole MiB
         assert service["restart"] == "no"  # the launcher restarts a killed node, not compose
-        assert service.get("depends_on") == (["node0"] if i else None)
+        assert service.get("depends_on") == ["rendezvous"]
         assert service["volumes"] == [{"type": "bind", "source": "${TORCHJOB_HOST_DIR:-.}/runs",
                                        "target": "/workspace/runs"}]
     assert "--nnodes" in want and want[want.index("--nnodes") + 1] == "1:2"
     assert want[want.index("--rdzv-backend") + 1] == "c10d"
+    fixed = render_compose(load(EXAMPLES / "default.yaml", ["nnodes=2"]))  # node0 hosts it
+    assert list(fixed["services"]) == ["node0", "node1"]
+    assert fixed["services"]["node1"]["depends_on"] == ["node0"]
 
 
 def test_output_is_deterministic_and_parses_back() -> None:

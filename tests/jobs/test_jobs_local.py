@@ -51,13 +51,18 @@ def test_plan_shape() -> None:
         "py", "-m", "trainer.agent", "--run-dir", "runs/job", "--checkpoint-dir",
         "runs/job/checkpoints", "--nnodes", "1:3", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1234", "--rdzv-id", "rid",
-        "--rdzv-conf", "join_timeout=30,last_call_timeout=2", "--max-restarts", "1",
+        "--rdzv-conf", "join_timeout=30,last_call_timeout=2,is_host=false", "--max-restarts", "1",
         "--monitor-interval", "0.1", "-m", "trainer", "--run-dir", "runs/job",
         "--checkpoint-dir", "runs/job/checkpoints", "--epochs", "2", "--resume", "false"]
     assert dict(plan.env) == {"OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1", "A": "b"}
     assert plan.secrets == ("TOKEN",) and "TOKEN" not in plan.env
     assert render_text(plan).startswith("# secrets read from your environment: TOKEN\n")
     assert plan == render_local(spec, port=1234, python="py", run_id="rid", cpu_count=16)
+    # elastic: the rendezvous store is a process of its own, started first, stopped last
+    assert plan.store == ("py", "-m", "trainer.store", "--port", "1234")
+    assert render_text(plan).splitlines()[-1] == "wait %2 %3; kill %1"
+    fixed = render_local(loads("name: job\nnnodes: 2"), **FIXED)
+    assert fixed.store is None and "is_host" not in " ".join(fixed.commands[0])
 
 
 def test_omp_threads_and_user_override() -> None:

@@ -384,3 +384,65 @@ def test_time_limit_shorter_than_the_work(slurm_cluster: SlurmCluster, tmp_path:
     counts = collections.Counter(train_steps(run_dir))
     assert sorted(counts) == list(range(1, 4401)), "a step is missing"
     assert [s for s, n in counts.items() if n > 1] == [], "a step ran twice"
+
+
+# -- no single point of failure: the node the rendezvous endpoint points at may be lost too ---
+
+TRIALS = int(os.environ.get("TORCHJOB_TRIALS", "1"))  # by hand: TORCHJOB_TRIALS=5
+
+
+def store_owner(job_id: str) -> str:
+    """Who serves the job's rendezvous store: ``batch`` (the batch shell's own process, as
+    rendered for an elastic job) or the node whose training task listens on the port."""
+    inodes = {f"socket:[{inode}]" for inode in listening_inodes(slurm_port(int(job_id)))}
+    if not inodes:
+        return "nobody"
+    for node in ("n1", "n2"):
+        for pid in step_processes(job_id, node):
+            with contextlib.suppress(OSError):
+                if {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()} & inodes:
+                    return node
+    return "batch"
+
+
+@pytest.mark.parametrize("lost", ["n1", "n2"])
+def test_an_elastic_job_survives_losing_any_node(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                 lost: str) -> None:
+    """nnodes 1:2; the rendezvous endpoint is the first node, n1, where the batch shell serves
+    the store (no training task does). Lose every process of the training step on ``lost``
+    mid-run, n1 (where the endpoint points) or n2: the store keeps serving, the other node
+    finishes at world size 2, the job exits 0. TORCHJOB_TRIALS times (5 by hand)."""
+    yaml = ELASTIC % "epochs: 12, log_every: 1, checkpoint_every: 20"
+    failures = []
+    for trial in range(TRIALS):
+        began = time.monotonic()
+        trial_dir = tmp_path / f"trial{trial}"
+        trial_dir.mkdir()
+        script, run_dir = submit(trial_dir, f"sbatch-test-rdzv-{lost}", yaml)
+        assert "-m trainer.store --port" in script.read_text()
+        proc = sbatch_wait(script, 600)
+        job_id = job_id_of(proc)
+        wait_for_step(job_id, run_dir, 45, 180)
+        try:
+            owner = store_owner(job_id)
+            assert owner == "batch", f"the rendezvous store is served by {owner}, not the " \
+                                     "batch shell"
+            lose_node(job_id, lost)
+        except AssertionError:
+            subprocess.run(["scancel", job_id], check=False)
+            raise
+        code, output = finish(proc, job_id, run_dir, 600)
+        text = logs(run_dir)
+        summary = run_dir / "summary.json"
+        problem = None
+        if code != 0:
+            problem = f"exit {code}"
+        elif f"torchjob: lost node(s): {lost}:" not in text:
+            problem = "the batch script did not report the lost node"
+        elif not summary.is_file() or json.loads(summary.read_text())["world_size"] != 2:
+            problem = "no summary at world size 2"
+        print(f"trial {trial}: lost {lost} at step >= 45: {problem or 'ok'} in "
+              f"{time.monotonic() - began:.1f}s")
+        if problem:
+            failures.append(f"trial {trial}: {problem}\n{output}\n{text[-3000:]}")
+    assert not failures, f"{len(failures)}/{TRIALS} trials failed:\n" + "\n".join(failures)

@@ -2,7 +2,9 @@
 
 One service per node (``node0`` .. ``node{MAX-1}``; for ``MIN:MAX`` the spare nodes are services
 too), each running the one agent command of ``jobs.command`` with c10d rendezvous on
-``node0``. The run and checkpoint directories are bind mounts of host directories, mounted
+``node0``; an elastic job's rendezvous store is a service of its own, ``rendezvous`` (the same
+image, ``python -m trainer.store``), which no node hosts, so that losing any one node, node0
+too, leaves the others their rendezvous. The run and checkpoint directories are bind mounts of host directories, mounted
 at the same path in every service, so results are on the host after the run. Pure: the host
 directory that relative paths resolve against is passed in (``.``: the compose file's own
 directory), so the output is deterministic and ``--dry-run`` prints what would run.
@@ -16,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from jobs.command import agent_command
+from jobs.command import agent_command, own_store, store_command
 from jobs.hosts import on_one_host, refuse_system_dir
 from jobs.spec import JobSpec
 from jobs.values import SpecError
@@ -24,6 +26,7 @@ from trainer.contract import omp_threads
 
 WORKDIR = "/workspace"  # the image's WORKDIR: a relative run_dir lands under it
 RDZV_HOST = "node0"
+STORE_SERVICE = "rendezvous"  # an elastic job's own rendezvous store (trainer.store)
 HEADER = ("# Rendered by torchjob from {source}; do not edit by hand. Regenerate with\n"
           "#   torchjob render --to docker {source} > compose.yaml\n"
           "# Run: docker compose up (or podman-compose up), or torchjob run --to docker {source}\n"
@@ -197,12 +200,19 @@ def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python"
     ``$TORCHJOB_RUN_ID`` (default the job's name). ``workdir``: where the run starts, against
     which relative bind sources are checked (no system directory)."""
     on_one_host(spec.nnodes.max, "nnodes", "docker")
+    store = own_store(spec)
     command = list(agent_command(spec, python=python,
-                                 rdzv_endpoint=f"{RDZV_HOST}:{spec.rdzv.port}",
-                                 run_id=spec.name))
+                                 rdzv_endpoint=f"{STORE_SERVICE if store else RDZV_HOST}:"
+                                               f"{spec.rdzv.port}",
+                                 run_id=spec.name, store_client=store))
     mounts, named = spec_mounts(spec, host_dir, workdir)
     volumes = run_mounts(spec, host_dir, workdir) + mounts
     services: Obj = {}
+    if store:  # no GPU, no training memory, no volumes: nothing that fails with a node
+        services[STORE_SERVICE] = {"image": spec.image, "hostname": STORE_SERVICE,
+                                   "command": list(store_command(spec, python=python)),
+                                   "environment": {"PYTHONUNBUFFERED": "1"},
+                                   "restart": "no"}
     for node in range(spec.nnodes.max):
         name = service_name(node)
         service: Obj = {"image": spec.image, "hostname": name, "command": command,
@@ -214,11 +224,15 @@ def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python"
                         "restart": "no"}
         if deploy := resources(spec):
             service["deploy"] = {"resources": deploy}
-        if node:  # node0 hosts the rendezvous: start it first so that its name resolves
+        if store:  # started first, so that its name resolves
+            service["depends_on"] = [STORE_SERVICE]
+        elif node:  # node0 hosts the rendezvous: start it first so that its name resolves
             service["depends_on"] = [service_name(0)]
         services[name] = service
     services = escape(services)
-    for service in services.values():  # the agent's own --rdzv-id comes before the user's words
+    for name, service in services.items():  # the agent's own --rdzv-id before the user's words
+        if name == STORE_SERVICE:
+            continue
         words = service["command"]
         words[words.index("--rdzv-id") + 1] = f"${{{RUN_ID_VAR}:-{spec.name}}}"
         if host_dir == ".":

@@ -25,7 +25,8 @@ from jobs.values import UserError
 def plan_data(plan: LocalPlan) -> dict[str, Any]:
     """The plan as JSON data (what the record keeps of the request)."""
     return {"commands": [list(command) for command in plan.commands], "env": dict(plan.env),
-            "secrets": list(plan.secrets), "script": plan.script}
+            "secrets": list(plan.secrets), "script": plan.script,
+            "store": None if plan.store is None else list(plan.store)}
 
 
 class LocalBackend(runs.RecordedRuns, BaseBackend):
@@ -62,8 +63,9 @@ class LocalBackend(runs.RecordedRuns, BaseBackend):
                                  "context": dataclasses.asdict(context)})
         # the handle is local:RUN_ID ("id" below)
         header = (f"torchjob: {spec.name}: {spec.local_nodes} node(s) x {spec.nproc_per_node} "
-                  f"process(es), rendezvous 127.0.0.1:{context.port} id {context.run_id}, run "
-                  f"dir {spec.run_dir}")
+                  f"process(es), rendezvous 127.0.0.1:{context.port}"
+                  f"{' (its own store process)' if plan.store else ''} id {context.run_id}, "
+                  f"run dir {spec.run_dir}")
         return plan, record, header, float(context.options.get("grace", GRACE_S))
 
     def run(self, request: Request) -> int:

@@ -10,6 +10,10 @@ After a grace period, or at a second Ctrl-C, everything is killed. Whatever way 
 function ends, nothing it started outlives it: torchrun starts each worker in a session of
 its own, so besides each agent's process group we also kill every descendant seen (Linux
 /proc), checked by start time so that a reused pid is never hit.
+
+An elastic job's rendezvous store (``plan.store``, ``trainer.store``) is started first, in a
+session of its own like each node, so that a node stopped or killed never takes it along; its
+lines go to our stderr with ``[rendezvous] ``; it is stopped once every node has ended.
 """
 
 from __future__ import annotations
@@ -132,12 +136,49 @@ def _pump(stream: IO[bytes], node: int, output: NodeOutput, stderr: bool) -> Non
     stream.close()
 
 
+def _pump_store(stream: IO[bytes], err: IO[str]) -> None:
+    for line in iter(stream.readline, b""):
+        try:
+            print(f"[rendezvous] {line.decode(errors='replace').rstrip()}", file=err, flush=True)
+        except (OSError, ValueError):  # our terminal is gone: keep draining
+            pass
+    stream.close()
+
+
+def _start_store(plan: LocalPlan, env: Mapping[str, str], err: IO[str]
+                 ) -> tuple[subprocess.Popen[bytes], threading.Thread] | None:
+    """The job's own rendezvous store, running (None: the plan has none)."""
+    if plan.store is None:
+        return None
+    proc = subprocess.Popen(plan.store, env=env, start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    pump = threading.Thread(target=_pump_store, args=(proc.stdout, err), daemon=True)
+    pump.start()
+    return proc, pump
+
+
+def _stop_store(store: tuple[subprocess.Popen[bytes], threading.Thread] | None) -> None:
+    if store is None:
+        return
+    proc, pump = store
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - deaf to SIGTERM
+            _killpg(proc.pid)
+            proc.wait(timeout=5)
+    pump.join(timeout=2)
+
+
 def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
               record: Record | None = None, echo: bool = True,
               err: IO[str] | None = None) -> int:
-    """Run every node of the plan to the end: 0 all done, 143 stopped (``stops``: the stop
-    signals so far), 1 a node failed (0 when at least nnodes MIN nodes finished), 2 a secret is missing or a node could not start. Each
-    node's output goes to its log in ``record`` and, with ``echo``, to our stdout and stderr
+    """Run every node of the plan to the end: 0 done (at least nnodes MIN nodes finished), 143
+    stopped (``stops``: the stop signals so far), 1 a node failed, 2 a secret is missing or a
+    node could not start. Each node's output goes to its log in ``record`` and, with ``echo``, to our stdout and stderr
     (as the node wrote it); the nodes' processes are noted in the record."""
     err = err or sys.stderr
     missing = missing_secrets(plan, os.environ)
@@ -154,8 +195,15 @@ def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
                         err=sys.stderr.buffer if echo else None)
     nodes, pumps = _Nodes(), []
     deadline: float | None = None
-    killed = False
+    killed = store_gone = False
+    store = None
     try:
+        if not stops.count:
+            try:
+                store = _start_store(plan, env, err)
+            except OSError as exc:
+                print(f"torchjob: cannot start the rendezvous store: {exc}", file=err)
+                return EXIT_CONFIG
         for i, command in enumerate(plan.commands):
             if stops.count:
                 break
@@ -191,9 +239,14 @@ def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
                 killed = True
             if time.monotonic() - nodes.last_scan > _SCAN_EVERY:
                 nodes.scan()
+            if store is not None and store[0].poll() is not None and not store_gone:
+                store_gone = True
+                print(f"torchjob: the rendezvous store ended (exit {store[0].returncode}) while "
+                      "nodes run: they lose their rendezvous and fail", file=err, flush=True)
             time.sleep(_POLL)
     finally:
         nodes.kill()
+        _stop_store(store)
         for pump in pumps:
             pump.join(timeout=2)
         output.close()

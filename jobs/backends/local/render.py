@@ -3,7 +3,9 @@
 Each emulated node is one torchrun agent (``python -m trainer.agent``: torchrun's own agent and
 arguments, with workers forked from a preloaded server so restarts are quick, and the
 restart-safe rendezvous store setting); all agents meet at one c10d rendezvous on
-127.0.0.1. Everything that varies between runs (port, run id, interpreter, CPU count) is
+127.0.0.1. For an elastic job the rendezvous store is a process of its own
+(``python -m trainer.store``, started first), so that stopping any one agent, the first one
+too, leaves the others their rendezvous. Everything that varies between runs (port, run id, interpreter, CPU count) is
 passed in, so the output is deterministic; ``jobs.backends.local.launch`` performs it.
 """
 
@@ -13,7 +15,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from jobs.command import agent_command
+from jobs.command import agent_command, own_store, store_command
 from jobs.hosts import on_one_host
 from jobs.spec import JobSpec
 from jobs.values import FrozenMap
@@ -33,6 +35,8 @@ class LocalPlan:
     # nnodes MIN: the job finished when at least this many nodes did (an elastic job goes on
     # without a lost node)
     min_nodes: int = 1
+    # The rendezvous store's argv (trainer.store) for an elastic job: started before the nodes.
+    store: tuple[str, ...] | None = None
 
 
 def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
@@ -41,16 +45,17 @@ def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
     nodes = spec.local_nodes
     on_one_host(nodes, "nnodes" if nodes == spec.nnodes.max else "local.nodes", "local")
     command = agent_command(spec, python=python, rdzv_endpoint=f"127.0.0.1:{port}",
-                            run_id=run_id)
+                            run_id=run_id, store_client=own_store(spec))
     env = {
         # the machine's CPUs shared by the emulated nodes, then by each node's workers
         "OMP_NUM_THREADS": str(omp_threads(cpu_count / nodes, spec.nproc_per_node)),
         "PYTHONUNBUFFERED": "1",
         **spec.env,
     }
+    store = store_command(spec, python=python, port=port) if own_store(spec) else None
     return LocalPlan(commands=(command,) * nodes, env=FrozenMap(env),
                      secrets=tuple(ref.env for ref in spec.secrets), script=spec.trainer.script,
-                     min_nodes=spec.nnodes.min)
+                     min_nodes=spec.nnodes.min, store=store)
 
 
 def render_text(plan: LocalPlan) -> str:
@@ -58,10 +63,15 @@ def render_text(plan: LocalPlan) -> str:
     prefix = " ".join(f"{key}={shlex.quote(value)}" for key, value in plan.env.items())
     lines = [f"# secrets read from your environment: {' '.join(plan.secrets)}"] \
         if plan.secrets else []
-    many = len(plan.commands) > 1
+    many = len(plan.commands) > 1 or plan.store is not None
+    if plan.store is not None:
+        lines.append(f"{shlex.join(plan.store)} &  # the rendezvous store; no node hosts it")
     for command in plan.commands:
         line = f"{prefix} {shlex.join(command)}" if prefix else shlex.join(command)
         lines.append(f"{line} &" if many else line)
-    if many:
+    if plan.store is not None:  # the store (job %1) serves until the nodes have ended
+        nodes = " ".join(f"%{i + 2}" for i in range(len(plan.commands)))
+        lines.append(f"wait {nodes}; kill %1")
+    elif many:
         lines.append("wait")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,59 @@
+"""``python -m trainer.store --port PORT``: the rendezvous store of an elastic job, alone.
+
+torch's c10d rendezvous keeps its state (who joined, which round, heartbeats: a few KB) in a
+TCPStore, and by default the agent on the endpoint's host serves it: killing that node killed
+the store, and every survivor died with it (RendezvousConnectionError), though the survivors
+still met nnodes MIN. Here the store is a process of its own that no training node hosts: no
+GPU, no training memory, no workers, nothing a worker's OOM, a hung collective or a lost or
+preempted training node takes down. Every agent of the job is its client (``is_host=false``
+in the rendezvous conf, ``jobs.command``); their connect retries while this starts.
+
+Each backend starts it beside the nodes, never in one (local: a process of the launcher;
+docker: the compose service ``rendezvous``; Slurm: a process of the batch shell on the first
+node; Kubernetes: a pod behind a Service). It prints one line when it serves
+(``READY_LINE``), and exits 0 on SIGTERM or SIGINT (the job ended and is torn down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from datetime import timedelta
+from types import FrameType
+
+READY_LINE = "torchjob: rendezvous store serving on port {port}"
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.store",
+                                     description="the rendezvous store of an elastic job")
+    parser.add_argument("--port", type=int, required=True, help="TCP port to serve on")
+    args = parser.parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop)
+    from torch.distributed import TCPStore
+
+    try:
+        # listens on every address; multi_tenant as the agents' clients open it
+        store = TCPStore("0.0.0.0", args.port, is_master=True, wait_for_workers=False,
+                         multi_tenant=True, timeout=timedelta(seconds=60))
+    except (RuntimeError, ValueError) as exc:
+        print(f"torchjob: the rendezvous store cannot serve on port {args.port}: {exc}",
+              file=sys.stderr, flush=True)
+        return 1
+    print(READY_LINE.format(port=args.port), flush=True)
+    try:
+        while True:
+            signal.pause()
+    finally:
+        del store
+    return 0  # pragma: no cover - signal.pause returns only through _stop
+
+
+if __name__ == "__main__":
+    sys.exit(main())
