@@ -11,8 +11,8 @@ they pass. A user's script gets exactly its ``trainer.args``; the built-in train
 from __future__ import annotations
 
 from jobs.spec import JobSpec, trainer_argv
-from trainer.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_DIR_OPTION, RESUME_ENV,
-                              RESUME_OPTION, RUN_DIR_ENV, RUN_DIR_OPTION)
+from trainer.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_DIR_OPTION, HANG_TIMEOUT_OPTION,
+                              RESUME_ENV, RESUME_OPTION, RUN_DIR_ENV, RUN_DIR_OPTION)
 
 
 def kubelet_literal(text: str) -> str:
@@ -55,6 +55,7 @@ def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str
         *dir_options(spec),
         *(["--retry-on-error"] if spec.retry_on_error else []),
         *([RESUME_OPTION, spec.resume] if spec.resume != "auto" else []),
+        HANG_TIMEOUT_OPTION, f"{spec.hang_timeout:g}",
         "--nnodes", str(spec.nnodes),
         "--nproc-per-node", str(spec.nproc_per_node),
         "--rdzv-backend", spec.rdzv.backend,
