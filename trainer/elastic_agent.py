@@ -183,8 +183,9 @@ class Agent(LocalElasticAgent):
         elif result.state == agent_api.WorkerState.HEALTHY:
             hang = dog.poll(group.group_world_size or 1)
             if dog.first_dump():
-                log.warning("torchjob: no progress for %g s on node %s: stacks of its ranks in "
-                            "%s", dog.timeout, node, dog.dump(self._hangs(), node, dog.seen))
+                log.warning("torchjob: node %s near its hang_timeout (%g s) without progress: "
+                            "stacks of its ranks in %s", node, dog.timeout,
+                            dog.dump(self._hangs(), node, dog.seen))
             if hang is None:
                 return result, {}
             stuck, why, where = list(hang.stuck), f"no progress for {dog.timeout:g} s", ""

@@ -18,7 +18,8 @@ the same last step as the peer but keeps beating. If no local rank is silent, th
 elsewhere or is a deadlock of live processes: then the ranks whose last step is lowest.
 
 What the node does: it writes the stacks of all its workers (``RUN_DIR/hangs/attempt<A>/
-node<N>-rank<R>.txt``) at once; a node with a silent rank, or alone in the job, then kills its
+node<N>-rank<R>.txt``) ``DUMP_LEAD_S`` before the timeout (so that every node has its stacks
+before the first one acts); at the timeout a node with a silent rank, or alone in the job, then kills its
 workers with SIGKILL (a stopped process hears SIGTERM only once continued; one blocked in a
 collective not at all) and reports them as failed, which the agent's verdict turns into a
 restart (trainer.failures: kind ``hung``). A node whose ranks are all alive waits
@@ -55,6 +56,9 @@ from trainer.progress import BEAT_S, NO_STEP
 
 READ_EVERY_S = 1.0  # how often the agent reads the progress files
 BEAT_LOST_S = 5 * BEAT_S  # no heartbeat for this long: the process is stopped or frozen
+# Every node writes its stacks this long before the timeout: the node that acts on the hang
+# kills its workers at the timeout, and the peers on other nodes exit as soon as they lose them
+DUMP_LEAD_S = 2 * READ_EVERY_S
 PY_SPY_TIMEOUT_S = 20.0  # per process
 STOPPED = ("T", "t")  # /proc/PID/stat states: stopped by a signal, stopped by a tracer
 
@@ -271,10 +275,10 @@ class Watchdog:
         now = self.observe()
         if self.read_at == before:  # nothing new read
             return None
-        if not overdue(self.seen, now, self.timeout):
+        if not overdue(self.seen, now, self.timeout - DUMP_LEAD_S):
             self.overdue_since, self.dumped = 0.0, False
             return None
-        self.overdue_since = self.overdue_since or now
+        self.overdue_since = self.overdue_since or now  # the stacks are due (first_dump)
         hang = check(self.seen, now, self.timeout, nodes=nodes,
                      overdue_since=self.overdue_since, others_first_s=self.others_first_s)
         return hang if hang is not None and hang.act else None
