@@ -53,11 +53,12 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
             --extra-index-url https://pypi.org/simple "$TORCH_PIN"; \
     fi
 # What trainer/ imports besides torch (pyproject.toml lists the same), and pyyaml, small and
-# kept for users' scripts that read a YAML config.
+# kept for users' scripts that read a YAML config. py-spy: the hang watchdog's stacks (it reads
+# a stopped worker's memory as the same uid 1000, without ptrace-attaching: trainer/hang.py).
 # scikit-learn without its dependencies: the trainer never imports it, it only reads the digits
 # file the wheel carries (trainer/tasks.py), so scipy & co. (~150 MB) stay out of the image.
 # A task of your own that imports sklearn: add `pip install scipy joblib threadpoolctl`.
-RUN pip install "numpy>=1.24" "matplotlib>=3.7" "tqdm>=4.60" "pyyaml>=6" \
+RUN pip install "numpy>=1.24" "matplotlib>=3.7" "tqdm>=4.60" "pyyaml>=6" "py-spy>=0.3" \
     && pip install --no-deps "scikit-learn>=1.3"
 # The trainer, where an install puts it (the venv's site-packages), compiled there since the
 # image's user cannot write __pycache__. The launchers (jobs/, k8s/, slurm/) run on the host.

@@ -12,9 +12,9 @@ they pass. An elastic job's rendezvous store runs apart from every node (``own_s
 from __future__ import annotations
 
 from jobs.spec import JobSpec, trainer_argv
-from trainer.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_DIR_OPTION, MAX_STALLED_DEFAULT,
-                              MAX_STALLED_OPTION, RESUME_ENV, RESUME_OPTION, RUN_DIR_ENV,
-                              RUN_DIR_OPTION)
+from trainer.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_DIR_OPTION, HANG_TIMEOUT_OPTION,
+                              MAX_STALLED_DEFAULT, MAX_STALLED_OPTION, RESUME_ENV, RESUME_OPTION,
+                              RUN_DIR_ENV, RUN_DIR_OPTION)
 
 
 def kubelet_literal(text: str) -> str:
@@ -83,6 +83,7 @@ def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str
         *([RESUME_OPTION, spec.resume] if spec.resume != "auto" else []),
         *([MAX_STALLED_OPTION, str(spec.max_stalled_restarts)]
           if spec.max_stalled_restarts != MAX_STALLED_DEFAULT else []),
+        HANG_TIMEOUT_OPTION, f"{spec.hang_timeout:g}",
         "--nnodes", str(spec.nnodes),
         "--nproc-per-node", str(spec.nproc_per_node),
         "--rdzv-backend", spec.rdzv.backend,

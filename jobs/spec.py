@@ -22,6 +22,7 @@ from jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, MAX_TOTAL
                          Quantity, SpecError, at_least, at_most_bytes, bad, between, env_check,
                          env_map, env_name, kind, one_line, path_line, pattern, positive,
                          scalar_text, show, size, slurm_time)
+from trainer.contract import HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
 
 Scalar = str | bool | int | float
 Args = Mapping[str, Scalar] | tuple[str, ...]
@@ -106,6 +107,12 @@ def _nproc(value: int, path: str) -> None:
     if value > MAX_NPROC_PER_NODE:
         raise bad(path, value, f"is more than {MAX_NPROC_PER_NODE} (MAX_NPROC_PER_NODE): a node "
                   "runs one worker process per GPU or CPU core")
+
+
+def _hang_timeout(value: float, path: str) -> None:
+    if not (value == 0 or MIN_HANG_TIMEOUT_S <= value < math.inf):
+        raise bad(path, value, f"must be 0 (no hang watchdog) or at least {MIN_HANG_TIMEOUT_S} "
+                  f"seconds (e.g. {HANG_TIMEOUT_S})")
 
 
 def _resume(value: str, path: str) -> None:
@@ -459,6 +466,15 @@ class JobSpec(Section):
         check=at_least(0))
     retry_on_error: bool = spec_field("restart also when user code raised (for flaky code; "
                                       "by default an exception fails the job at once)", False)
+    hang_timeout: float = spec_field(
+        "seconds without progress before the job counts as hung: the stacks of every rank go "
+        "to RUN_DIR/hangs, the stuck rank is named and the workers restart from the last "
+        "checkpoint (as for a lost worker). Progress: a finished step (the built-in trainer "
+        "reports each; a script calls trainer.progress.step()), or before a rank's first step "
+        "(and in a script that reports none) its heartbeat, which a stopped or frozen process "
+        "loses. Set it above your longest gap between two steps (evaluation and blocking "
+        "checkpoint saves included) and below the trainer's pg_timeout (300 s). 0: off",
+        HANG_TIMEOUT_S, check=_hang_timeout)
     resume: str = spec_field(
         "checkpoints of another configuration: auto (refused, exit 2), force (resumed anyway) "
         "or fresh (moved aside once per submission; start over); torchjob run --fresh and "

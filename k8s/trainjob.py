@@ -6,7 +6,10 @@ and requires it to start with ``torchrun``; its torch plugin injects only ``PET_
 users may not set), so the command is the agent command without the topology and
 rendezvous flags: torchrun's static rendezvous reads those five. Plain torchrun has no options
 for the run's directories either: they go into the trainer's env instead, as the agent would
-have exported them (``TORCHJOB_RUN_DIR``, ``TORCHJOB_CHECKPOINT_DIR``).
+have exported them (``TORCHJOB_RUN_DIR``, ``TORCHJOB_CHECKPOINT_DIR``). Nor has it a hang
+watchdog (``hang_timeout``, trainer.hang): a TrainJob's hung rank is caught only by the
+process group's timeout (the trainer's ``--pg-timeout``), which fails the collective and the
+pod; the built-in trainer's and ``trainer.progress``' reports then do nothing.
 """
 
 from __future__ import annotations

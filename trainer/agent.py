@@ -29,6 +29,9 @@ without a word added to its argv), and ``--resume force|fresh[:TOKEN]``, exporte
 ``TORCHJOB_RESUME`` (trainer.fingerprint), and ``--max-stalled-restarts N``, the restart storm
 guard (trainer.ledger: 0 turns it off). With a run directory it holds that directory's
 lock while it runs (trainer.runlock): a second live run on it is refused with exit 2.
+``--hang-timeout SECONDS`` (default ``HANG_TIMEOUT_S``; 0: off) turns on the hang watchdog
+(trainer.hang): the agent makes a node-local folder for its workers' progress reports
+(trainer.progress), exported as ``TORCHJOB_PROGRESS_DIR``, and removes it at the end.
 """
 
 from __future__ import annotations
@@ -44,8 +47,11 @@ import uuid
 from types import FrameType
 from typing import Any, NoReturn, Sequence
 
+from trainer import progress
 from trainer.contract import (AGENT_ENV_OPTIONS, EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED,
-                              MAX_STALLED_OPTION, RUN_DIR_ENV, STOP_SIGNALS, closing_line,
+                              HANG_TIMEOUT_ENV, HANG_TIMEOUT_OPTION, HANG_TIMEOUT_S,
+                              MAX_STALLED_OPTION, MIN_HANG_TIMEOUT_S, PROGRESS_DIR_ENV,
+                              RUN_DIR_ENV, STOP_SIGNALS, closing_line,
                               job_exit_code)
 from trainer.orphans import die_with_parent
 from trainer.runlock import RunDirBusy, RunLock
@@ -70,6 +76,7 @@ def worker(*argv: str) -> None:
     timeout killed it). The next attempt resumes from that final checkpoint and ends at once.
     """
     die_with_parent()  # the fork server, which dies with this agent (trainer.orphans)
+    progress.start()  # the heartbeat, from the first moment (trainer.progress)
     for sig in STOP_SIGNALS:  # heard again (start_forkserver)
         signal.signal(sig, signal.SIG_DFL)
     from trainer.train import main
@@ -119,6 +126,20 @@ def own_options(argv: list[str]) -> tuple[list[str], dict[str, Any], dict[str, s
     return argv, settings, env
 
 
+def hang_timeout(environ: dict[str, str]) -> float:
+    """``--hang-timeout``'s seconds (``HANG_TIMEOUT_S`` when not given); a ValueError that
+    says what is accepted."""
+    raw = environ.get(HANG_TIMEOUT_ENV, str(HANG_TIMEOUT_S))
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not (seconds == 0 or MIN_HANG_TIMEOUT_S <= seconds < float("inf")):
+        raise ValueError(f"{HANG_TIMEOUT_OPTION} {raw!r}: give seconds, 0 (no watchdog) or at "
+                         f"least {MIN_HANG_TIMEOUT_S}")
+    return seconds
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     from torch.distributed.launcher import api as launcher_api
@@ -136,11 +157,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     launcher_api.LocalElasticAgent = Agent  # type: ignore[misc]  # launch_agent makes one
     try:
         argv, settings, env = own_options(list(sys.argv[1:] if argv is None else argv))
+        Agent.hang_timeout = hang_timeout(env)
     except ValueError as exc:
         print(f"torchjob: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     for name, value in settings.items():
         setattr(Agent, name, value)
+    if Agent.hang_timeout:  # node-local, one file per worker (trainer.progress)
+        Agent.progress_dir = env[PROGRESS_DIR_ENV] = tempfile.mkdtemp(
+            prefix="torchjob-progress-")
     os.environ.update(env)  # the workers inherit it (also through the forkserver)
     args = parse_args(argv)
     own_log_dir = None
@@ -169,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             lock.release()
         if own_log_dir is not None:
             shutil.rmtree(own_log_dir, ignore_errors=True)
+        if Agent.progress_dir is not None:
+            shutil.rmtree(Agent.progress_dir, ignore_errors=True)
 
 
 def lock_id(args: Any) -> str:

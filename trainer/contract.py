@@ -79,7 +79,16 @@ DIR_OPTIONS = {RUN_DIR_OPTION: RUN_DIR_ENV, CHECKPOINT_DIR_OPTION: CHECKPOINT_DI
 # How the job treats checkpoints it finds (trainer.fingerprint): the agent's --resume VALUE,
 # exported as TORCHJOB_RESUME: force, or fresh:TOKEN (unset: resume when they match).
 RESUME_OPTION, RESUME_ENV = "--resume", "TORCHJOB_RESUME"
-AGENT_ENV_OPTIONS = {**DIR_OPTIONS, RESUME_OPTION: RESUME_ENV}
+# The hang watchdog (trainer.hang): the agent's --hang-timeout SECONDS, exported as
+# TORCHJOB_HANG_TIMEOUT (0: off). Its default, the spec's too, is justified in trainer/hang.py.
+HANG_TIMEOUT_OPTION, HANG_TIMEOUT_ENV = "--hang-timeout", "TORCHJOB_HANG_TIMEOUT"
+HANG_TIMEOUT_S = 180
+MIN_HANG_TIMEOUT_S = 5  # a few heartbeats (trainer.progress.BEAT_S): less would see ghosts
+AGENT_ENV_OPTIONS = {**DIR_OPTIONS, RESUME_OPTION: RESUME_ENV,
+                     HANG_TIMEOUT_OPTION: HANG_TIMEOUT_ENV}
+# Where each worker reports its progress (trainer.progress): a node-local folder the agent
+# makes, one small file per local rank; unset (not under our agent): reporting does nothing.
+PROGRESS_DIR_ENV = "TORCHJOB_PROGRESS_DIR"
 # The agent's storm guard (trainer.ledger): restarts in a row that come back to the same
 # checkpoint before the job is stopped as a restart storm; 0 turns it off.
 MAX_STALLED_OPTION, MAX_STALLED_DEFAULT = "--max-stalled-restarts", 3

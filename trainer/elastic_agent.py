@@ -18,6 +18,11 @@ one checkpoint directory. Here the agent also checks, each time it looks at the 
 that its node is still a participant of the round it joined; when it is not, it restarts
 its workers (they checkpoint first) and joins the next round, as for a new node.
 
+The hang watchdog (trainer.hang): with ``--hang-timeout`` the agent reads its workers'
+progress in its monitor loop; a group without progress for that long gets its stacks written,
+its stuck rank named and its workers killed, and the failure takes the path of a lost
+worker's (a restart from the last checkpoint, decided alike on every node).
+
 And every line its workers print carries the one log prefix (``trainer.contract.LOG_PREFIX``:
 node, rank, attempt), through torch's tee with a line prefix (``python -m trainer.agent``
 turns the tee on). torch's template knows only the rank; the node (this agent's group rank
@@ -29,9 +34,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from torch.distributed import DistError
@@ -39,6 +46,7 @@ from torch.distributed.elastic.agent.server import api as agent_api
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 from torch.distributed.elastic.utils import store as store_util
 
@@ -46,6 +54,7 @@ from trainer import ledger
 from trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FINISHED, HEARD_FAIL,
                               HEARD_RESTART, RUN_DIR_ENV, log_prefix)
 from trainer.failures import RESTARTING, Failure, Verdict, judge, last_line
+from trainer.hang import Seen, Watchdog, kill, kill_stopped
 
 BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at signals)
 # A node whose workers only lost a peer waits this long for the verdict of the node where the
@@ -164,6 +173,10 @@ class Agent(LocalElasticAgent):
     retry_on_error = False  # set by ``python -m trainer.agent --retry-on-error``
     max_stalled_restarts = 3  # ``--max-stalled-restarts``: the storm guard (trainer.ledger)
     closing: tuple[str, int] | None = None  # why the job failed, and the attempt
+    # set by ``python -m trainer.agent --hang-timeout S`` (0: no watchdog), with the folder
+    # its workers report progress in (trainer.progress)
+    hang_timeout = 0.0
+    progress_dir: str | None = None
 
     def __init__(self, spec: agent_api.WorkerSpec, *args: Any, **kwargs: Any) -> None:
         spec.rdzv_handler = MembershipWatch(spec.rdzv_handler)  # type: ignore[assignment]
@@ -173,13 +186,17 @@ class Agent(LocalElasticAgent):
         self._run_dir = os.environ.get(RUN_DIR_ENV) or None
         self._checkpoint_dir = os.environ.get(CHECKPOINT_DIR_ENV) or None
         self._run_id = spec.rdzv_handler.get_run_id()
+        self._watchdog = None if not (self.hang_timeout and self.progress_dir) else Watchdog(
+            Path(self.progress_dir), self.hang_timeout, others_first_s=VERDICT_WAIT_S,
+            say=lambda line: log.warning("%s", line))
 
     def _monitor_workers(self, worker_group: agent_api.WorkerGroup) -> agent_api.RunResult:
         result = super()._monitor_workers(worker_group)
+        result, hung = self._watch(worker_group, result)
         if result.state in {agent_api.WorkerState.FAILED, agent_api.WorkerState.UNHEALTHY}:
             node = worker_group.group_rank or 0
-            failures = [Failure(node, rank, f.exitcode, last_line(f.message), f.timestamp)
-                        for rank, f in result.failures.items()]
+            failures = [Failure(node, rank, f.exitcode, last_line(f.message), f.timestamp,
+                                hung.get(rank, "")) for rank, f in result.failures.items()]
             verdict = judge(failures, retry_on_error=self.retry_on_error)
             if verdict.restart and self._remaining_restarts <= 0:
                 verdict = Verdict(False, verdict.cause, f"{_cause(verdict)}: no restarts left "
@@ -222,7 +239,12 @@ class Agent(LocalElasticAgent):
                       rank=cause.rank if cause else None,
                       **(ledger.exit_fields(cause.exitcode) if cause else {}),
                       cause=verdict.why.removesuffix(RESTARTING), attempt=self.attempt(),
-                      checkpoint=mark, **extra)
+                      step=self._step_reached(), checkpoint=mark, **extra)
+
+    def _step_reached(self) -> int | None:
+        """The highest step this node's workers reported (trainer.progress), if any did."""
+        steps = [w.step for w in self._watchdog.seen if w.step >= 0] if self._watchdog else []
+        return max(steps) if steps else None
 
     def _finished_line(self) -> str:
         """How the job ended, from node 0 (``trainer.contract.FINISHED``): the attempt, the
@@ -247,6 +269,63 @@ class Agent(LocalElasticAgent):
     def _rdzv_watch(self) -> MembershipWatch | None:
         handler = self._worker_group.spec.rdzv_handler
         return handler if isinstance(handler, MembershipWatch) else None
+
+    def _watch(self, group: agent_api.WorkerGroup, result: agent_api.RunResult,
+               ) -> tuple[agent_api.RunResult, dict[int, str]]:
+        """The hang watchdog's turn (trainer.hang): ``result``, or a failure of the stuck
+        workers once this node acts on a hang; and why each rank it killed was stuck."""
+        dog = self._watchdog
+        if dog is None or not dog.seen:
+            return result, {}
+        node = group.group_rank or 0
+        if result.state in {agent_api.WorkerState.FAILED, agent_api.WorkerState.UNHEALTHY}:
+            # another failure came first (a peer's): a stopped rank here is still the cause
+            stuck = [w for w in dog.silent() if w.rank not in result.failures]
+            if not stuck:
+                return result, {}
+            why = "silent when the group failed"
+            where = "" if dog.dumped else dog.dump(self._hangs(), node,
+                                                   [w for w in dog.seen if w.alive])
+        elif result.state == agent_api.WorkerState.HEALTHY:
+            hang = dog.poll(group.group_world_size or 1)
+            if dog.first_dump():
+                log.warning("torchjob: node %s near its hang_timeout (%g s) without progress: "
+                            "stacks of its ranks in %s", node, dog.timeout,
+                            dog.dump(self._hangs(), node, dog.seen))
+            if hang is None:
+                return result, {}
+            stuck, why, where = list(hang.stuck), f"no progress for {dog.timeout:g} s", ""
+            log.warning("torchjob: hang on node %s: %s; killing its workers, to restart them "
+                        "from the last checkpoint", node, hang.why)
+            kill(w.pid for w in dog.seen)  # the whole group: no SIGTERM would be heard
+            result = agent_api.RunResult(state=agent_api.WorkerState.FAILED)
+        else:
+            return result, {}
+        kill(w.pid for w in stuck)
+        now = dog.clock()
+        named = {w.rank: f"{w.describe(now)}; {why}" for w in stuck}
+        if result.failures:  # the failure path: say who is stuck here
+            log.warning("torchjob: stuck on node %s: %s; killed%s", node, "; ".join(
+                f"rank {r} ({t})" for r, t in named.items()), f"; stacks in {where}" * bool(where))
+        result.failures.update({w.rank: self._killed(w) for w in stuck})
+        return result, named
+
+    @staticmethod
+    def _killed(worker: Seen) -> ProcessFailure:
+        """What torch records for a worker the watchdog killed (exit by SIGKILL)."""
+        return ProcessFailure(local_rank=worker.local_rank, pid=worker.pid,
+                              exitcode=-signal.SIGKILL, error_file="")
+
+    def _hangs(self) -> Path | None:
+        """Where this attempt's stacks go: ``RUN_DIR/hangs/attempt<A>`` (None: the log)."""
+        return Path(self._run_dir, "hangs", f"attempt{self.attempt()}") if self._run_dir \
+            else None
+
+    def _shutdown(self, *args: Any, **kwargs: Any) -> None:
+        # torch sends SIGTERM and waits up to 30 s: a stopped worker would take all of it
+        if self._pcontext is not None:
+            kill_stopped(self._pcontext.pids().values())
+        super()._shutdown(*args, **kwargs)
 
     def _shared(self, verdict: Verdict) -> Verdict:
         """The verdict every node of the round acts on: a node where the failure began says
@@ -320,7 +399,13 @@ class Agent(LocalElasticAgent):
                           world_size=worker_group.spec.local_world_size
                           * (worker_group.group_world_size or 1), attempt=self.attempt(),
                           checkpoint=ledger.checkpoint_mark(self._checkpoint_dir))
-        return super()._start_workers(worker_group)
+        if self._watchdog is not None:
+            self._watchdog.clear()
+        pids = super()._start_workers(worker_group)
+        if self._watchdog is not None:
+            self._watchdog.reset((w.local_rank, w.global_rank, pids[w.local_rank])
+                                 for w in worker_group.workers)
+        return pids
 
     def _restart_workers(self, worker_group: agent_api.WorkerGroup) -> None:
         if worker_group.state == agent_api.WorkerState.HEALTHY and worker_group.group_rank == 0:

@@ -1,8 +1,8 @@
 """Why workers failed, and whether a restart can help: the rule every backend's agent applies.
 
 A restart is for a lost worker, not for a bug. A worker killed by a signal (kill -9, the OOM
-killer, a lost node) or one that only lost a peer (a collective failed because another
-process died: exit ``EXIT_RETRY``) is restarted, up to ``max_restarts``. A worker that raised
+killer, a lost node), one that hung (the watchdog, trainer.hang, killed it) or one that only
+lost a peer (a collective failed because another process died: exit ``EXIT_RETRY``) is restarted, up to ``max_restarts``. A worker that raised
 (exit 1, or any other code of its own) fails the job at once, unless the job opts in with
 ``retry_on_error``; a configuration error (exit 2) is never retried. Pure: the agent
 (trainer.elastic_agent) gathers the failures and shares the verdict with the other nodes.
@@ -49,12 +49,16 @@ class Failure:
     exitcode: int
     message: str
     timestamp: float
+    hung: str = ""  # the hang watchdog killed it (trainer.hang): why it was stuck
 
     @property
     def kind(self) -> str:
         """``config``, ``error`` (its own code failed), ``killed`` (a signal), ``peer`` (lost
-        another process), ``stopped`` (checkpointed on a stop signal) or ``terminated``
-        (SIGTERM: mostly torch closing the rest of the group once one worker failed)."""
+        another process), ``stopped`` (checkpointed on a stop signal), ``terminated``
+        (SIGTERM: mostly torch closing the rest of the group once one worker failed) or
+        ``hung`` (no progress: the watchdog killed it; restarted like a lost worker)."""
+        if self.hung:
+            return "hung"
         if self.exitcode == -signal.SIGTERM:
             return "terminated"
         if self.exitcode == EXIT_CONFIG:
@@ -71,6 +75,8 @@ class Failure:
         """``node 0 rank 1 raised ValueError: bad`` / ``... was killed by SIGKILL``."""
         where = f"node {self.node} rank {self.rank}"
         kind = self.kind
+        if kind == "hung":
+            return f"{where} hung ({self.hung})"
         if kind in ("killed", "terminated"):
             number = -self.exitcode if self.exitcode < 0 else self.exitcode - 128
             try:
@@ -133,7 +139,7 @@ def judge(failures: list[Failure], *, retry_on_error: bool) -> Verdict:
     if (cause := first("error")) and not retry_on_error:
         return Verdict(False, cause, f"{cause.describe()}: not retried (a restart is for a "
                        "lost worker, not a bug; retry_on_error: true retries it)")
-    cause = first("killed") or first("error") or first("stopped")
+    cause = first("hung") or first("killed") or first("error") or first("stopped")
     if cause is None and not first("peer"):
         cause = first("terminated")  # SIGTERM from outside, to this node's workers alone
     if cause is not None:

@@ -91,15 +91,18 @@ class Reporter:
 
     # -- end of run ---------------------------------------------------------------------------
 
-    def finish(self, summary: dict[str, Any]) -> None:
-        """Write summary.json and plot.png, and print the summary (rank 0)."""
+    def finish(self, summary: dict[str, Any], *lines: str) -> None:
+        """Write summary.json and plot.png, and print the summary (rank 0): its plain values
+        on the last line, after ``lines`` (a nested part said in words)."""
         def write() -> None:
             self.close()
             (self.run_dir / "summary.json").write_text(
                 json.dumps({**summary, **history(self.run_dir)}, indent=1) + "\n")
             plot(self.run_dir / "metrics.jsonl", self.run_dir / "plot.png")
+            for text in lines:
+                self.log.info(text)
             shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                              for k, v in summary.items())
+                              for k, v in summary.items() if not isinstance(v, dict))
             self.log.info(f"done: {shown}; see {self.run_dir}/summary.json and plot.png")
         self.main(write)
 

@@ -27,6 +27,7 @@ import time
 import traceback
 from typing import NoReturn
 
+from trainer import progress
 from trainer.contract import EXIT_CONFIG, EXIT_RETRY
 from trainer.orphans import die_with_parent
 
@@ -108,4 +109,5 @@ def leave(code: int) -> NoReturn:
 
 if __name__ == "__main__":
     die_with_parent()  # the agent (trainer.orphans)
+    progress.start()  # its heartbeat, for the agent's hang watchdog (trainer.progress)
     leave(main(sys.argv[1:]))

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
+from trainer import progress, stragglers
 from trainer.checkpoint import Checkpointer, Position
 from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, RESUME_ENV
 from trainer.config import ConfigError, TrainConfig, parse_args
@@ -133,12 +134,14 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
     global_batch = cfg.batch_size * cfg.grad_accum * group.world_size
     clock = Throughput(warmup_steps=min(5, max(total - pos.step - 1, 0)))
     step, loss_sum = pos.step, torch.zeros((), device=group.device)
+    work: list[float] = []  # each step's own work, before its all-reduce (trainer.stragglers)
     rep.say(f"training {total} steps ({steps_per_epoch}/epoch, global batch {global_batch}) "
             f"from step {step}")
     try:
         for epoch in range(pos.epoch, cfg.epochs):
             skip = pos.micro if epoch == pos.epoch else 0
             model.train()
+            began = time.perf_counter()
             for micro, (x, y) in enumerate(batches.epoch(epoch, skip), start=skip):
                 if micro >= steps_per_epoch * cfg.grad_accum or step >= total:
                     break
@@ -146,6 +149,8 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                 x, y = x.to(group.device, non_blocking=True), y.to(group.device)
                 with gradient_sync(model, last), autocast:
                     loss = F.cross_entropy(model(x), y) / cfg.grad_accum
+                if last:
+                    work.append(time.perf_counter() - began)
                 loss.backward()
                 loss_sum += loss.detach()
                 if not last:
@@ -158,6 +163,7 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
+                progress.step(step)  # for the agent's hang watchdog (trainer.progress)
                 clock.tick(global_batch)
                 here = Position(step, epoch, micro + 1)
                 if step % cfg.log_every == 0 or step == total:
@@ -178,6 +184,7 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                     rep.every_rank(f"stopped by {stop.name} after step {step}: checkpoint "
                                    "written; run the same command again to continue")
                     return EXIT_PREEMPTED
+                began = time.perf_counter()
             if step >= total or (cfg.eval_every and (epoch + 1) % cfg.eval_every == 0):
                 report_eval(rep, evaluate(model, task, cfg, group, autocast), step, epoch)
             if step >= total:
@@ -186,11 +193,13 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
         ckpt.save(Position(step, cfg.epochs, 0), model, optimizer, block=True)
         ckpt.close()
         final = evaluate(model, task, cfg, group, autocast)
+        step_work = stragglers.report(gather(stragglers.percentiles(work)))
         rep.finish({"steps": step, "world_size": group.world_size,
                     "samples_per_s": round(clock.rate(), 1),
                     "final_loss": final.get("loss", float("nan")),
                     "accuracy": final.get("accuracy", float("nan")),
-                    "seconds": round(clock.elapsed(), 2)})
+                    "seconds": round(clock.elapsed(), 2), "step_work": step_work},
+                   stragglers.line(step_work))
         return EXIT_OK
     finally:
         rep.close()
@@ -301,6 +310,15 @@ def evaluate(model: nn.Module, task: Task, cfg: TrainConfig, group: Group,
     net.train(was_training)
     loss, correct, count = sums.tolist()
     return {"loss": loss / count, "accuracy": correct / count}
+
+
+def gather(mine: dict[str, float]) -> list[dict[str, float]]:
+    """Every rank's value, in rank order (one collective, at the end of the run)."""
+    if not dist.is_initialized():
+        return [mine]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
 
 
 def report_eval(rep: Reporter, result: dict[str, float], step: int, epoch: int) -> None:

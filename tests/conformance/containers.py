@@ -5,6 +5,7 @@ container, and how a cell checks that its run left no container or network behin
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,12 +17,14 @@ if TYPE_CHECKING:  # matrix.py imports this module for its COLUMNS
     from tests.conformance.matrix import Cell, Run, Worker
 
 
-def kill_in(container: str, worker: Worker) -> None:
-    """kill -9 of the worker inside its container (the image has no kill(1): python's)."""
+def kill_in(container: str, worker: Worker, sig: int = 9) -> None:
+    """kill -SIG (9 unless told) of the worker inside its container (the image has no
+    kill(1): python's)."""
     done = subprocess.run(["podman", "exec", container, "python", "-c",
-                           "import os, sys; os.kill(int(sys.argv[1]), 9)", str(worker.pid)],
+                           "import os, sys; os.kill(int(sys.argv[1]), int(sys.argv[2]))",
+                           str(worker.pid), str(sig)],
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, f"kill -9 of {worker} in {container}: {done.stderr}"
+    assert done.returncode == 0, f"kill -{sig} of {worker} in {container}: {done.stderr}"
 
 
 def podman_ids(*filters: str, what: str = "ps") -> list[str]:
@@ -42,13 +45,18 @@ def announced(pattern: re.Pattern[str], run: Run) -> str | None:
     return found[1] if found else None
 
 
-def docker_kill(cell: Cell, worker: Worker) -> None:
-    """kill -9 of the worker in its node container (service = host name, e.g. node1)."""
+def docker_kill(cell: Cell, worker: Worker, sig: int = 9) -> None:
+    """kill -9 (or ``sig``) of the worker in its node container (service = host name)."""
     project = announced(PROJECT, cell.runs[-1])
     ids = podman_ids(f"label={COMPOSE_LABEL}={project}",
                      f"label=com.docker.compose.service={worker.host}")
     assert len(ids) == 1, f"no one container of {project} for {worker}: {ids}"
-    kill_in(ids[0], worker)
+    kill_in(ids[0], worker, sig)
+
+
+def docker_pause(cell: Cell, worker: Worker) -> None:
+    """SIGSTOP of the worker in its node container: a hang."""
+    docker_kill(cell, worker, int(signal.SIGSTOP))
 
 
 def docker_cleanup(cell: Cell, run: Run) -> None:
@@ -66,13 +74,18 @@ def docker_cleanup(cell: Cell, run: Run) -> None:
         raise AssertionError(f"{project} left containers {containers}, networks {networks}")
 
 
-def pod_kill(cell: Cell, worker: Worker) -> None:
-    """kill -9 of the worker in its pod (the pod's name is its host name)."""
+def pod_kill(cell: Cell, worker: Worker, sig: int = 9) -> None:
+    """kill -9 (or ``sig``) of the worker in its pod (the pod's name is its host name)."""
     token = announced(ANNOUNCE_RE, cell.runs[-1])
     ids = podman_ids(f"label={JOB_LABEL}={token}", f"label={POD_LABEL}={worker.host}",
                      "status=running")
     assert len(ids) == 1, f"no one running pod {worker.host} of {token}: {ids}"
-    kill_in(ids[0], worker)
+    kill_in(ids[0], worker, sig)
+
+
+def pod_pause(cell: Cell, worker: Worker) -> None:
+    """SIGSTOP of the worker in its pod: a hang."""
+    pod_kill(cell, worker, int(signal.SIGSTOP))
 
 
 def pod_cleanup(cell: Cell, run: Run) -> None:

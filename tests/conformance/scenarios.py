@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -81,6 +82,40 @@ def kill_worker(cell: Cell) -> None:
     expect(code == 0, f"exit code {code}, not 0", out)
     expect(RESTARTED.search(out), "no restart (attempt 1) seen", out)
     expect("resumed from step_00000004" in out, "not resumed from the step-4 checkpoint", out)
+    assert_bitwise_equal(final_params(cell.run_dir / "checkpoints"), cell.reference())
+
+
+HANG_TIMEOUT_S = 20
+DETECTED_WITHIN_S = 30  # from the SIGSTOP to the agent's line naming the rank
+HUNG = re.compile(r"torchjob: node (\d) rank 1 hung \(last step (\d+), its process is stopped")
+
+
+def hang(cell: Cell) -> None:
+    """SIGSTOP of a worker mid-run (a hang: a stuck collective, a dead mount) with
+    hang_timeout 20: detected within 30 s, the stacks written, rank 1 named, the group
+    restarted from the last checkpoint; the job ends bitwise where an uninterrupted run ends."""
+    run = cell.start(DEFAULT, *GATED, f"hang_timeout={HANG_TIMEOUT_S}")
+    workers = cell.at_gate(run)
+    cell.column.pause(cell, workers[1])
+    stopped = time.monotonic()
+    cell.open_gate()
+    found = wait_until(lambda: HUNG.search(run.text()) or run.proc.poll() is not None,
+                       DETECTED_WITHIN_S + 30, "the agent to name the hung rank 1", run.tail)
+    detected = time.monotonic() - stopped
+    expect(isinstance(found, re.Match) and detected <= DETECTED_WITHIN_S,
+           f"hang named after {detected:.1f} s (within {DETECTED_WITHIN_S} s expected)",
+           run.text())
+    code = run.wait()
+    out = run.text()
+    expect(code == 0, f"exit code {code}, not 0", out)
+    expect(len(HUNG.findall(out)) == 1 and RESTARTED.search(out), "not restarted once", out)
+    expect("resumed from step_00000004" in out, "not resumed from the step-4 checkpoint", out)
+    stacks = list((cell.run_dir / "hangs" / "attempt0").glob("node*-rank1.txt"))
+    text = stacks[0].read_text() if stacks else ""
+    expect("its process is stopped" in text and "at_gate" in text,
+           f"no stack of the stopped rank 1 (found {stacks}): {text[:2000]}", out)
+    expect(len(list((cell.run_dir / "hangs" / "attempt0").glob("node*-rank*.txt"))) == 2,
+           "not every rank's stack written", out)
     assert_bitwise_equal(final_params(cell.run_dir / "checkpoints"), cell.reference())
 
 
@@ -183,6 +218,7 @@ def expected_view(rank: int) -> dict[str, Any]:
 SCENARIOS: dict[str, Callable[[Cell], None]] = {
     "success": success, "user exception": user_exception,
     "configuration error": configuration_error, "kill -9 of a worker": kill_worker,
+    "hang": hang,
     "stop and resume": stop_and_resume, "changed config": changed_config,
     "third-party script": third_party_script, "examples/script.yaml": example_script,
 }

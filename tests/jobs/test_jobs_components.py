@@ -47,6 +47,7 @@ def test_appdef_shape() -> None:
     assert role.env["A"] == "b" and role.mounts[0].read_only
     script = role.args[1]
     assert "-m trainer.agent --run-dir runs/torchjob --checkpoint-dir runs/torchjob/checkpoints " \
+        "--hang-timeout 180 " \
         "--nnodes 1:2 --nproc-per-node 2" in script
     assert "--rdzv-endpoint $${${rank0_env}:=localhost}:29400" in script
     assert script.endswith("--epochs 3")

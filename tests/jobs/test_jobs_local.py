@@ -49,7 +49,8 @@ def test_plan_shape() -> None:
     assert len(plan.commands) == 2 and plan.commands[0] == plan.commands[1]
     assert list(plan.commands[0]) == [
         "py", "-m", "trainer.agent", "--run-dir", "runs/job", "--checkpoint-dir",
-        "runs/job/checkpoints", "--nnodes", "1:3", "--nproc-per-node", "2",
+        "runs/job/checkpoints", "--hang-timeout", "180", "--nnodes", "1:3",
+        "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1234", "--rdzv-id", "rid",
         "--rdzv-conf", "join_timeout=30,last_call_timeout=2,is_host=false", "--max-restarts", "1",
         "--monitor-interval", "0.1", "-m", "trainer", "--run-dir", "runs/job",

@@ -121,7 +121,7 @@ def test_slurm_sweep_of_a_script_puts_its_directories_on_the_agent() -> None:
     text = render_sbatch(job, python="py", workdir="/w", sweep=parse_sweep(["lr=1,2"]))
     assert "dirs=(--run-dir runs/s/lr=1 --checkpoint-dir runs/s/lr=1/checkpoints)" in text
     assert "point=(--lr 1.0) ;;" in text
-    assert 'py -m trainer.agent "${dirs[@]}" --nnodes' in text
+    assert 'py -m trainer.agent "${dirs[@]}" --hang-timeout 180 --nnodes' in text
     assert '/app/train.py "${point[@]}" &' in text
 
 

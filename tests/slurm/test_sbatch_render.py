@@ -243,7 +243,7 @@ def test_hostile_strings_never_execute_and_round_trip(tmp_path: Path) -> None:
     python.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
                       "env = {k: v for k, v in os.environ.items() if k[:1] == 'V'}\n"
                       "json.dump({'argv': sys.argv[1:], 'env': env, 'cwd': os.getcwd()},\n"
-                      "          open(os.environ['STUB_OUT'] + '/python.json', 'w'))\n")
+                      "          open(os.environ['STUB_OUT'] + '/' + sys.argv[2] + '.json', 'w'))\n")
     (bin_dir / "srun").write_text(STUB_SRUN)
     (bin_dir / "scontrol").write_text(STUB_SCONTROL)
     for stub in bin_dir.iterdir():
@@ -259,7 +259,7 @@ def test_hostile_strings_never_execute_and_round_trip(tmp_path: Path) -> None:
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists()
-    seen = json.loads((out / "python.json").read_text())
+    seen = json.loads((out / "trainer.agent.json").read_text())  # not the store's python
     want = list(agent_command(spec, python=str(python))[1:])
     want[want.index("--rdzv-endpoint") + 1] = f"n7:{slurm_port(4242)}"
     want[want.index("--rdzv-id") + 1] = "4242"
