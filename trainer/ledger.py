@@ -9,8 +9,9 @@ it outlives the agents that write it: a Slurm requeue, a pod restart or the next
 Lines (``event`` says which):
 - ``restart``: the workers are started again. ``time``, ``node`` (the agent's node in the round
   and its host), ``rank`` and ``exit``/``signal`` of the failure it rests on, ``cause`` (one
-  line), ``attempt`` (the one that failed), ``checkpoint`` (the newest checkpoint at the time:
-  what the next attempt resumes from).
+  line), ``attempt`` (the one that failed), ``step`` (the highest step the node's workers
+  reported, trainer.progress; null when none did), ``checkpoint`` (the newest checkpoint at
+  the time: what the next attempt resumes from).
 - ``round``: a rendezvous round completed; written by the round's node 0. ``round``,
   ``nodes`` (each node's name, in node order), ``world_size``, ``attempt``, ``checkpoint``.
 - ``storm``: the job was stopped as a restart storm (see ``stalled``).

@@ -278,12 +278,11 @@ ELASTIC = ("nnodes: '1:2'\nnproc_per_node: 2\nmax_restarts: 2\nrdzv: {join_timeo
            "trainer: {args: {batch_size: 16, %s}}\n")
 
 
-@pytest.mark.parametrize("nnodes", ["1:2", "2"])
+@pytest.mark.parametrize("nnodes", ["2"])  # elastic: test_an_elastic_job_survives_losing_any_node
 def test_a_lost_node(slurm_cluster: SlurmCluster, tmp_path: Path, nnodes: str) -> None:
-    """Kill the step's processes on n2 mid-run. Elastic (1:2): the agent on n1 restarts its
-    workers at world size 2 from the last checkpoint and finishes, and the log says so. Fixed
-    (2): the agent on n1 waits rdzv.join_timeout for n2, gives up, and the job fails naming
-    the lost node (never hangs)."""
+    """Kill the step's processes on the node that does not serve the store mid-run. Fixed
+    (2): the agent on the other waits rdzv.join_timeout for it, gives up, and the job fails
+    naming the lost node (never hangs)."""
     yaml = ELASTIC.replace("'1:2'", f"'{nnodes}'") % \
         "epochs: 12, log_every: 1, checkpoint_every: 20"
     script, run_dir = submit(tmp_path, f"sbatch-test-lost-{nnodes.replace(':', '-')}", yaml)
@@ -299,22 +298,14 @@ def test_a_lost_node(slurm_cluster: SlurmCluster, tmp_path: Path, nnodes: str) -
     code, output = finish(proc, job_id, run_dir, 600)
     text = logs(run_dir)
     assert f"torchjob: lost node(s): {lost}: the task there ended without reporting" in text, text
-    if nnodes == "2":
-        assert code != 0, text
-        assert "nnodes is 2 (fixed): the job cannot continue without every node" in text, text
-        assert not (run_dir / "summary.json").exists()
-        # the failure, by attempt and rank (a killed worker may leave its last line unended,
-        # and the batch shell's report then continues it)
-        shown = "\n".join(torchjob_logs(job_id))
-        assert re.search(rf"^\[node . rank . attempt 0\] .*torchjob: lost node\(s\): {lost}",
-                         shown, re.M), shown[-3000:]
-        return
-    assert code == 0, f"{output}\n{text[-3000:]}"
-    assert "the job continued without them at a smaller size (nnodes 1:2" in text, text
-    changed = [line for line in text.splitlines() if "world size changed from 4 to 2" in line]
-    assert len(changed) == 1 and "continuing from step_000000" in changed[0], text
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["accuracy"] >= 0.9, summary
+    assert code != 0, text
+    assert "nnodes is 2 (fixed): the job cannot continue without every node" in text, text
+    assert not (run_dir / "summary.json").exists()
+    # the failure, by attempt and rank (a killed worker may leave its last line unended,
+    # and the batch shell's report then continues it)
+    shown = "\n".join(torchjob_logs(job_id))
+    assert re.search(rf"^\[node . rank . attempt 0\] .*torchjob: lost node\(s\): {lost}",
+                     shown, re.M), shown[-3000:]
 
 
 def test_a_stop_as_the_work_ends(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
