@@ -130,9 +130,12 @@ def startup(rounds: int = 5) -> dict[str, Any]:
 # -- 3. SIGKILL to the next finished step -----------------------------------------------------
 
 def worker_pids(root: int) -> list[int]:
+    """The trainer's worker processes below ``root``: forked by our agent's server, or started
+    by plain torchrun as ``python -u -m trainer``."""
     sys.path.insert(0, str(ROOT))
-    from tests.procs import trainer_workers
-    return trainer_workers(root)
+    from tests.procs import cmdline, descendants, trainer_workers
+    return trainer_workers(root) or [pid for pid in descendants(root)
+                                     if " -m trainer " in cmdline(pid)]
 
 
 def kill_to_next_step(cmd: list[str], run: Path) -> float:
@@ -161,7 +164,9 @@ def restart(trials: int = 20) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             flags = [w for k, v in args.items() for w in (f"--{k.replace('_', '-')}", str(v))]
             bare.append(kill_to_next_step(
-                [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                # with the store setting we found necessary: plain torchrun hangs in its
+                # second rendezvous without it (pytorch/pytorch#135712; trainer/agent.py)
+                ["env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                  "--max-restarts", "3", "--monitor-interval", "0.1", "-m", "trainer",
                  "--run-dir", tmp, *flags], Path(tmp)))
     return {"torchjob_kill_to_next_step_s": [round(g, 2) for g in ours],
