@@ -192,14 +192,7 @@ class Declared:
     fails_with: str = ""  # a gap: what its cell's failure says (so it fails for that reason)
 
 
-# The hang row runs where issue 13 asks for it (local, docker, Slurm): each cell waits out a
-# 20 s hang_timeout (~60 s a cell); the other columns run the same agent.
-HANG_ELSEWHERE = Declared("pending", "the hang row (20 s hang_timeout, ~60 s a cell) runs on "
-                          "local, docker and slurm; the other columns run the same agent and "
-                          "wait for CI time to be budgeted for them")
-DECLARED: dict[tuple[str, str], Declared] = {
-    ("hang", backend): HANG_ELSEWHERE
-    for backend in ("torchx:local_cwd", "slurm:sbatch", "torchx:slurm", "k8s (pod contract)")}
+DECLARED: dict[tuple[str, str], Declared] = {}
 
 
 @dataclass
