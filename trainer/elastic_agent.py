@@ -7,16 +7,8 @@ is handled only when that call returns, so a node whose work had just finished w
 was told to stop outlived the others by 5 minutes, past the time limit. Here the barrier
 waits in short slices, and the signal ends it at once. ``python -m trainer.agent`` runs it.
 
-The membership watch: the c10d rendezvous drops a node from its round when the node's
-heartbeat is older than keep_alive_interval x keep_alive_max_attempt (15 s). A healthy node
-can miss that when the rendezvous store stalls: in the elastic container test, the node that
-hosts the store logged failed reverse DNS lookups of its new clients (EAI_AGAIN) around stalls
-of 15 to 36 s, and then a restarted node dropped the other one. Once no participant of a round
-is left, the next node to join starts a new round and completes it alone, while torch's agent on
-the dropped node looks only at the wait list, finds it empty, and trains on: two groups on
-one checkpoint directory. Here the agent also checks, each time it looks at the wait list,
-that its node is still a participant of the round it joined; when it is not, it restarts
-its workers (they checkpoint first) and joins the next round, as for a new node.
+The membership watch (trainer.membership): the agent also restarts its workers when the
+rendezvous dropped its node from the round it joined, as for a new node.
 
 The hang watchdog (trainer.hang): with ``--hang-timeout`` the agent reads its workers'
 progress in its monitor loop; a group without progress for that long gets its stacks written,
@@ -47,7 +39,6 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 from torch.distributed.elastic.utils import store as store_util
 
 from trainer import ledger
@@ -55,6 +46,7 @@ from trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FINISHED, HE
                               HEARD_RESTART, RUN_DIR_ENV, log_prefix)
 from trainer.failures import RESTARTING, Failure, Verdict, judge, last_line
 from trainer.hang import Seen, Watchdog, kill, kill_stopped
+from trainer.membership import MembershipWatch
 
 BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at signals)
 # A node whose workers only lost a peer waits this long for the verdict of the node where the
@@ -82,73 +74,6 @@ class NoWorkerTraceback(logging.Filter):
 
 
 mp_api.logger.addFilter(NoWorkerTraceback())
-
-
-class MembershipWatch:
-    """The agent's rendezvous handler, whose ``num_nodes_waiting`` also counts this node as
-    waiting when the rendezvous has dropped it from the round it joined (see the module's
-    docstring). Everything else goes to the handler unchanged. It reads the c10d (dynamic)
-    handler's shared state; with a handler that has none (static, etcd-v2) it only forwards."""
-
-    def __init__(self, handler: RendezvousHandler) -> None:
-        self._handler = handler
-        self._round: int | None = None  # the round this node last joined
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._handler, name)
-
-    def next_rendezvous(self) -> RendezvousInfo:
-        info = self._handler.next_rendezvous()
-        state = getattr(self._holder(), "state", None)
-        self._round = None if state is None else state.round
-        return info
-
-    def num_nodes_waiting(self) -> int:
-        waiting = self._handler.num_nodes_waiting()  # syncs the shared state first
-        if waiting == 0 and (why := self.dropped()):
-            log.warning("%s: restarting the workers to join the next round", why)
-            return 1
-        return waiting
-
-    def dropped(self) -> str | None:
-        """Why this node is no longer a member of the round it joined, or None if it is."""
-        holder = self._holder()
-        state, node = getattr(holder, "state", None), getattr(self._handler, "_this_node", None)
-        if state is None or node is None or self._round is None:
-            return None
-        if node in getattr(holder, "_dead_nodes", ()):
-            # this node's own look at the state found its heartbeat late; only a peer's
-            # write of that finding (below) drops it, and heartbeats resume before that
-            return None
-        if state.round != self._round:
-            return (f"the rendezvous moved on from round {self._round} to {state.round} "
-                    f"without this node ({node})")
-        if node not in state.participants:
-            return (f"this node ({node}) was dropped from round {self._round} of the "
-                    "rendezvous: the other nodes saw no heartbeat from it in time")
-        return None
-
-    def _holder(self) -> Any:
-        """The c10d handler's synced shared state (``.state``), or None for other handlers."""
-        return getattr(self._handler, "_state_holder", None)
-
-    @property
-    def round(self) -> int | None:
-        """The round this node last joined (c10d), else None."""
-        return self._round
-
-    def nodes(self) -> list[str] | None:
-        """The names (``host:pid``, trainer.ledger) of the round's nodes in node order (c10d);
-        None with a handler that does not tell."""
-        state = getattr(self._holder(), "state", None)
-        if state is None:
-            return None
-        ranked = sorted(state.participants.items(), key=lambda item: item[1])
-        return [f"{desc.addr}:{desc.pid}" for desc, _ in ranked]
-
-    def this_node(self) -> str:
-        node = getattr(self._handler, "_this_node", None)
-        return ledger.node_name() if node is None else f"{node.addr}:{node.pid}"
 
 
 def _cause(verdict: Verdict) -> str:
