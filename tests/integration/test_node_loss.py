@@ -7,11 +7,14 @@ Compose and Slurm: tests/containers/test_compose_run.py and tests/slurm/test_sba
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -45,45 +48,10 @@ def store(launcher: int) -> list[int]:
     return [pid for pid in children(launcher) if "trainer.store" in cmdline(pid)]
 
 
-@pytest.mark.parametrize("trial", range(TRIALS))
-@pytest.mark.parametrize("lost", [0, 1])  # node 0: the one torchrun's endpoint would point at
-def test_killing_a_node_agent_leaves_no_worker_and_the_job_finishes(tmp_path: Path, lost: int,
-                                                                    trial: int) -> None:
-    (tmp_path / "job.yaml").write_text(JOB)
-    run = tmp_path / "runs" / "loss"
-    log = open(tmp_path / "out.txt", "w+")
-    proc = subprocess.Popen([PYTHON, "-m", "jobs", "run", "job.yaml"], cwd=tmp_path,
-                            env=env_for_tests(), stdout=log, stderr=subprocess.STDOUT)
-    try:
-        nodes = wait_for(lambda: len(found := agents(proc.pid)) == 2 and found, 60,
-                         "two node agents")
-        wait_for(lambda: last_step(run) >= 25 or proc.poll() is not None, 120, "step 25")
-        stores = store(proc.pid)
-        assert len(stores) == 1, f"no rendezvous store of its own: {stores}"
-        victim = nodes[lost]
-        workers = descendants(victim)
-        assert workers, f"no process under agent {victim}"
-        os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: not any(alive(pid) for pid in workers), GONE_S,
-                 f"the killed agent's processes {workers} to end")
-        code = proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    log.seek(0)
-    out = log.read()
-    assert code == 0, out[-4000:]
-    finished = [line for line in out.splitlines() if FINISHED in line]
-    assert finished and "left" in finished[-1] and "world size 1" in finished[-1], out[-4000:]
-    assert "the job finished without node" in out, out[-4000:]
-    assert "RendezvousConnectionError" not in out and "TCPStore.cpp" not in out, out[-4000:]
-    assert not alive(stores[0]), "the store outlived the run"
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["restarts"] >= 1 and any("left" in m for m in summary["membership"]), summary
-
-
-def test_a_lost_store_ends_the_agents_with_a_line_that_says_so(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def training(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], list[int], int, IO[str]]]:
+    """``torchjob run`` of JOB, once it trained 25 steps: (the launcher, its two node agents,
+    its store, its output so far); killed at the end if still running."""
     (tmp_path / "job.yaml").write_text(JOB)
     log = open(tmp_path / "out.txt", "w+")
     proc = subprocess.Popen([PYTHON, "-m", "jobs", "run", "job.yaml"], cwd=tmp_path,
@@ -94,14 +62,41 @@ def test_a_lost_store_ends_the_agents_with_a_line_that_says_so(tmp_path: Path) -
         wait_for(lambda: last_step(tmp_path / "runs" / "loss") >= 25 or proc.poll() is not None,
                  120, "step 25")
         stores = store(proc.pid)
-        assert len(stores) == 1, stores
-        os.kill(stores[0], signal.SIGKILL)
-        code = proc.wait(timeout=120)
+        assert len(stores) == 1, f"no rendezvous store of its own: {stores}"
+        yield proc, nodes, stores[0], log
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    log.seek(0)
+        log.seek(0)
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
+@pytest.mark.parametrize("lost", [0, 1])  # node 0: the one torchrun's endpoint would point at
+def test_killing_a_node_agent_leaves_no_worker_and_the_job_finishes(tmp_path: Path, lost: int,
+                                                                    trial: int) -> None:
+    with training(tmp_path) as (proc, nodes, rendezvous, log):
+        workers = descendants(nodes[lost])
+        assert workers, f"no process under agent {nodes[lost]}"
+        os.kill(nodes[lost], signal.SIGKILL)
+        wait_for(lambda: not any(alive(pid) for pid in workers), GONE_S,
+                 f"the killed agent's processes {workers} to end")
+        code = proc.wait(timeout=300)
+    out = log.read()
+    assert code == 0, out[-4000:]
+    finished = [line for line in out.splitlines() if FINISHED in line]
+    assert finished and "left" in finished[-1] and "world size 1" in finished[-1], out[-4000:]
+    assert "the job finished without node" in out, out[-4000:]
+    assert "RendezvousConnectionError" not in out and "TCPStore.cpp" not in out, out[-4000:]
+    assert not alive(rendezvous), "the store outlived the run"
+    summary = json.loads((tmp_path / "runs" / "loss" / "summary.json").read_text())
+    assert summary["restarts"] >= 1 and any("left" in m for m in summary["membership"]), summary
+
+
+def test_a_lost_store_ends_the_agents_with_a_line_that_says_so(tmp_path: Path) -> None:
+    with training(tmp_path) as (proc, nodes, rendezvous, log):
+        os.kill(rendezvous, signal.SIGKILL)
+        code = proc.wait(timeout=120)
     out = log.read()
     assert code == 1, out[-3000:]
     assert "torchjob: the rendezvous store ended (exit -9) while nodes run" in out, out[-3000:]

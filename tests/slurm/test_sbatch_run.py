@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import pytest
 
@@ -278,6 +278,24 @@ ELASTIC = ("nnodes: '1:2'\nnproc_per_node: 2\nmax_restarts: 2\nrdzv: {join_timeo
            "trainer: {args: {batch_size: 16, %s}}\n")
 
 
+def lose_mid_run(script: Path, run_dir: Path, choose: Callable[[str], str]
+                 ) -> tuple[str, str, int, str]:
+    """Submit ``script``, and after step 45 lose every process of the training step on the
+    node ``choose(job_id)`` names (a failed check cancels the job); (job id, the node lost,
+    the job's exit code, its output) once it ended."""
+    proc = sbatch_wait(script, 600)
+    job_id = job_id_of(proc)
+    wait_for_step(job_id, run_dir, 45, 180)
+    try:
+        lost = choose(job_id)
+        lose_node(job_id, lost)
+    except AssertionError:
+        subprocess.run(["scancel", job_id], check=False)
+        raise
+    code, output = finish(proc, job_id, run_dir, 600)
+    return job_id, lost, code, output
+
+
 @pytest.mark.parametrize("nnodes", ["2"])  # elastic: test_an_elastic_job_survives_losing_any_node
 def test_a_lost_node(slurm_cluster: SlurmCluster, tmp_path: Path, nnodes: str) -> None:
     """Kill the step's processes on the node that does not serve the store mid-run. Fixed
@@ -286,16 +304,8 @@ def test_a_lost_node(slurm_cluster: SlurmCluster, tmp_path: Path, nnodes: str) -
     yaml = ELASTIC.replace("'1:2'", f"'{nnodes}'") % \
         "epochs: 12, log_every: 1, checkpoint_every: 20"
     script, run_dir = submit(tmp_path, f"sbatch-test-lost-{nnodes.replace(':', '-')}", yaml)
-    proc = sbatch_wait(script, 600)
-    job_id = job_id_of(proc)
-    wait_for_step(job_id, run_dir, 45, 180)
-    try:
-        lost = {"n1": "n2", "n2": "n1"}[store_node(job_id)]
-        lose_node(job_id, lost)
-    except AssertionError:
-        subprocess.run(["scancel", job_id], check=False)
-        raise
-    code, output = finish(proc, job_id, run_dir, 600)
+    job_id, lost, code, output = lose_mid_run(
+        script, run_dir, lambda job_id: {"n1": "n2", "n2": "n1"}[store_node(job_id)])
     text = logs(run_dir)
     assert f"torchjob: lost node(s): {lost}: the task there ended without reporting" in text, text
     assert code != 0, text
@@ -411,18 +421,14 @@ def test_an_elastic_job_survives_losing_any_node(slurm_cluster: SlurmCluster, tm
         trial_dir.mkdir()
         script, run_dir = submit(trial_dir, f"sbatch-test-rdzv-{lost}", yaml)
         assert "-m trainer.store --port" in script.read_text()
-        proc = sbatch_wait(script, 600)
-        job_id = job_id_of(proc)
-        wait_for_step(job_id, run_dir, 45, 180)
-        try:
+
+        def served_by_batch(job_id: str) -> str:
             owner = store_owner(job_id)
             assert owner == "batch", f"the rendezvous store is served by {owner}, not the " \
                                      "batch shell"
-            lose_node(job_id, lost)
-        except AssertionError:
-            subprocess.run(["scancel", job_id], check=False)
-            raise
-        code, output = finish(proc, job_id, run_dir, 600)
+            return lost
+
+        _, _, code, output = lose_mid_run(script, run_dir, served_by_batch)
         text = logs(run_dir)
         summary = run_dir / "summary.json"
         problem = None
