@@ -159,7 +159,8 @@ def storm_line(restarts: list[dict[str, Any]], mark: str | None) -> str:
 def membership(records: Iterable[dict[str, Any]], run_id: str | None = None) -> list[str]:
     """The membership changes between consecutive rounds of run ``run_id`` (None: the last run
     in the ledger), one line each: which nodes left or joined, when the change was noticed (the
-    restart it caused), and the size and checkpoint the next round started with."""
+    restart it caused, and the step the workers had reached), and the size and checkpoint the
+    next round started with."""
     records = list(records)
     if run_id is None:
         runs = [r.get("run") for r in records if r.get("event") == "round"]
@@ -171,7 +172,10 @@ def membership(records: Iterable[dict[str, Any]], run_id: str | None = None) -> 
         if record.get("run") != run_id:
             continue
         if record.get("event") == "restart":
-            noticed = noticed or str(record.get("time", "?"))
+            if noticed is None:
+                step = record.get("step")
+                noticed = str(record.get("time", "?")) + (f", at step {step}"
+                                                          if step is not None else "")
             continue
         if record.get("event") != "round":
             continue

@@ -42,7 +42,7 @@ def test_membership_lists_who_left_and_joined_when_and_from_where() -> None:
     rounds = [
         {"event": "round", "run": RUN, "time": "t0", "nodes": ["a:1", "b:2"], "world_size": 4,
          "checkpoint": None},
-        {"event": "restart", "run": RUN, "time": "t1", "checkpoint": "step_8"},
+        {"event": "restart", "run": RUN, "time": "t1", "checkpoint": "step_8", "step": 11},
         {"event": "round", "run": RUN, "time": "t2", "nodes": ["a:1"], "world_size": 2,
          "checkpoint": "step_8"},
         {"event": "round", "run": RUN, "time": "t3", "nodes": ["a:1", "c:3"], "world_size": 4,
@@ -50,7 +50,7 @@ def test_membership_lists_who_left_and_joined_when_and_from_where() -> None:
         {"event": "round", "run": "next", "time": "t4", "nodes": ["d:4"], "world_size": 2},
     ]
     assert ledger.membership(rounds, RUN) == [
-        "b:2 left (noticed t1): from t2 1 node(s), world size 2, from step_8",
+        "b:2 left (noticed t1, at step 11): from t2 1 node(s), world size 2, from step_8",
         "c:3 joined (noticed t3): from t3 2 node(s), world size 4, from step_12"]
     assert ledger.membership(rounds) == []  # the last run in the ledger: one round, no change
 
