@@ -73,7 +73,10 @@ def test_an_elastic_job_survives_losing_worker_0(container_image: str, tmp_path:
                     [f"name={name}", "image=" + container_image, "k8s.pvc=runs",
                      "k8s.pvc_mount_path=/workspace", "trainer.args.epochs=3",
                      "trainer.args.batch_size=8", "trainer.args.checkpoint_every=10",
-                     "trainer.args.log_every=1", "trainer.args.pg_timeout=30"])
+                     "trainer.args.log_every=1", "trainer.args.pg_timeout=30",
+                     # the first round waits for both pods (podman starts them seconds apart
+                     # on a busy host), so that there are two to lose one of
+                     "rdzv.last_call_timeout=20"])
         lost: list[str] = []
 
         def lose_worker_0(pods: PodJob) -> None:
