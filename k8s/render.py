@@ -40,11 +40,6 @@ def render_objects(spec: JobSpec, target: str = "pytorchjob") -> list[dict[str, 
     return objs
 
 
-def render_object(spec: JobSpec, target: str = "pytorchjob") -> dict[str, Any]:
-    """The validated job object of ``spec`` alone (no store objects)."""
-    return render_objects(spec, target)[0]
-
-
 def render_manifest(spec: JobSpec, target: str = "pytorchjob") -> str:
     """The validated manifest of ``spec`` as YAML, ready for ``kubectl apply -f -``."""
     return manifests_text(render_objects(spec, target))
