@@ -1,6 +1,8 @@
 """The Kubernetes backends: ``k8s`` (a Kubeflow PyTorchJob) and ``k8s:trainjob`` (a Kubeflow
-Trainer v2 TrainJob). ``render`` is the validated object (``render.py``); ``submit`` creates
-exactly it through the cluster of the kubeconfig (``client.py``); ``run`` follows the pods'
+Trainer v2 TrainJob). ``render`` is the validated objects (``render.py``: the job, and for
+an elastic PyTorchJob its rendezvous store's Deployment and Service); ``submit`` creates
+exactly them through the cluster of the kubeconfig (``client.py``), the job first;
+``run`` follows the pods'
 logs while the job runs (``follow.py``). Handles: ``k8s:NAMESPACE/NAME`` and
 ``k8s:trainjob:NAMESPACE/NAME``.
 """
@@ -15,8 +17,8 @@ from jobs.backend import BackendError, BaseBackend, Context, Handle, JobStatus, 
 from jobs.spec import JobSpec
 from k8s.client import Cluster, JobRef, K8sError
 from k8s.follow import POLL_S
-from k8s.pod import manifest_text
-from k8s.render import TARGETS, render_object
+from k8s.pod import manifests_text
+from k8s.render import TARGETS, render_objects
 from k8s.validate import validate_text
 
 KIND = {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob"}
@@ -31,8 +33,8 @@ class K8sBackend(BaseBackend):
         self.name = "k8s" if target == "pytorchjob" else f"k8s:{target}"
 
     def render(self, spec: JobSpec, context: Context) -> Request:
-        obj = render_object(spec, self.target)
-        return Request(self.name, spec.name, obj, manifest_text(obj), spec, context)
+        objs = render_objects(spec, self.target)
+        return Request(self.name, spec.name, objs, manifests_text(objs), spec, context)
 
     def check(self, spec: JobSpec) -> None:
         Cluster()  # a K8sError (exit 2) when no cluster is configured
@@ -84,8 +86,8 @@ class K8sBackend(BaseBackend):
 
     def cancel(self, handle: Handle) -> str:
         ref = self._ref(handle)
-        Cluster().cancel(ref)
-        return f"deleted {ref.kind} {ref.namespace}/{ref.name}"
+        gone = Cluster().cancel(ref)
+        return f"deleted {', '.join(gone)}"
 
     def list(self) -> list[JobStatus]:
         kind = KIND[self.target]

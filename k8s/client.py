@@ -2,12 +2,15 @@
 
 Jobs are custom objects (PyTorchJob, TrainJob); their pods are found by the operators'
 labels, and each log line is prefixed with the pod's replica (``master-0``, ``worker-1``), which
-is the node rank. ``logs(follow=True)`` streams them while the job runs (``follow.py``). API
+is the node rank. An elastic PyTorchJob's rendezvous store (a Deployment and a Service,
+``k8s.store``) is created right after its job, owned by it, and deleted with it by ``cancel``.
+``logs(follow=True)`` streams them while the job runs (``follow.py``). API
 errors become one-line ``K8sError``s that say what to do (exit 2).
 """
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -21,6 +24,11 @@ KINDS = {  # kind -> (group, version, plural, pod label naming the job, replica 
                  "jobset.sigs.k8s.io/jobset-name", ("jobset.sigs.k8s.io/replicatedjob-name",
                                                     "batch.kubernetes.io/job-completion-index")),
 }
+# The objects beside a job (an elastic PyTorchJob's rendezvous store), by kind: the label that
+# names their component, and the one that names their job.
+STORE_KINDS = ("Service", "Deployment")
+COMPONENT_LABEL, JOB_NAME_LABEL = "app.kubernetes.io/component", "app.kubernetes.io/name"
+STORE_COMPONENT, STORE_SUFFIX = "rendezvous", "-rdzv"
 CONTAINER = {"PyTorchJob": "pytorch", "TrainJob": "node"}  # the container whose log is the job's
 # The conditions after which no pod of the job runs (the backend's terminal states).
 ENDED = ("Succeeded", "Complete", "Failed", "Suspended")
@@ -65,6 +73,7 @@ class Cluster:
                            "run inside a pod with a service account") from None
         self.custom = client.CustomObjectsApi()
         self.core = client.CoreV1Api()
+        self.apps = client.AppsV1Api()
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
@@ -78,13 +87,29 @@ class Cluster:
             raise K8sError(f"{what}: the Kubernetes API server cannot be reached ({exc}); "
                            "check KUBECONFIG and the cluster") from None
 
-    def submit(self, obj: dict[str, Any]) -> JobRef:
-        ref = JobRef(obj["kind"], obj["metadata"].get("namespace", "default"),
-                     obj["metadata"]["name"])
+    def submit(self, objs: list[dict[str, Any]]) -> JobRef:
+        """The job (``objs[0]``), then the objects beside it (an elastic PyTorchJob's store
+        Deployment and Service), exactly as rendered but for one field the cluster alone knows:
+        each gets an ``ownerReference`` to the job just created (its uid), so that deleting
+        the job by any means (``torchjob cancel``, kubectl, ``ttlSecondsAfterFinished``) lets
+        Kubernetes delete them too. A job that cannot be created leaves nothing behind."""
+        job, *rest = objs
+        ref = JobRef(job["kind"], job["metadata"].get("namespace", "default"),
+                     job["metadata"]["name"])
         group, version, plural, *_ = KINDS[ref.kind]
-        self._call(f"create {ref.kind} {ref.namespace}/{ref.name}",
-                   self.custom.create_namespaced_custom_object, group, version, ref.namespace,
-                   plural, obj)
+        made = self._call(f"create {ref.kind} {ref.namespace}/{ref.name}",
+                          self.custom.create_namespaced_custom_object, group, version,
+                          ref.namespace, plural, job)
+        uid = (made or {}).get("metadata", {}).get("uid") if isinstance(made, dict) else None
+        owner = [{"apiVersion": job["apiVersion"], "kind": ref.kind, "name": ref.name,
+                  "uid": uid}] if uid else []
+        for obj in rest:
+            meta = {**obj["metadata"], **({"ownerReferences": owner} if owner else {})}
+            create = {"Service": self.core.create_namespaced_service,
+                      "Deployment": self.apps.create_namespaced_deployment}[obj["kind"]]
+            self._call(f"create {obj['kind']} {ref.namespace}/{meta['name']} (the job "
+                       f"{ref.name} was created: torchjob cancel deletes it)", create,
+                       ref.namespace, {**obj, "metadata": meta})
         return ref
 
     def get(self, ref: JobRef) -> dict[str, Any]:
@@ -189,11 +214,36 @@ class Cluster:
                         true[-1]["type"] if true else "Pending"))
         return out
 
-    def cancel(self, ref: JobRef) -> None:
+    def cancel(self, ref: JobRef) -> "builtins.list[str]":
+        """Delete the job, then its rendezvous store's Service and Deployment (an elastic
+        PyTorchJob's; each only when its labels say it is this job's store). The names of
+        what was deleted."""
         group, version, plural, *_ = KINDS[ref.kind]
         self._call(f"delete {ref.kind} {ref.namespace}/{ref.name}",
                    self.custom.delete_namespaced_custom_object, group, version, ref.namespace,
                    plural, ref.name)
+        gone = [f"{ref.kind} {ref.namespace}/{ref.name}"]
+        if ref.kind != "PyTorchJob":
+            return gone
+        name = ref.name + STORE_SUFFIX
+        for kind in STORE_KINDS:
+            read, delete = {
+                "Service": (self.core.read_namespaced_service,
+                            self.core.delete_namespaced_service),
+                "Deployment": (self.apps.read_namespaced_deployment,
+                               self.apps.delete_namespaced_deployment)}[kind]
+            what = f"{kind} {ref.namespace}/{name}"
+            try:
+                found = self._call(f"read {what}", read, name, ref.namespace)
+                labels = found.metadata.labels or {}
+                if (labels.get(COMPONENT_LABEL) == STORE_COMPONENT
+                        and labels.get(JOB_NAME_LABEL) == ref.name):
+                    self._call(f"delete {what}", delete, name, ref.namespace)
+                    gone.append(what)
+            except K8sError as exc:
+                if exc.http_status != 404:  # a fixed-size job has none; or already gone
+                    raise
+        return gone
 
 
 def readable_run(pod: Any, container: str, replica: str) -> Run | None:

@@ -57,6 +57,11 @@ def manifest_text(obj: Obj) -> str:
     return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
 
 
+def manifests_text(objs: list[Obj]) -> str:
+    """Several manifests as one multi-document YAML (``---`` between them)."""
+    return "---\n".join(manifest_text(obj) for obj in objs)
+
+
 def on_cluster(spec: JobSpec) -> JobSpec:
     """The spec as pods see it: a relative run_dir/checkpoint_dir placed on the PVC."""
     for i, mount in enumerate(spec.mounts):

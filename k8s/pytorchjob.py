@@ -12,17 +12,20 @@ fields are set so that its ``PET_*`` agree anyway (``nprocPerNode``, ``elasticPo
   ``PET_MASTER_ADDR``/``PET_NODE_RANK`` for it (its workers get rank 0's address from the
   rendezvous).
 - Elastic (``nnodes: MIN:MAX``): Worker-only with ``elasticPolicy``; c10d at
-  ``<job>-worker-0:<rdzv.port>`` (the endpoint the operator also puts in
-  ``PET_RDZV_ENDPOINT``, as ``rdzvPort`` is set to it). The command first waits until
-  ``<job>-worker-0`` resolves (an init container could not: worker-0's own Service publishes
-  no address before its pod runs), so pods do not crash-loop on DNS.
+  ``<job>-rdzv:<rdzv.port>``, the job's own store in a pod of its own behind that Service
+  (``k8s.store``: no Worker hosts it, so losing any one Worker pod leaves the rendezvous
+  alive), the endpoint the operator also puts in ``PET_RDZV_ENDPOINT`` (``rdzvHost`` and
+  ``rdzvPort`` are set to it); every agent is a client (``is_host=false``). The command first
+  waits until ``<job>-rdzv`` resolves (the Service is created with the job, but not
+  necessarily before it), so pods do not crash-loop on DNS.
 """
 
 from __future__ import annotations
 
-from jobs.command import agent_command
+from jobs.command import agent_command, own_store
 from jobs.spec import JobSpec
 from k8s.pod import WAIT_FOR_HOST, Obj, command_words, metadata, on_cluster, pod_spec
+from k8s.store import store_name
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -30,15 +33,15 @@ CONTAINER = "pytorch"
 
 
 def rdzv_host(spec: JobSpec) -> str:
-    """The pod whose agent hosts the c10d store: the Master, or Worker 0 of an elastic job."""
-    return f"{spec.name}-worker-0" if spec.nnodes.is_elastic else f"{spec.name}-master-0"
+    """The c10d store's host: the Master's agent, or an elastic job's own store Service."""
+    return store_name(spec) if own_store(spec) else f"{spec.name}-master-0"
 
 
 def command(spec: JobSpec, python: str = "python") -> list[str]:
     """The ``pytorch`` container's command (spec already placed on the cluster)."""
     host = rdzv_host(spec)
     agent = agent_command(spec, python=python, rdzv_endpoint=f"{host}:{spec.rdzv.port}",
-                          run_id=spec.name)
+                          run_id=spec.name, store_client=own_store(spec))
     if not spec.nnodes.is_elastic:
         return list(agent)
     return [python, "-c", WAIT_FOR_HOST, host, str(spec.k8s.rdzv_wait_seconds), *agent]
@@ -46,8 +49,9 @@ def command(spec: JobSpec, python: str = "python") -> list[str]:
 
 def replica(spec: JobSpec, replicas: int) -> Obj:
     container: Obj = {"name": CONTAINER, "image": spec.image,
-                      "command": command_words(command(spec)),
-                      "ports": [{"name": "c10d", "containerPort": spec.rdzv.port}]}
+                      "command": command_words(command(spec))}
+    if not own_store(spec):  # the Master's agent serves the store
+        container["ports"] = [{"name": "c10d", "containerPort": spec.rdzv.port}]
     return {"replicas": replicas, "restartPolicy": spec.k8s.restart_policy,
             "template": {"metadata": {"labels": {"app.kubernetes.io/name": spec.name}},
                          "spec": pod_spec(spec, container)}}
@@ -77,7 +81,8 @@ def render_pytorchjob(spec: JobSpec) -> Obj:
     body: Obj = {"nprocPerNode": str(spec.nproc_per_node)}
     if nnodes.is_elastic:
         body["elasticPolicy"] = {"minReplicas": nnodes.min, "maxReplicas": nnodes.max,
-                                 "rdzvBackend": spec.rdzv.backend, "rdzvPort": spec.rdzv.port,
+                                 "rdzvBackend": spec.rdzv.backend,
+                                 "rdzvHost": store_name(spec), "rdzvPort": spec.rdzv.port,
                                  "rdzvId": spec.name, "maxRestarts": spec.max_restarts}
         replicas = {"Worker": replica(spec, nnodes.max)}
     else:

@@ -2,7 +2,10 @@
 
 Four layers, each problem naming its rule and field path: the upstream CRD schema
 (``k8s.schema``), the operator's admission rules (K8S-CONTRACT.md), Pod Security
-"restricted", and no literal secret values in ``env``.
+"restricted", and no literal secret values in ``env``. The Deployment (``apps/v1``) and
+Service (``v1``) of an elastic job's rendezvous store (``k8s.store``) get structural checks of
+the fields the API server requires (no OpenAPI schema of the core kinds is kept here) and, for
+the Deployment's pod template, Pod Security "restricted".
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from jobs.values import DNS_1035
+from jobs.values import DNS_1035, DNS_1123_SUBDOMAIN
 from k8s.schema import structural_problems
 
 REPLICA_TYPES = ("Master", "Worker")
@@ -54,6 +57,9 @@ def validate(obj: object, *, pod_security: bool = True) -> list[Problem]:
     it)."""
     if not isinstance(obj, dict):
         return [Problem("manifest", "", f"is {type(obj).__name__}, not a mapping")]
+    core = CORE_KINDS.get((str(obj.get("apiVersion")), str(obj.get("kind"))))
+    if core is not None:
+        return [*core(obj, pod_security), *_secret_literals(obj)]
     problems = [Problem("schema", path, message) for path, message in structural_problems(obj)]
     if any(p.path == "kind" for p in problems):
         return problems
@@ -65,6 +71,94 @@ def validate(obj: object, *, pod_security: bool = True) -> list[Problem]:
         problems += _trainjob(obj)
     problems += _secret_literals(obj)
     return problems
+
+
+def _deployment(obj: dict[str, Any], pod_security: bool) -> Iterator[Problem]:
+    """The fields ``apps/v1`` Deployment validation requires, and the pod template."""
+    name = _get(obj, "metadata", "name")
+    if not isinstance(name, str) or len(name) > 253 or not DNS_1123_SUBDOMAIN.fullmatch(name):
+        yield Problem("name", "metadata.name", f"{name!r} is not a DNS-1123 subdomain (lower "
+                      "case letters, digits, '-' and '.', at most 253 characters)")
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        yield Problem("schema", "spec", "is required and must be a mapping")
+        return
+    count = spec.get("replicas", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        yield Problem("schema", "spec.replicas", f"is {count!r}: an integer >= 0")
+    strategy = _get(spec, "strategy", "type")
+    if strategy is not None and strategy not in ("Recreate", "RollingUpdate"):
+        yield Problem("enum", "spec.strategy.type", f"{strategy!r} is not one of Recreate, "
+                      "RollingUpdate")
+    selector = _get(spec, "selector", "matchLabels")
+    labels = _get(spec, "template", "metadata", "labels")
+    if not isinstance(selector, dict) or not selector:
+        yield Problem("selector", "spec.selector.matchLabels", "is required (the labels of "
+                      "the pods the Deployment owns)")
+    elif not isinstance(labels, dict) or any(labels.get(k) != v for k, v in selector.items()):
+        yield Problem("selector", "spec.template.metadata.labels", "must include every label "
+                      "of spec.selector.matchLabels")
+    pod = _get(spec, "template", "spec")
+    where = "spec.template.spec"
+    if not isinstance(pod, dict):
+        yield Problem("schema", where, "is required and must be a mapping")
+        return
+    policy = pod.get("restartPolicy", "Always")
+    if policy != "Always":
+        yield Problem("restart-policy", f"{where}.restartPolicy", f"is {policy!r}: a "
+                      "Deployment's pods must use Always")
+    containers = pod.get("containers")
+    if not isinstance(containers, list) or not containers:
+        yield Problem("schema", f"{where}.containers", "needs at least one container")
+        containers = []
+    for i, c in enumerate(containers):
+        if not isinstance(c, dict) or not c.get("name") or not c.get("image"):
+            yield Problem("image", f"{where}.containers[{i}]", "every container needs a name "
+                          "and an image")
+        else:
+            yield from _ports(f"{where}.containers[{i}].ports", c.get("ports"), "containerPort")
+    if pod_security:
+        yield from _restricted(where, pod)
+
+
+def _ports(where: str, ports: object, key: str) -> Iterator[Problem]:
+    for j, port in enumerate(ports if isinstance(ports, list) else []):
+        value = port.get(key) if isinstance(port, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            yield Problem("port", f"{where}[{j}].{key}", f"is {value!r}: a port number "
+                          "1-65535")
+
+
+def _service(obj: dict[str, Any], pod_security: bool) -> Iterator[Problem]:
+    """The fields ``v1`` Service validation requires."""
+    name = _get(obj, "metadata", "name")
+    if not isinstance(name, str) or len(name) > 63 or not DNS_1035.fullmatch(name):
+        yield Problem("name", "metadata.name", f"{name!r} is not a DNS-1035 label (lower case "
+                      "letters, digits and '-', starting with a letter, at most 63 characters)")
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        yield Problem("schema", "spec", "is required and must be a mapping")
+        return
+    kind = spec.get("type", "ClusterIP")
+    if kind not in SERVICE_TYPES:
+        yield Problem("enum", "spec.type", f"{kind!r} is not one of {', '.join(SERVICE_TYPES)}")
+    selector = spec.get("selector")
+    if selector is not None and (not isinstance(selector, dict) or not all(
+            isinstance(v, str) for v in selector.values())):
+        yield Problem("selector", "spec.selector", "must map label names to strings")
+    ports = spec.get("ports")
+    if kind != "ExternalName" and (not isinstance(ports, list) or not ports):
+        yield Problem("port", "spec.ports", "needs at least one port")
+    yield from _ports("spec.ports", ports, "port")
+    for j, port in enumerate(ports if isinstance(ports, list) else []):
+        proto = port.get("protocol", "TCP") if isinstance(port, dict) else None
+        if proto not in ("TCP", "UDP", "SCTP"):
+            yield Problem("enum", f"spec.ports[{j}].protocol", f"{proto!r} is not one of TCP, "
+                          "UDP, SCTP")
+
+
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
+CORE_KINDS = {("apps/v1", "Deployment"): _deployment, ("v1", "Service"): _service}
 
 
 def validate_text(text: str, *, pod_security: bool = True) -> list[Problem]:

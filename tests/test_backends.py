@@ -98,8 +98,8 @@ def test_render_is_deterministic_and_dry_run_prints_it(name: str, tmp_path: Path
             assert mask(dry.stdout) == mask(rendered.stdout)
 
 
-def test_k8s_submit_sends_exactly_the_rendered_object(tmp_path: Path) -> None:
-    """Against the API EMULATOR: the object the client created is the rendered manifest."""
+def test_k8s_submit_sends_exactly_the_rendered_objects(tmp_path: Path) -> None:
+    """Against the API EMULATOR: the objects the client created are the rendered manifest."""
     with Emulator() as emulator:
         config = {"KUBECONFIG": emulator.kubeconfig(tmp_path / "kubeconfig")}
         for to, plural in (("k8s", "pytorchjobs"), ("k8s:trainjob", "trainjobs")):
@@ -107,8 +107,24 @@ def test_k8s_submit_sends_exactly_the_rendered_object(tmp_path: Path) -> None:
             submitted = torchjob("submit", "--to", to, str(DEFAULT), env=config)
             assert submitted.returncode == 0, submitted.stderr
             assert submitted.stdout.strip() == f"{to}:default/digits"
-            assert emulator.objects[(plural, "default", "digits")] == \
-                yaml.safe_load(rendered.stdout)
+            created = emulator.objects[(plural, "default", "digits")]
+            created["metadata"].pop("uid")  # the one field the API server adds
+            assert created == yaml.safe_load(rendered.stdout)
+        # an elastic PyTorchJob: the job, then its rendezvous store's Deployment and Service,
+        # each as rendered but for the ownerReference to the job that submit adds
+        elastic = DEFAULT.parent / "elastic.yaml"
+        rendered = torchjob("render", "--to", "k8s", str(elastic), env=config)
+        assert torchjob("submit", "--to", "k8s", str(elastic), env=config).returncode == 0
+        created = [emulator.objects[key] for key in (
+            ("pytorchjobs", "default", "digits-elastic"),
+            ("deployments", "default", "digits-elastic-rdzv"),
+            ("services", "default", "digits-elastic-rdzv"))]
+        uid = created[0]["metadata"]["uid"]
+        for obj in created:
+            obj["metadata"].pop("uid")
+        for obj in created[1:]:
+            assert [o["uid"] for o in obj["metadata"].pop("ownerReferences")] == [uid]
+        assert created == list(yaml.safe_load_all(rendered.stdout))
 
 
 def test_a_sweep_is_a_set_of_jobs_where_there_are_no_job_arrays(tmp_path: Path) -> None:

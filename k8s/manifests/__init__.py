@@ -14,13 +14,23 @@ from typing import Any, Callable
 import jobs.examples
 from jobs.load import loads
 from jobs.spec import JobSpec
-from k8s.pod import manifest_text
+from k8s.pod import manifests_text
 from k8s.pytorchjob import render_pytorchjob
+from k8s.store import render_store
 from k8s.trainjob import render_trainjob
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = Path(jobs.examples.__file__).resolve().parent  # package data, also when installed
-Renderer = Callable[[JobSpec], dict[str, Any]]
+Renderer = Callable[[JobSpec], list[dict[str, Any]]]
+
+
+def pytorchjob(spec: JobSpec) -> list[dict[str, Any]]:
+    """The PyTorchJob and, for an elastic job, its rendezvous store's Deployment and Service."""
+    return [render_pytorchjob(spec), *render_store(spec)]
+
+
+def trainjob(spec: JobSpec) -> list[dict[str, Any]]:
+    return [render_trainjob(spec)]
 GPU = ["nnodes=2", "nproc_per_node=4", "resources.gpus=4", "resources.cpu=16",
        "resources.memory=64Gi", "resources.shm=16Gi", "env.NCCL_DEBUG=WARN",
        'secrets=[{env: HF_TOKEN, secret: hf, key: token}]', "k8s.namespace=team-a",
@@ -30,11 +40,11 @@ PVC = ["nnodes=2", "k8s.pvc=digits-runs", "k8s.ttl_seconds_after_finished=86400"
        "k8s.clean_pod_policy=All"]
 # file name -> (example, overrides, renderer)
 VARIANTS: dict[str, tuple[str, list[str], Renderer]] = {
-    "pytorchjob-default.yaml": ("default", [], render_pytorchjob),
-    "pytorchjob-elastic.yaml": ("elastic", [], render_pytorchjob),
-    "pytorchjob-gpu.yaml": ("default", GPU, render_pytorchjob),
-    "pytorchjob-pvc.yaml": ("default", PVC, render_pytorchjob),
-    "trainjob.yaml": ("default", ["nnodes=2"], render_trainjob),
+    "pytorchjob-default.yaml": ("default", [], pytorchjob),
+    "pytorchjob-elastic.yaml": ("elastic", [], pytorchjob),
+    "pytorchjob-gpu.yaml": ("default", GPU, pytorchjob),
+    "pytorchjob-pvc.yaml": ("default", PVC, pytorchjob),
+    "trainjob.yaml": ("default", ["nnodes=2"], trainjob),
 }
 
 
@@ -50,7 +60,7 @@ def render_variant(name: str) -> str:
     head = f"# Rendered from jobs/examples/{example}.yaml"
     head += f" with {' '.join(overrides)}" if overrides else ""
     head += ".\n# Regenerate with: python -m k8s.manifests (do not edit by hand)\n"
-    return head + manifest_text(renderer(variant_spec(name)))
+    return head + manifests_text(renderer(variant_spec(name)))
 
 
 def regenerate_manifests(folder: Path = HERE) -> list[Path]:

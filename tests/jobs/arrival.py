@@ -157,7 +157,7 @@ def _torchx_kubernetes(request: Request, cwd: Path) -> Arrival:
 
 
 def _k8s(request: Request, cwd: Path) -> Arrival:
-    obj = request.data
+    obj = request.data[0]  # the job; an elastic PyTorchJob's store objects follow it
     if obj["kind"] == "TrainJob":
         return _container(obj["spec"]["trainer"], cwd)
     replica = next(iter(obj["spec"]["pytorchReplicaSpecs"].values()))

@@ -1,7 +1,8 @@
 """A Kubernetes API EMULATOR for the client tests: no API server can run on these machines.
 
 It speaks real HTTP/1.1 with the paths and JSON shapes of the API the client uses (namespaced
-custom objects; pods by label selector, with a status as the kubelet reports it; pod logs, and
+custom objects, Deployments and Services: create with a uid, read, delete; pods by label
+selector, with a status as the kubelet reports it; pod logs, and
 with ``?follow=true`` a log streamed in chunked transfer encoding until its container run
 ends, as the real server does), keeps objects in memory, and can be told to answer 403 to
 everything. It is not Kubernetes: no admission, no controllers, no kubelet. Tests play those:
@@ -21,6 +22,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
 CUSTOM = re.compile(r"^/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?$")
+SERVICES = re.compile(r"^/api/(v1)/namespaces/([^/]+)/(services)(?:/([^/]+))?$")
 PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 CLUSTER_LIST = re.compile(r"^/apis/([^/]+)/([^/]+)/([^/]+)$")
 LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
@@ -121,15 +123,16 @@ class Emulator:
             return http.status(403, "Forbidden")
         url = urlparse(http.path)
         query = parse_qs(url.query)
-        if m := CUSTOM.match(url.path):
-            _, _, ns, plural, name = m.groups()
+        if m := (CUSTOM.match(url.path) or SERVICES.match(url.path)):
+            ns, plural, name = m.groups()[-3:]
             if method == "POST" and name is None:
                 obj = json.loads(body)
+                obj["metadata"]["uid"] = str(uuid.uuid4())  # as the API server sets it
                 key = (plural, ns, obj["metadata"]["name"])
                 if key in self.objects:
                     return http.status(409, "AlreadyExists")
                 self.objects[key] = obj
-                if self.operator:
+                if self.operator and obj.get("kind") in ("PyTorchJob", "TrainJob"):
                     self.operate(ns, obj)
                 return http.reply(201, obj)
             key = (plural, ns, name or "")

@@ -14,6 +14,14 @@ again in all), success (the Master's, else every Worker's, or for an elastic job
 Worker's), ``cleanPodPolicy`` Running (a finished job's running pods are deleted: SIGTERM,
 then SIGKILL after the grace period). Deleting the job (``PodJob.delete``) deletes its pods.
 
+The objects submitted beside the job (an elastic job's rendezvous store, ``k8s.store``) run
+too: each Deployment's pod is a container (created again whenever it ends, as the Deployment
+controller would), reachable by the name of every Service whose selector matches its labels
+(a network alias: the Service's ClusterIP stands for the pod; ports must equal targetPorts).
+They are owned by the job, so they go when it ends (here: when it is over, as if the job were
+deleted then). ``PodJob.lose`` takes a pod away for good (its node gone: killed, never created
+again), as a node loss the operator cannot reschedule would.
+
 ``tests/k8s/pods_run.py`` is ``torchjob run --to k8s`` against it.
 """
 
@@ -25,7 +33,8 @@ import secrets
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +119,7 @@ class Pod:
     incarnation: int = -1
     status: str = "created"
     code: int | None = None  # the exit code of the container that is the pod now
+    lost: bool = False  # taken away for good (PodJob.lose): never created again
 
     @property
     def label(self) -> str:
@@ -122,11 +132,14 @@ class Pod:
 
 @dataclass
 class PodJob:
-    """A PyTorchJob's pods in podman, as the operator would run them."""
+    """A PyTorchJob's pods in podman, as the operator would run them; ``beside``: the objects
+    submitted with it (Deployments and Services)."""
 
     job: Obj
     claims: dict[str, Path]
     grace: float = GRACE_S
+    beside: list[Obj] = field(default_factory=list)
+    stores: list[Pod] = field(default_factory=list)  # the Deployments' pods
     token: str = field(default_factory=lambda: f"tjpods-{secrets.token_hex(4)}")
     pods: list[Pod] = field(default_factory=list)
     containers: list[str] = field(default_factory=list)  # every incarnation, for logs and rm
@@ -150,6 +163,11 @@ class PodJob:
                       self.network)
         if made.returncode != 0:
             raise RuntimeError(f"podman network create: {made.stderr}")
+        for obj in self.beside:
+            if obj["kind"] == "Deployment":
+                self.stores.append(self.deployment_pod(obj))
+        for store in self.stores:
+            self.create(store)
         specs = self.job["spec"]["pytorchReplicaSpecs"]
         for replica in sorted(specs, key=lambda r: r != "Master"):
             for index in range(specs[replica]["replicas"]):
@@ -160,14 +178,40 @@ class PodJob:
                 break
             self.create(pod)
 
+    def deployment_pod(self, deployment: Obj) -> Pod:
+        """The pod of a Deployment of one replica, named by the Services that select it."""
+        template = deployment["spec"]["template"]
+        labels = template["metadata"]["labels"]
+        aliases = []
+        for service in self.beside:
+            if service["kind"] != "Service":
+                continue
+            if all(labels.get(k) == v for k, v in service["spec"]["selector"].items()):
+                for port in service["spec"]["ports"]:
+                    if port.get("targetPort", port["port"]) != port["port"]:
+                        raise UserError(f"Service {service['metadata']['name']}: a port other "
+                                        "than its targetPort is not emulated here")
+                aliases.append(service["metadata"]["name"])
+        name = f"{deployment['metadata']['name']}-{secrets.token_hex(3)}"
+        (container,) = template["spec"]["containers"]
+        argv = self.container_argv(template["spec"], container, name, aliases, {})
+        return Pod(name, "Deployment", 0, argv)
+
     def pod_argv(self, replica: str, index: int, name: str) -> list[str]:
         rspec = self.job["spec"]["pytorchReplicaSpecs"][replica]
         spec = rspec["template"]["spec"]
         (container,) = [c for c in spec["containers"] if c["name"] == "pytorch"]
+        return self.container_argv(spec, container, name, [name],
+                                   injected(self.job, replica, index))
+
+    def container_argv(self, spec: Obj, container: Obj, name: str, aliases: list[str],
+                       operator_env: dict[str, str]) -> list[str]:
+        """``podman run`` arguments of one pod: host name, aliases, user, volumes, env."""
         security = spec.get("securityContext", {})
         user = container.get("securityContext", {}).get("runAsUser", security.get("runAsUser"))
         group = security.get("runAsGroup", user)
-        argv = ["--hostname", name, "--network", self.network, "--network-alias", name,
+        argv = ["--hostname", name, "--network", self.network,
+                *[a for alias in aliases for a in ("--network-alias", alias)],
                 "--label", f"{JOB_LABEL}={self.token}", "--label", f"{POD_LABEL}={name}"]
         if user is not None:
             argv += ["--user", f"{user}:{group}" if group is not None else str(user)]
@@ -204,7 +248,7 @@ class PodJob:
                 raise UserError(f"pod {name}: env {item['name']} comes from a Secret, which "
                                 "is not emulated here")
             env[item["name"]] = item["value"]
-        env.update(injected(self.job, replica, index))
+        env.update(operator_env)
         for key, value in env.items():
             argv += ["-e", f"{key}={value}"]
         if "workingDir" in container:
@@ -224,7 +268,7 @@ class PodJob:
 
     def refresh(self) -> None:
         """Each pod's container's status and exit code (one inspect call)."""
-        pods = [pod for pod in self.pods if pod.container]
+        pods = [pod for pod in [*self.pods, *self.stores] if pod.container]
         if not pods:
             return
         seen = podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}",
@@ -245,9 +289,14 @@ class PodJob:
         judged. True once the job has ended (its pods may still be stopping)."""
         self.refresh()
         if self.outcome is None and not self.deleted:
+            for store in self.stores:  # the Deployment controller
+                if store.ended:
+                    print(f"{ANNOUNCE} {self.token}: {store.name} exited {store.code}: created "
+                          "again (Deployment)", file=sys.stderr, flush=True)
+                    self.create(store)
             self.judge()
         over = self.outcome is not None or self.deleted
-        return over and all(pod.ended or not pod.container for pod in self.pods)
+        return over and all(pod.ended or not pod.container for pod in [*self.pods, *self.stores])
 
     def judge(self) -> None:
         specs = self.job["spec"]["pytorchReplicaSpecs"]
@@ -262,7 +311,7 @@ class PodJob:
         if done:
             return self.finish(EXIT_OK, "Succeeded")
         for pod in self.pods:
-            if pod.code in (None, 0):
+            if pod.code in (None, 0) or pod.lost:
                 continue
             if not self.restarts(pod, pod.code):
                 return self.finish(pod.code, f"Failed: {pod.name} exited {pod.code}")
@@ -286,8 +335,17 @@ class PodJob:
             self.deleted = True
             self.stop_running()
 
+    def lose(self, pod: Pod) -> None:
+        """``pod`` gone for good, as with its node: SIGKILL, never created again."""
+        pod.lost = True
+        killed = podman("kill", pod.container)
+        if killed.returncode != 0:
+            raise RuntimeError(f"podman kill {pod.container}: {killed.stderr}")
+
     def stop_running(self) -> None:
-        running = [pod.container for pod in self.pods if pod.container and not pod.ended]
+        """The job's running pods, and the objects it owns (its store), stopped."""
+        running = [pod.container for pod in [*self.pods, *self.stores]
+                   if pod.container and not pod.ended]
         if running and self.stopper is None:
             self.stopper = subprocess.Popen(
                 ["podman", "stop", "-t", str(int(self.grace)), *running],
@@ -348,11 +406,15 @@ def leftovers(token: str) -> list[str]:
     return found
 
 
-def run(job: Obj, claims: dict[str, Path], *, grace: float = GRACE_S,
-        out: Any = None) -> tuple[int, PodJob]:
-    """The job's pods to the end (lines to ``out``, when given); (exit code, the job). SIGINT
+def run(manifest: Obj | list[Obj], claims: dict[str, Path], *, grace: float = GRACE_S,
+        out: Any = None, during: Callable[[PodJob], None] | None = None) -> tuple[int, PodJob]:
+    """The job's pods to the end (lines to ``out``, when given); (exit code, the job).
+    ``manifest``: the PyTorchJob, or the objects ``torchjob submit`` sends (the job first).
+    ``during``: called in a thread of its own once the pods started (a test's chaos). SIGINT
     and SIGTERM delete the job."""
-    pods = PodJob(job, claims, grace)
+    job, *beside = manifest if isinstance(manifest, list) else [manifest]
+    pods = PodJob(job, claims, grace, beside)
+    chaos: threading.Thread | None = None
     before = {s: signal.signal(s, lambda *_: pods.delete())
               for s in (signal.SIGINT, signal.SIGTERM)}
     closings = Closings()
@@ -360,6 +422,9 @@ def run(job: Obj, claims: dict[str, Path], *, grace: float = GRACE_S,
         print(f"{ANNOUNCE} {pods.token} {pods.name}: the PyTorchJob's pods in podman "
               "(an emulator of the operator)", file=sys.stderr, flush=True)
         pods.start()
+        if during is not None:
+            chaos = threading.Thread(target=during, args=(pods,), daemon=True)
+            chaos.start()
         for line in pods.follow():
             closings.see(line)
             if out is not None:
@@ -373,4 +438,6 @@ def run(job: Obj, claims: dict[str, Path], *, grace: float = GRACE_S,
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+        if chaos is not None:
+            chaos.join(timeout=60)
         pods.remove()

@@ -2,7 +2,8 @@
 
 ``python -m tests.k8s.pods_run [--claim NAME=DIR] [--grace S] [--fresh] JOB.yaml [--set K=V]``
 
-runs the manifest that command would submit (``jobs.cli.requests``, nothing rebuilt), prints
+runs the objects that command would submit (an elastic job's store too;
+``jobs.cli.requests``, nothing rebuilt), prints
 the pods' logs prefixed ``[master-0]`` as ``torchjob logs`` does; Ctrl-C or SIGTERM deletes the
 job; the exit code is the job's as the operator judges it from its containers (0, the failed
 container's code, 143 when deleted after the pods checkpointed). A PersistentVolumeClaim the
@@ -26,8 +27,9 @@ from trainer.contract import EXIT_CONFIG, EXIT_FAILED
 Obj = dict[str, Any]
 
 
-def manifest(argv: list[str]) -> tuple[Obj, JobSpec]:
-    """The PyTorchJob ``torchjob run --to k8s ARGV`` would submit, and its spec."""
+def manifest(argv: list[str]) -> tuple[list[Obj], JobSpec]:
+    """The objects ``torchjob run --to k8s ARGV`` would submit (the PyTorchJob, then an
+    elastic job's rendezvous store), and its spec."""
     args = build_parser().parse_args(["run", "--to", "k8s", *argv])
     (request,) = requests(registry.get("k8s"), args, fresh=True)
     assert request.spec is not None

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.k8s.emulator import Emulator
 
@@ -60,6 +61,42 @@ def test_submit_status_logs_cancel(emulator: Emulator) -> None:
                                         "[worker-0] step 10 from worker"]
     cancel = torchjob(config, "cancel", "--to", "k8s", "default/digits")
     assert cancel.returncode == 0 and (PODS, "default", "digits") not in emulator.objects
+
+
+def test_an_elastic_job_is_submitted_and_cancelled_with_its_rendezvous_store(
+        emulator: Emulator) -> None:
+    """The PyTorchJob, then its store's Deployment and Service exactly as rendered, each owned
+    by the job (the uid the server gave it); cancel deletes all three, and leaves alone a
+    Service of the same name that is not this job's store."""
+    config = emulator.config  # type: ignore[attr-defined]
+    rendered = torchjob(config, "render", "--to", "k8s", "jobs/examples/elastic.yaml")
+    assert rendered.returncode == 0, rendered.stderr
+    sub = torchjob(config, "submit", "--to", "k8s", "jobs/examples/elastic.yaml")
+    assert sub.returncode == 0, sub.stderr
+    job = emulator.objects[(PODS, "default", "digits-elastic")]
+    deployment = emulator.objects[("deployments", "default", "digits-elastic-rdzv")]
+    service = emulator.objects[("services", "default", "digits-elastic-rdzv")]
+    owner = [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "digits-elastic",
+              "uid": job["metadata"]["uid"]}]
+    sent = [job, deployment, service]
+    for obj in sent:
+        if obj is not job:
+            assert obj["metadata"].pop("ownerReferences") == owner
+        obj["metadata"].pop("uid")
+    assert sent == list(yaml.safe_load_all(rendered.stdout))  # what render showed, was sent
+    assert job["spec"]["elasticPolicy"]["rdzvHost"] == "digits-elastic-rdzv"
+    cancel = torchjob(config, "cancel", "k8s:default/digits-elastic")
+    assert cancel.returncode == 0, cancel.stderr
+    assert "Deployment default/digits-elastic-rdzv" in cancel.stdout
+    assert not emulator.objects
+
+    assert torchjob(config, "submit", "--to", "k8s", "jobs/examples/default.yaml"
+                    ).returncode == 0  # fixed size: no store; a stranger's Service stays
+    emulator.objects[("services", "default", "digits-rdzv")] = {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "digits-rdzv"},
+        "spec": {"ports": [{"port": 1}]}}
+    assert torchjob(config, "cancel", "k8s:default/digits").returncode == 0
+    assert list(emulator.objects) == [("services", "default", "digits-rdzv")]
 
 
 def test_api_errors_are_one_clear_line_and_exit_2(emulator: Emulator, tmp_path: Path) -> None:

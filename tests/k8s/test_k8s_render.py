@@ -24,11 +24,12 @@ from jobs.load import loads
 from jobs.values import SpecError, UserError
 from k8s.manifests import HERE as MANIFESTS
 from k8s.manifests import VARIANTS, render_variant, variant_spec
-from k8s.pod import QUEUE_LABEL, WAIT_FOR_HOST, manifest_text
+from k8s.pod import QUEUE_LABEL, WAIT_FOR_HOST, manifest_text, manifests_text
 from k8s.pytorchjob import render_pytorchjob
-from k8s.render import render_manifest
+from k8s.render import render_manifest, render_objects
+from k8s.store import render_store
 from k8s.trainjob import render_trainjob
-from k8s.validate import validate
+from k8s.validate import validate, validate_text
 from tests.k8s.kubelet import Everything, expand
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,9 +64,11 @@ def test_no_stray_manifests() -> None:
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_every_variant_validates_and_round_trips(name: str) -> None:
-    obj = VARIANTS[name][2](variant_spec(name))
-    assert validate(obj) == []
-    assert yaml.safe_load(manifest_text(obj)) == obj
+    objs = VARIANTS[name][2](variant_spec(name))
+    for obj in objs:
+        assert validate(obj) == []
+    assert list(yaml.safe_load_all(manifests_text(objs))) == objs
+    assert validate_text(manifests_text(objs)) == []
 
 
 def test_fixed_size_is_master_plus_workers_meeting_at_the_master() -> None:
@@ -83,19 +86,65 @@ def test_fixed_size_is_master_plus_workers_meeting_at_the_master() -> None:
     assert list(replicas(one)) == ["Master"]
 
 
-def test_elastic_is_worker_only_with_policy_and_a_wait_for_worker_0() -> None:
+def test_elastic_is_worker_only_meeting_at_its_own_store_service() -> None:
+    """No Worker hosts the store: the agents are clients of ``<job>-rdzv`` (the Service of the
+    store's Deployment), which the operator's PET_RDZV_ENDPOINT names too, and wait for it."""
     spec = loads("name: job\nnnodes: 2:4\nnproc_per_node: 3\nmax_restarts: 5\n"
                  "rdzv: {port: 29999}")
     obj = render_pytorchjob(spec)
     assert list(replicas(obj)) == ["Worker"] and replicas(obj)["Worker"]["replicas"] == 4
     assert obj["spec"]["elasticPolicy"] == {
-        "minReplicas": 2, "maxReplicas": 4, "rdzvBackend": "c10d", "rdzvPort": 29999,
-        "rdzvId": "job", "maxRestarts": 5}
+        "minReplicas": 2, "maxReplicas": 4, "rdzvBackend": "c10d", "rdzvHost": "job-rdzv",
+        "rdzvPort": 29999, "rdzvId": "job", "maxRestarts": 5}
     assert obj["spec"]["nprocPerNode"] == "3"
-    command = containers(obj)[0]["command"]
-    assert command[:5] == ["python", "-c", WAIT_FOR_HOST, "job-worker-0", "600"]
-    assert command[command.index("--rdzv-endpoint") + 1] == "job-worker-0:29999"
-    assert command[command.index("--nnodes") + 1] == "2:4"
+    (container,) = containers(obj)
+    command = container["command"]
+    assert command[:5] == ["python", "-c", WAIT_FOR_HOST, "job-rdzv", "600"]
+    assert command[5:] == list(agent_command(spec, python="python",
+                                             rdzv_endpoint="job-rdzv:29999", run_id="job",
+                                             store_client=True))
+    assert command[command.index("--rdzv-conf") + 1].endswith(",is_host=false")
+    assert "ports" not in container  # no Worker serves the store
+    assert render_objects(spec)[0] == obj
+    assert [o["kind"] for o in render_objects(spec)] == ["PyTorchJob", "Deployment", "Service"]
+    assert render_store(loads("name: job\nnnodes: 2")) == []  # fixed size: the Master's agent
+
+
+def test_the_store_deployment_and_service() -> None:
+    spec = loads("name: job\nnnodes: 1:2\nrdzv: {port: 29999}\nimage: reg/img:1\n"
+                 "resources: {gpus: 2, cpu: 8}\nk8s: {namespace: team, queue: q, "
+                 "priority_class: high}")
+    deployment, service = render_store(spec)
+    ours = {"app.kubernetes.io/name": "job", "app.kubernetes.io/component": "rendezvous",
+            "app.kubernetes.io/managed-by": "torchjob"}
+    for obj in (deployment, service):
+        assert obj["metadata"] == {"name": "job-rdzv", "namespace": "team", "labels": ours}
+        assert validate(obj) == []
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two stores
+    assert deployment["spec"]["selector"]["matchLabels"] == ours == service["spec"]["selector"]
+    pod = deployment["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == "reg/img:1"
+    assert c["command"] == ["python", "-m", "trainer.store", "--port", "29999"]
+    assert c["resources"] == {"limits": {"memory": "512Mi"},
+                              "requests": {"cpu": "100m", "memory": "256Mi"}}  # no GPU
+    assert c["readinessProbe"]["tcpSocket"] == {"port": 29999}
+    assert pod["priorityClassName"] == "high" and pod["automountServiceAccountToken"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [{"name": "c10d", "port": 29999, "targetPort": 29999,
+                                         "protocol": "TCP"}]
+    assert "kueue.x-k8s.io/queue-name" not in deployment["metadata"]["labels"]
+
+
+def test_an_elastic_name_leaves_room_for_the_store_service() -> None:
+    fits = "j" + "x" * 57
+    assert render_store(loads(f"name: {fits}\nnnodes: 1:2"))[1]["metadata"]["name"] \
+        == fits + "-rdzv"
+    with pytest.raises(SpecError, match="at most 58"):
+        render_objects(loads(f"name: {fits}x\nnnodes: 1:2"))
+    assert render_objects(loads(f"name: {fits}x\nnnodes: 2"))  # fixed size: no store
 
 
 def test_wait_for_host_waits_then_execs_with_argv_intact(tmp_path: Path) -> None:

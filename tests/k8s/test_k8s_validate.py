@@ -324,3 +324,54 @@ def test_vendored_crds_match_their_checksums() -> None:
     for name, digest in listed.items():
         actual = hashlib.sha256((SCHEMA_DIR / name).read_bytes()).hexdigest()
         assert actual == digest, f"k8s/schemas/{name} changed ({actual}); {fix}"
+
+
+def store_objects() -> list[dict[str, Any]]:
+    from jobs.load import loads
+    from k8s.store import render_store
+    return render_store(loads("name: job\nnnodes: 1:2"))
+
+
+def test_the_rendezvous_stores_deployment_and_service() -> None:
+    """An elastic job's store: structural checks of what the API server requires, and Pod
+    Security "restricted" for the Deployment's pod template."""
+    deployment, service = store_objects()
+    assert validate(deployment) == validate(service) == []
+    pod = "spec.template.spec"
+    broken = copy.deepcopy(deployment)
+    container = broken["spec"]["template"]["spec"]["containers"][0]
+    del container["securityContext"]["allowPrivilegeEscalation"]
+    container["ports"][0]["containerPort"] = 70000
+    broken["spec"]["template"]["metadata"]["labels"] = {"other": "x"}
+    broken["spec"]["strategy"]["type"] = "Rolling"
+    broken["metadata"]["name"] = "Job_rdzv"
+    assert rules(validate(broken)) == {
+        ("pod-security", f"{pod}.containers[0].securityContext.allowPrivilegeEscalation"),
+        ("port", f"{pod}.containers[0].ports[0].containerPort"),
+        ("selector", "spec.template.metadata.labels"), ("enum", "spec.strategy.type"),
+        ("name", "metadata.name")}
+    assert not [p for p in validate(broken, pod_security=False) if p.rule == "pod-security"]
+    broken = copy.deepcopy(deployment)
+    del broken["spec"]["selector"]
+    broken["spec"]["template"]["spec"]["restartPolicy"] = "Never"
+    broken["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "API_TOKEN", "value": "hunter2"}]
+    assert {r for r, _ in rules(validate(broken))} == {"selector", "restart-policy",
+                                                       "secret-literal"}
+    broken = copy.deepcopy(service)
+    broken["spec"].update(type="Headless", ports=[{"port": 0, "protocol": "HTTP"}])
+    broken["metadata"]["name"] = "9job"
+    assert rules(validate(broken)) == {("enum", "spec.type"), ("port", "spec.ports[0].port"),
+                             ("enum", "spec.ports[0].protocol"), ("name", "metadata.name")}
+    del broken["spec"]["ports"]
+    assert ("port", "spec.ports") in rules(validate(broken))
+
+
+def test_a_multi_document_manifest_names_each_document() -> None:
+    text = "---\n".join(yaml.safe_dump(obj) for obj in store_objects())
+    assert validate_text(text) == []
+    service = store_objects()[1]
+    service["spec"]["ports"][0]["port"] = "c10d"
+    text = "---\n".join(yaml.safe_dump(obj) for obj in [store_objects()[0], service])
+    assert [str(p) for p in validate_text(text)] == [
+        "[1].spec.ports[0].port: is 'c10d': a port number 1-65535 [port]"]

@@ -1,0 +1,86 @@
+"""The rendezvous store of an elastic PyTorchJob: a Deployment and a Service beside the job. Pure.
+
+torch's c10d rendezvous keeps its state in a TCPStore; by default the agent of the endpoint's
+pod (``<job>-worker-0``) serves it, and losing that pod killed every survivor (exit 1, which
+the ExitCode restart policy treats as permanent). Here the store is ``python -m trainer.store``
+(``jobs.command.store_command``) in a pod of its own, from the job's image: a Deployment of one
+replica (recreated by Kubernetes on any node when its pod or node goes; ``Recreate``: never two
+stores at once, which would split the rendezvous), with small cpu/memory requests, no GPU, and
+the same Pod Security "restricted" context as the job's pods. The Service ``<job>-rdzv``
+(ClusterIP, publishing the pod only once its port accepts connections) is the endpoint:
+``elasticPolicy.rdzvHost``, so the operator's ``PET_RDZV_ENDPOINT`` names it too, and every
+agent is its client (``is_host=false``).
+"""
+
+from __future__ import annotations
+
+from jobs.command import own_store, store_command
+from jobs.spec import JobSpec
+from jobs.values import bad
+from k8s.pod import Obj, command_words, container_security, pod_security
+
+SUFFIX = "-rdzv"
+NAME_MAX = 63  # a Service name is a DNS-1035 label
+COMPONENT_LABEL = "app.kubernetes.io/component"
+COMPONENT = "rendezvous"
+CONTAINER = "store"
+# What the store needs: a TCP server and an idle Python with torch imported (~230 MB resident).
+REQUESTS = {"cpu": "100m", "memory": "256Mi"}
+LIMITS = {"memory": "512Mi"}
+
+
+def store_name(spec: JobSpec) -> str:
+    """The Deployment's and the Service's name (the rendezvous host): ``<job>-rdzv``."""
+    if len(spec.name) + len(SUFFIX) > NAME_MAX:
+        raise bad("name", spec.name, f"is {len(spec.name)} characters: an elastic Kubernetes "
+                  f"job's rendezvous Service is <name>{SUFFIX}, and a Service name has at most "
+                  f"{NAME_MAX}; use at most {NAME_MAX - len(SUFFIX)} characters")
+    return spec.name + SUFFIX
+
+
+def store_labels(spec: JobSpec) -> Obj:
+    """Labels of both objects and the store's pod, tying them to the job; also the selector."""
+    return {"app.kubernetes.io/name": spec.name, COMPONENT_LABEL: COMPONENT,
+            "app.kubernetes.io/managed-by": "torchjob"}
+
+
+def _meta(spec: JobSpec) -> Obj:
+    return {"name": store_name(spec), "namespace": spec.k8s.namespace,
+            "labels": store_labels(spec)}
+
+
+def render_deployment(spec: JobSpec) -> Obj:
+    port = spec.rdzv.port
+    container: Obj = {
+        "name": CONTAINER, "image": spec.image,
+        "command": command_words(list(store_command(spec, python="python", port=port))),
+        "ports": [{"name": "c10d", "containerPort": port}],
+        # published by the Service only once it serves: agents never dial an empty port
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+        "resources": {"limits": dict(LIMITS), "requests": dict(REQUESTS)},
+        "securityContext": container_security(spec)}
+    pod: Obj = {"securityContext": pod_security(spec)}
+    if spec.k8s.service_account:
+        pod["serviceAccountName"] = spec.k8s.service_account
+    else:
+        pod["automountServiceAccountToken"] = False
+    if spec.k8s.priority_class:
+        pod["priorityClassName"] = spec.k8s.priority_class
+    pod["containers"] = [container]
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(spec),
+            "spec": {"replicas": 1, "strategy": {"type": "Recreate"},
+                     "selector": {"matchLabels": store_labels(spec)},
+                     "template": {"metadata": {"labels": store_labels(spec)}, "spec": pod}}}
+
+
+def render_service(spec: JobSpec) -> Obj:
+    port = spec.rdzv.port
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(spec),
+            "spec": {"type": "ClusterIP", "selector": store_labels(spec),
+                     "ports": [{"name": "c10d", "port": port, "targetPort": port,
+                                "protocol": "TCP"}]}}
+
+
+def render_store(spec: JobSpec) -> list[Obj]:
+    """[Deployment, Service] of an elastic job's store; [] for a fixed-size job."""
+    return [render_deployment(spec), render_service(spec)] if own_store(spec) else []
