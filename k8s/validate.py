@@ -11,7 +11,7 @@ the Deployment's pod template, Pod Security "restricted".
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,15 +73,26 @@ def validate(obj: object, *, pod_security: bool = True) -> list[Problem]:
     return problems
 
 
-def _deployment(obj: dict[str, Any], pod_security: bool) -> Iterator[Problem]:
-    """The fields ``apps/v1`` Deployment validation requires, and the pod template."""
+def _name_and_spec(obj: dict[str, Any], pattern: re.Pattern[str], limit: int, what: str
+                   ) -> Generator[Problem, None, dict[str, Any] | None]:
+    """Problems of ``metadata.name`` (``what``, at most ``limit`` characters) and of a missing
+    ``spec``; returns the spec (None when there is none)."""
     name = _get(obj, "metadata", "name")
-    if not isinstance(name, str) or len(name) > 253 or not DNS_1123_SUBDOMAIN.fullmatch(name):
-        yield Problem("name", "metadata.name", f"{name!r} is not a DNS-1123 subdomain (lower "
-                      "case letters, digits, '-' and '.', at most 253 characters)")
+    if not isinstance(name, str) or len(name) > limit or not pattern.fullmatch(name):
+        yield Problem("name", "metadata.name", f"{name!r} is not {what}, at most {limit} "
+                      "characters)")
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         yield Problem("schema", "spec", "is required and must be a mapping")
+        return None
+    return spec
+
+
+def _deployment(obj: dict[str, Any], pod_security: bool) -> Iterator[Problem]:
+    """The fields ``apps/v1`` Deployment validation requires, and the pod template."""
+    spec = yield from _name_and_spec(obj, DNS_1123_SUBDOMAIN, 253, "a DNS-1123 subdomain (lower "
+                                     "case letters, digits, '-' and '.'")
+    if spec is None:
         return
     count = spec.get("replicas", 1)
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
@@ -131,13 +142,9 @@ def _ports(where: str, ports: object, key: str) -> Iterator[Problem]:
 
 def _service(obj: dict[str, Any], pod_security: bool) -> Iterator[Problem]:
     """The fields ``v1`` Service validation requires."""
-    name = _get(obj, "metadata", "name")
-    if not isinstance(name, str) or len(name) > 63 or not DNS_1035.fullmatch(name):
-        yield Problem("name", "metadata.name", f"{name!r} is not a DNS-1035 label (lower case "
-                      "letters, digits and '-', starting with a letter, at most 63 characters)")
-    spec = obj.get("spec")
-    if not isinstance(spec, dict):
-        yield Problem("schema", "spec", "is required and must be a mapping")
+    spec = yield from _name_and_spec(obj, DNS_1035, 63, "a DNS-1035 label (lower case letters, "
+                                     "digits and '-', starting with a letter")
+    if spec is None:
         return
     kind = spec.get("type", "ClusterIP")
     if kind not in SERVICE_TYPES:
