@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.containers]
 
 @pytest.mark.parametrize("job_file, sets, pod_names, world", [
     ("default.yaml", ["nnodes=2"], ["master-0", "worker-0"], 4),
-    ("elastic.yaml", [], ["worker-0", "worker-1"], 4),
+    # the first round waits for both pods (podman may start them seconds apart)
+    ("elastic.yaml", ["rdzv.last_call_timeout=20"], ["worker-0", "worker-1"], 4),
 ])
 def test_rendered_pods_train_with_the_operators_env(container_image: str, tmp_path: Path,
                                                    job_file: str, sets: list[str],
