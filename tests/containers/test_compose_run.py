@@ -185,8 +185,9 @@ def test_elastic_node_stopped_and_started_again(container_image: str, tmp_path: 
     run_dir = tmp_path / "runs" / "digits-elastic"
     with running(torchjob_argv("elastic.yaml", *ELASTIC), tmp_path, logfile) as proc:
         project = project_of(logfile)
-        wait_for(lambda: last_step(run_dir) >= 50 or proc.poll() is not None, 300,
-                 "training at world size 4")
+        # both nodes in one group first (a node started late joins a later round)
+        wait_for(lambda: (last_step(run_dir) >= 50 and world_sizes(logfile.read_text())[-1:]
+                          == [4]) or proc.poll() is not None, 300, "training at world size 4")
         node1 = container(project, "node1")
         stop = podman("stop", "-t", "30", node1)
         assert stop.returncode == 0, stop.stderr
@@ -200,7 +201,7 @@ def test_elastic_node_stopped_and_started_again(container_image: str, tmp_path: 
     assert code == 0, out[-5000:]
     sizes = world_sizes(out)
     print(f"world sizes of the groups formed: {sizes}")
-    assert sizes[:2] == [4, 2] and sizes[-1] == 4, (sizes, out[-5000:])
+    assert 4 in sizes and sizes[-1] == 4, (sizes, out[-5000:])
     assert "world size changed from 4 to 2" in out and "world size changed from 2 to 4" in out
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 4

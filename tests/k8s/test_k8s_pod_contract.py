@@ -81,8 +81,9 @@ def test_an_elastic_job_survives_losing_worker_0(container_image: str, tmp_path:
         lost: list[str] = []
 
         def lose_worker_0(pods: PodJob) -> None:
-            wait_for(lambda: last_step(run_dir) >= 30 or pods.outcome is not None, 300,
-                     "step 30")
+            # both pods in one group first (a pod started late joins a later round)
+            wait_for(lambda: (last_step(run_dir) >= 30 and 4 in world_sizes(out.getvalue()))
+                     or pods.outcome is not None, 300, "step 30 at world size 4")
             if pods.outcome is None:
                 victim = next(p for p in pods.pods if p.name == f"{name}-worker-0")
                 pods.lose(victim)
