@@ -181,10 +181,9 @@ class Agent(LocalElasticAgent):
         if self._run_dir is None:
             return line
         records = ledger.read(self._run_dir)
-        restarts = [r for r in records if r.get("event") == "restart"
-                    and r.get("run") == self._run_id]
+        restarts = ledger.restarts(records, self._run_id)
         changes = ledger.membership(records, self._run_id)
-        line += f"; {len(restarts)} restart(s)"
+        line += f"; {restarts} restart(s)"
         if changes:
             line += "; membership changes: " + "; ".join(changes)
         if restarts or changes:

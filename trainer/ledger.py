@@ -147,6 +147,11 @@ def stalled(records: Iterable[dict[str, Any]], run_id: str,
     return run
 
 
+def restarts(records: Iterable[dict[str, Any]], run_id: str) -> int:
+    """How many restart lines run ``run_id`` wrote (the finished line and summary.json)."""
+    return sum(r.get("event") == "restart" and r.get("run") == run_id for r in records)
+
+
 def storm_line(restarts: list[dict[str, Any]], mark: str | None) -> str:
     """Why the job stops: the storm and its last causes."""
     where = f"checkpoint {mark}" if mark else "no checkpoint"

@@ -114,8 +114,8 @@ def history(run_dir: Path) -> dict[str, Any]:
     records = ledger.read(run_dir)
     if run_id is None or not records:
         return {}
-    restarts = [r for r in records if r.get("event") == "restart" and r.get("run") == run_id]
-    return {"restarts": len(restarts), "membership": ledger.membership(records, run_id)}
+    return {"restarts": ledger.restarts(records, run_id),
+            "membership": ledger.membership(records, run_id)}
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
