@@ -12,9 +12,8 @@ they pass. An elastic job's rendezvous store runs apart from every node (``own_s
 from __future__ import annotations
 
 from jobs.spec import JobSpec, trainer_argv
-from trainer.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_DIR_OPTION, HANG_TIMEOUT_OPTION,
-                              MAX_STALLED_DEFAULT, MAX_STALLED_OPTION, RESUME_ENV, RESUME_OPTION,
-                              RUN_DIR_ENV, RUN_DIR_OPTION)
+from trainer.contract import (CHECKPOINT_DIR_OPTION, HANG_TIMEOUT_OPTION, MAX_STALLED_DEFAULT,
+                              MAX_STALLED_OPTION, RESUME_OPTION, RUN_DIR_OPTION)
 
 
 def kubelet_literal(text: str) -> str:
@@ -29,13 +28,6 @@ def dir_options(spec: JobSpec) -> tuple[str, ...]:
     """The agent's options that tell every worker the run's directories (``TORCHJOB_RUN_DIR``,
     ``TORCHJOB_CHECKPOINT_DIR``)."""
     return (RUN_DIR_OPTION, spec.run_dir, CHECKPOINT_DIR_OPTION, spec.checkpoint_dir)
-
-
-def dir_env(spec: JobSpec) -> dict[str, str]:
-    """The same as environment variables (and ``spec.resume``), for a node that runs plain
-    torchrun (TrainJob)."""
-    return {RUN_DIR_ENV: spec.run_dir, CHECKPOINT_DIR_ENV: spec.checkpoint_dir,
-            **({RESUME_ENV: spec.resume} if spec.resume != "auto" else {})}
 
 
 def entry_args(spec: JobSpec) -> tuple[str, ...]:

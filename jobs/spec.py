@@ -419,8 +419,9 @@ class K8s(Section):
     fs_group: int | None = spec_field("pod fsGroup, so the pvc is writable by run_as_user",
                                       1000, check=_optional(between(1, 2**31 - 1)))
     rdzv_wait_seconds: int = spec_field(
-        "elastic jobs: how long a pod waits for the rendezvous store's Service <job>-rdzv "
-        "to resolve before it starts the agent", 600, check=at_least(1))
+        "elastic PyTorchJobs and TrainJobs: how long a pod waits for the rendezvous host "
+        "(the store's Service <job>-rdzv; a TrainJob's node 0) to resolve before it starts "
+        "the agent", 600, check=at_least(1))
 
 
 @dataclass(frozen=True, kw_only=True)

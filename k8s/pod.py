@@ -78,6 +78,13 @@ def on_cluster(spec: JobSpec) -> JobSpec:
                                checkpoint_dir=posixpath.join(root, spec.checkpoint_dir))
 
 
+def needs_shared_storage(spec: JobSpec) -> bool:
+    """Whether ``spec`` is a multi-node or elastic job with no storage every node sees
+    (``k8s.pvc``): each pod would checkpoint to its own disk, and a restarted or other node
+    could not resume from it."""
+    return (spec.nnodes.max > 1 or spec.nnodes.is_elastic) and not spec.k8s.pvc
+
+
 def labels(spec: JobSpec) -> Obj:
     out: Obj = {"app.kubernetes.io/name": spec.name, "app.kubernetes.io/managed-by": "torchjob"}
     if spec.k8s.queue:

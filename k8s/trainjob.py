@@ -1,72 +1,111 @@
-"""The TrainJob renderer (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer v2). Pure.
+"""The TrainJob renderer (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer v2.3). Pure.
 
-Fixed-size jobs only (v2 has no elastic training). The controller does not wrap the command
-and requires it to start with ``torchrun``; its torch plugin injects only ``PET_NNODES``,
-``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` (which
-users may not set), so the command is the agent command without the topology and
-rendezvous flags: torchrun's static rendezvous reads those five. Plain torchrun has no options
-for the run's directories either: they go into the trainer's env instead, as the agent would
-have exported them (``TORCHJOB_RUN_DIR``, ``TORCHJOB_CHECKPOINT_DIR``). Nor has it a hang
-watchdog (``hang_timeout``, trainer.hang): a TrainJob's hung rank is caught only by the
-process group's timeout (the trainer's ``--pg-timeout``), which fails the collective and the
-pod; the built-in trainer's and ``trainer.progress``' reports then do nothing.
+What v2.3.0 does with a TrainJob (kubeflow/trainer tag v2.3.0, ``pkg/``):
+- The torch plugin (``runtime/framework/plugins/torch/torch.go``, ``EnforceMLPolicy``) sets
+  the node count and injects ``PET_NNODES``, ``PET_NPROC_PER_NODE`` (``trainer.numProcPerNode``,
+  still an int32 in v2.3's ``apis/trainer/v1alpha1/trainjob_types.go``), ``PET_NODE_RANK``,
+  ``PET_MASTER_ADDR`` = ``<job>-node-0-0.<job>`` and ``PET_MASTER_PORT`` into the ``node``
+  container; users may not set those five (``Validate``). It neither wraps nor checks the
+  command (only ``tune run`` is special): any command runs, so every node runs the same agent
+  command as on every other backend (``jobs.command``), with the hang watchdog, exit-code
+  mapping, ledger and restart storm guard, and all of torchrun's flags written out (a flag
+  wins over the ``PET_*`` variable). c10d rendezvous at the address the plugin names for node
+  0, on ``rdzv.port``: node 0's agent hosts the store, as in a fixed-size PyTorchJob. Every
+  node first waits until that name resolves (JobSet publishes not-ready addresses, but a pod
+  may start before its DNS record exists, and torch's c10d fails at once on a lookup error).
+- No elastic training: ``numNodes`` is one number and the plugin's PET_NNODES too.
+- Pod settings go through ``spec.runtimePatches`` (``core/trainingruntime.go``,
+  ``mergeRuntimePatches``: a strategic merge into the runtime's JobSet template), which
+  allows, for the pod, only ``serviceAccountName``, ``volumes``, ``securityContext``,
+  ``initContainers``, ``containers`` (name, ``volumeMounts``, ``securityContext``; no env on
+  ``node``), ``imagePullSecrets``, ``nodeSelector``, ``affinity``, ``tolerations``,
+  ``schedulingGates`` and ``terminationGracePeriodSeconds`` (``PodSpecPatch``). So the pod of
+  a PyTorchJob (``k8s.pod.pod_spec``) is split: env and resources into ``trainer``, the rest
+  into one patch owned by ``PATCH_MANAGER``. There is no ``priorityClassName`` in it, nor
+  ``automountServiceAccountToken`` (the runtime's default stays); Volcano gang scheduling
+  works only with a runtime whose ``podGroupPolicy`` names Volcano (``plugins/volcano``),
+  which ``torch-distributed`` has not (``manifests/base/runtimes/torch_distributed.yaml``).
 """
 
 from __future__ import annotations
 
-from jobs.command import agent_command, dir_env
+from jobs.command import agent_command
 from jobs.spec import JobSpec
 from jobs.values import SpecError
-from k8s.pod import Obj, command_words, env, env_values, metadata, on_cluster, resources
-from trainer.contract import AGENT_ENV_OPTIONS, MAX_STALLED_DEFAULT
+from k8s.pod import (WAIT_FOR_HOST, Obj, command_words, metadata, needs_shared_storage,
+                     on_cluster, pod_spec)
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"
 RUNTIME = "torch-distributed"
-# Agent flags left to the PET_* the torch plugin injects (static rendezvous at node 0).
-PET_FLAGS = ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
-             "--rdzv-conf")
+NODE = "node"  # the runtime's trainer replicatedJob and its container (constants.Node)
+PATCH_MANAGER = "torchjob.io/render"  # owner of our runtimePatches entry (domain/path)
+# What v2.3's runtimePatches may set in the pod (PodSpecPatch) and in a container
+# (ContainerPatch) that the PyTorchJob pod has; the node container's env is trainer.env.
+POD_PATCH = ("serviceAccountName", "securityContext", "volumes")
+CONTAINER_PATCH = ("name", "volumeMounts", "securityContext")
 
 
-def without_flags(command: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
-    """``command`` (``python -m trainer.agent`` and ``--flag value`` pairs, then the trainer
-    entry and its arguments) with each pair in ``flags`` removed; the entry on is kept."""
-    out = list(command[:3])
-    i = 3
-    while i < len(command) and command[i].startswith("--"):  # the agent's own flags
-        if command[i] not in flags:
-            out += command[i:i + 2]
-        i += 2
-    return out + list(command[i:])
+def master_host(spec: JobSpec) -> str:
+    """Node 0's address, exactly as the torch plugin writes it into PET_MASTER_ADDR."""
+    return f"{spec.name}-{NODE}-0-0.{spec.name}"
+
+
+def command(spec: JobSpec, python: str = "python") -> list[str]:
+    """The node container's command (spec already placed on the cluster): wait until node 0
+    resolves, then the agent with c10d rendezvous at node 0."""
+    host = master_host(spec)
+    agent = agent_command(spec, python=python, rdzv_endpoint=f"{host}:{spec.rdzv.port}",
+                          run_id=spec.name)
+    return [python, "-c", WAIT_FOR_HOST, host, str(spec.k8s.rdzv_wait_seconds), *agent]
+
+
+def refuse_unsupported(spec: JobSpec) -> None:
+    """What a v2.3 TrainJob on the torch-distributed runtime cannot honour: a SpecError that
+    names the field and the fix."""
+    if spec.nnodes.is_elastic:
+        raise SpecError("nnodes", f"{str(spec.nnodes)!r} is elastic, but a TrainJob (Kubeflow "
+                        "Trainer v2.3) has no elastic training (one numNodes): use --to k8s (a PyTorchJob with "
+                        f"elasticPolicy) or a fixed nnodes such as {spec.nnodes.max}")
+    if spec.k8s.priority_class:
+        raise SpecError("k8s.priority_class", "a TrainJob (Kubeflow Trainer v2.3) cannot set "
+                        "the pods' priorityClassName (runtimePatches have no such field): set "
+                        "it in a TrainingRuntime of your own, or use --to k8s")
+    if spec.k8s.volcano_queue:
+        raise SpecError("k8s.volcano_queue", "the torch-distributed runtime has no Volcano "
+                        "podGroupPolicy, so its TrainJobs are not gang-scheduled by Volcano: "
+                        "use --to k8s (runPolicy.schedulingPolicy), or k8s.queue (Kueue)")
+    if needs_shared_storage(spec):
+        raise SpecError("k8s.pvc", f"is unset, but the {spec.nnodes.max} nodes of this "
+                        "TrainJob must write their checkpoints where every node reads them: "
+                        "set k8s.pvc to a ReadWriteMany PersistentVolumeClaim")
+
+
+def runtime_patch(pod: Obj) -> Obj:
+    """Our one runtimePatches entry: the parts of ``pod`` v2.3 lets a TrainJob set, on the
+    runtime's ``node`` replicatedJob."""
+    node = pod["containers"][0]
+    patch: Obj = {key: pod[key] for key in POD_PATCH if key in pod}
+    patch["containers"] = [{key: node[key] for key in CONTAINER_PATCH if key in node}]
+    job = {"name": NODE, "template": {"spec": {"template": {"spec": patch}}}}
+    return {"manager": PATCH_MANAGER,
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [job]}}}}
 
 
 def render_trainjob(spec: JobSpec) -> Obj:
-    """The TrainJob for a fixed-size ``spec``; an elastic one is a SpecError naming the fix."""
-    if spec.nnodes.is_elastic:
-        raise SpecError("nnodes", f"{str(spec.nnodes)!r} is elastic, but TrainJob (Kubeflow "
-                        "Trainer v2) has no elastic training: use --to k8s (a PyTorchJob with "
-                        "elasticPolicy) or a fixed nnodes such as "
-                        f"{spec.nnodes.max}")
-    for field in ("pvc", "volcano_queue", "priority_class", "service_account"):
-        if getattr(spec.k8s, field):
-            raise SpecError(f"k8s.{field}", "is not supported by TrainJob, whose pods come "
-                            "from the ClusterTrainingRuntime: set it there, or use --to k8s")
-    if spec.retry_on_error:
-        raise SpecError("retry_on_error", "is not supported by TrainJob, whose nodes run plain "
-                        "torchrun: use --to k8s")
-    if spec.max_stalled_restarts != MAX_STALLED_DEFAULT:
-        raise SpecError("max_stalled_restarts", "is not supported by TrainJob, whose nodes run "
-                        "plain torchrun: use --to k8s")
-    if spec.mounts:
-        raise SpecError("mounts", "TrainJob takes volumes from its runtime; use --to k8s")
+    """The TrainJob for a fixed-size ``spec``; what v2.3 cannot honour is a SpecError."""
+    refuse_unsupported(spec)
     spec = on_cluster(spec)
-    agent = agent_command(spec, python="python", rdzv_endpoint="", run_id=spec.name)
-    command = ["torchrun", *without_flags(agent, (*PET_FLAGS, *AGENT_ENV_OPTIONS))[3:]]
-    trainer: Obj = {"image": spec.image, "command": command_words(command),
+    pod = pod_spec(spec, {"name": NODE, "image": spec.image,
+                          "command": command_words(command(spec))})
+    node = pod["containers"][0]
+    trainer: Obj = {"image": node["image"], "command": node["command"],
                     "numNodes": spec.nnodes.max, "numProcPerNode": spec.nproc_per_node}
-    trainer["env"] = env_values(dir_env(spec)) + env(spec)
-    res = resources(spec)
-    if res:
-        trainer["resourcesPerNode"] = res
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(spec),
-            "spec": {"runtimeRef": {"name": RUNTIME}, "trainer": trainer}}
+    for ours, theirs in (("env", "env"), ("resources", "resourcesPerNode")):
+        if ours in node:
+            trainer[theirs] = node[ours]
+    body: Obj = {"runtimeRef": {"name": RUNTIME}, "trainer": trainer,
+                 "runtimePatches": [runtime_patch(pod)]}
+    if spec.k8s.active_deadline_seconds is not None:
+        body["activeDeadlineSeconds"] = spec.k8s.active_deadline_seconds
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(spec), "spec": body}

@@ -264,10 +264,6 @@ def _trainjob(obj: dict[str, Any]) -> Iterator[Problem]:
     trainer = _get(obj, "spec", "trainer")
     if not isinstance(trainer, dict):
         return
-    command = trainer.get("command")
-    if isinstance(command, list) and command and command[0] != "torchrun":
-        yield Problem("torchrun-command", "spec.trainer.command[0]", f"is {command[0]!r}: the "
-                      "torch-distributed runtime requires a command starting with torchrun")
     for i, item in enumerate(trainer.get("env") or []):
         if isinstance(item, dict) and item.get("name") in TRAINJOB_RESERVED:
             yield Problem("reserved-env", f"spec.trainer.env[{i}].name", f"{item['name']} is "

@@ -44,7 +44,13 @@ VARIANTS: dict[str, tuple[str, list[str], Renderer]] = {
     "pytorchjob-elastic.yaml": ("elastic", [], pytorchjob),
     "pytorchjob-gpu.yaml": ("default", GPU, pytorchjob),
     "pytorchjob-pvc.yaml": ("default", PVC, pytorchjob),
-    "trainjob.yaml": ("default", ["nnodes=2"], trainjob),
+    "trainjob.yaml": ("default", ["nnodes=2", "k8s.pvc=digits-runs"], trainjob),
+    "trainjob-full.yaml": ("default", [*GPU[:-1], "k8s.pvc=digits-runs", "k8s.service_account="
+                                       "trainer", "k8s.active_deadline_seconds=86400",
+                                       "mounts=[{source: datasets, target: /data, "
+                                       "read_only: true}]", "retry_on_error=true",
+                                       "max_stalled_restarts=5", "hang_timeout=600"],
+                           trainjob),
 }
 
 

@@ -31,6 +31,17 @@ def test_trainjob_of_an_elastic_spec_is_refused() -> None:
     assert proc.stdout == "" and "Traceback" not in proc.stderr
 
 
+def test_a_multi_node_trainjob_without_a_pvc_stops_before_anything_is_printed() -> None:
+    proc = torchjob("render", "--to", "k8s:trainjob", "jobs/examples/default.yaml",
+                    "--set", "nnodes=2")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.startswith("torchjob: ") and "k8s.pvc" in proc.stderr
+    assert "ReadWriteMany" in proc.stderr and "Traceback" not in proc.stderr
+    ok = torchjob("render", "--to", "k8s:trainjob", "jobs/examples/default.yaml", "--set",
+                  "nnodes=2", "--set", "k8s.pvc=runs")
+    assert ok.returncode == 0 and "claimName: runs" in ok.stdout, ok.stderr
+
+
 def test_validate_names_each_broken_rule() -> None:
     broken = ("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: Bad_Name}\n"
               "spec:\n  pytorchReplicaSpecs:\n    master: {replicas: 2}\n")

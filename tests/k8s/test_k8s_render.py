@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from jobs.load import loads
 from jobs.values import SpecError, UserError
 from k8s.manifests import HERE as MANIFESTS
 from k8s.manifests import VARIANTS, render_variant, variant_spec
-from k8s.pod import QUEUE_LABEL, WAIT_FOR_HOST, manifest_text, manifests_text
+from k8s.pod import QUEUE_LABEL, WAIT_FOR_HOST, manifest_text, manifests_text, on_cluster
 from k8s.pytorchjob import render_pytorchjob
 from k8s.render import render_manifest, render_objects
 from k8s.store import render_store
@@ -184,22 +185,93 @@ def test_pod_contents_resources_shm_pvc_secrets_and_security() -> None:
     assert policy["ttlSecondsAfterFinished"] == 86400 and policy["cleanPodPolicy"] == "All"
 
 
-def test_trainjob_starts_with_torchrun_and_leaves_topology_to_pet() -> None:
-    obj = render_trainjob(loads("name: job\nnnodes: 2\nnproc_per_node: 3\nresources: {gpus: 1}"))
+def test_trainjob_runs_the_agent_at_node_0_as_the_torch_plugin_names_it() -> None:
+    spec = loads("name: job\nnnodes: 2\nnproc_per_node: 3\nresources: {gpus: 1}\n"
+                 "k8s: {pvc: runs}")
+    obj = render_trainjob(spec)
     trainer = obj["spec"]["trainer"]
     assert obj["spec"]["runtimeRef"] == {"name": "torch-distributed"}
-    assert trainer["command"][0] == "torchrun"
-    assert trainer["numNodes"] == 2 and trainer["numProcPerNode"] == 3
-    for flag in ("--nnodes", "--nproc-per-node", "--rdzv-endpoint", "--rdzv-backend"):
-        assert flag not in trainer["command"]
+    assert trainer["numNodes"] == 2 and trainer["numProcPerNode"] == 3  # PET_* agree
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "1"
+    host = "job-node-0-0.job"  # PET_MASTER_ADDR (torch.go)
+    assert trainer["command"][:5] == ["python", "-c", WAIT_FOR_HOST, host, "600"]
+    agent = agent_command(on_cluster(spec), python="python", rdzv_endpoint=f"{host}:29400",
+                          run_id="job")
+    assert trainer["command"][5:] == list(agent)
+    assert agent[agent.index("--run-dir") + 1] == "/mnt/torchjob/runs/job"
 
 
-def test_trainjob_refuses_elastic_and_pod_settings() -> None:
-    with pytest.raises(SpecError, match=r"^nnodes: .*elastic.*--to k8s"):
-        render_trainjob(loads("name: job\nnnodes: 1:2"))
-    with pytest.raises(SpecError, match=r"^k8s\.pvc:"):
-        render_trainjob(loads("name: job\nk8s: {pvc: data}"))
+def test_trainjob_agent_keeps_watchdog_retries_and_storm_guard() -> None:
+    spec = loads("name: job\nretry_on_error: true\nmax_stalled_restarts: 5\n"
+                 "hang_timeout: 600\nresume: force")
+    command = render_trainjob(spec)["spec"]["trainer"]["command"]
+    words = command[command.index("trainer.agent"):command.index("--nnodes")]
+    assert words == ["trainer.agent", "--run-dir", "runs/job", "--checkpoint-dir",
+                     "runs/job/checkpoints", "--retry-on-error", "--resume", "force",
+                     "--max-stalled-restarts", "5", "--hang-timeout", "600"]
+
+
+def test_trainjob_pod_settings_are_one_runtime_patch_of_allowed_fields() -> None:
+    spec = loads("name: job\nnnodes: 2\nresources: {shm: 2Gi, cpu: 2, memory: 4Gi}\n"
+                 "env: {A: b}\nsecrets: [{env: HF_TOKEN, secret: hf, key: token}]\n"
+                 "mounts: [{source: data, target: /data, read_only: true}]\n"
+                 "k8s: {pvc: runs, service_account: trainer, queue: gpus, run_as_user: 4242,"
+                 " fs_group: 4243, active_deadline_seconds: 99}")
+    obj = render_trainjob(spec)
+    assert obj["metadata"]["labels"][QUEUE_LABEL] == "gpus"  # Kueue reads the TrainJob's
+    assert obj["spec"]["activeDeadlineSeconds"] == 99
+    trainer = obj["spec"]["trainer"]
+    assert [e["name"] for e in trainer["env"]] == ["OMP_NUM_THREADS", "A", "HF_TOKEN"]
+    assert trainer["env"][2]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+    assert trainer["resourcesPerNode"] == {"limits": {"memory": "4Gi"},
+                                           "requests": {"cpu": "2", "memory": "4Gi"}}
+    [patch] = obj["spec"]["runtimePatches"]
+    assert re.fullmatch(r"[a-z0-9.-]+\.[a-z]+/[a-z0-9./-]+", patch["manager"])  # domain/path
+    [job] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert job["name"] == "node"
+    pod = job["template"]["spec"]["template"]["spec"]
+    # Only PodSpecPatch / ContainerPatch fields (trainjob_types.go); no env on node.
+    assert set(pod) == {"serviceAccountName", "securityContext", "volumes", "containers"}
+    [node] = pod["containers"]
+    assert set(node) == {"name", "volumeMounts", "securityContext"} and node["name"] == "node"
+    assert pod["serviceAccountName"] == "trainer"
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 4242,
+                                      "runAsGroup": 4242, "fsGroup": 4243,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert node["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True, "runAsUser": 4242, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["volumes"] == [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+        {"name": "run", "persistentVolumeClaim": {"claimName": "runs"}},
+        {"name": "mount-0", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}}]
+    assert node["volumeMounts"] == [
+        {"name": "dshm", "mountPath": "/dev/shm"}, {"name": "run", "mountPath": "/mnt/torchjob"},
+        {"name": "mount-0", "mountPath": "/data", "readOnly": True}]
+    assert validate(obj) == []
+
+
+def test_a_one_node_trainjob_needs_no_pvc() -> None:
+    obj = render_trainjob(loads("name: job"))
+    pod = obj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"][
+        "replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert "serviceAccountName" not in pod and [v["name"] for v in pod["volumes"]] == ["dshm"]
+    assert "activeDeadlineSeconds" not in obj["spec"] and validate(obj) == []
+
+
+@pytest.mark.parametrize("text, path, message", [
+    ("nnodes: 1:2", "nnodes", r"'1:2' is elastic, .*no elastic training.*--to k8s.*nnodes such "
+     r"as 2"),
+    ("nnodes: 2", "k8s.pvc", r"unset, but the 2 nodes .* ReadWriteMany PersistentVolumeClaim"),
+    ("k8s: {priority_class: high}", "k8s.priority_class",
+     r"cannot set the pods' priorityClassName .*TrainingRuntime of your own, or use --to k8s"),
+    ("k8s: {volcano_queue: research}", "k8s.volcano_queue",
+     r"torch-distributed runtime has no Volcano podGroupPolicy.*--to k8s"),
+])
+def test_trainjob_refuses_what_v2_3_cannot_honour(text: str, path: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message) as caught:
+        render_trainjob(loads(f"name: job\n{text}"))
+    assert caught.value.path == path
 
 
 def test_host_path_mounts_are_refused_on_kubernetes() -> None:
@@ -226,7 +298,7 @@ def test_hostile_values_are_escaped_and_survive_yaml_exactly() -> None:
                  [f"env.V{i}={q}" for i, q in enumerate(quoted)]
                  + [f"trainer.args.a{i}={q}" for i, q in enumerate(quoted)])
     for obj in (render_pytorchjob(spec), render_trainjob(loads(
-            "name: job\nnnodes: 2\ntrainer: {module: tool}",
+            "name: job\nnnodes: 2\nk8s: {pvc: runs}\ntrainer: {module: tool}",
             [f"env.V{i}={q}" for i, q in enumerate(quoted)]))):
         text = manifest_text(obj)
         assert yaml.safe_load(text) == obj
@@ -254,7 +326,7 @@ def test_renderers_do_no_io() -> None:
 
 
 def test_render_manifest_validates_before_it_prints() -> None:
-    spec = loads("name: job\nnnodes: 2")
+    spec = loads("name: job\nnnodes: 2\nk8s: {pvc: runs}")
     assert yaml.safe_load(render_manifest(spec, "trainjob"))["kind"] == "TrainJob"
     assert render_manifest(spec) == manifest_text(render_pytorchjob(spec))
     with pytest.raises(UserError, match=r"secret-literal"):

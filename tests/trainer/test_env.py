@@ -217,7 +217,7 @@ def test_pod_level_rank_with_several_processes_per_pod() -> None:
 
 
 @pytest.mark.parametrize("environ", [
-    # TrainJob torch plugin: five PET_* only, the command must start with torchrun
+    # TrainJob torch plugin: five PET_* only; the controller starts no torchrun
     {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "1",
      "PET_MASTER_ADDR": "digits-node-0-0.digits", "PET_MASTER_PORT": "29500"},
     # elastic PyTorchJob (Workers only): rendezvous endpoint, no MASTER_*/RANK
