@@ -54,9 +54,11 @@ def interpolate(text: str, env: Mapping[str, str] = Everything()) -> str:
 
 # Harmless stand-ins, exported so that child shells (srun's bash -c, job.sh) have them too:
 # python prints its argv and environment, srun runs its command here, the rest do nothing.
+# python's two files get their names only when both are whole: the script may kill a python
+# it started in the background (an elastic job's store: `kill %1`) halfway through.
 STUBS = """
-python() { local f; f=$(mktemp words.XXXXXX); printf '%s\\0' python "$@" > "$f"
-           env -0 > "${f/words/environ}"; }
+python() { local f; f=$(mktemp part.XXXXXX); printf '%s\\0' python "$@" > "$f"
+           env -0 > "$f.env"; mv "$f.env" "environ.${f#part.}"; mv "$f" "words.${f#part.}"; }
 srun() { while [ "$1" != bash ]; do
            case $1 in --export=*) printf %s "${1#--export=ALL,}" > export;; esac; shift
          done; "$@"; }
@@ -72,7 +74,8 @@ STORE = b"python\0-m\0trainer.store\0"
 def _bash(script: str, cwd: Path, env: Mapping[str, str] = {}) -> Arrival:
     """Run ``script`` in bash (from ``cwd``) with the harmless STUBS; what ``python`` got.
     Every node's python must have got the same."""
-    for path in [*cwd.glob("words.*"), *cwd.glob("environ.*"), cwd / "job.sh", cwd / "export"]:
+    for path in [*cwd.glob("words.*"), *cwd.glob("environ.*"), *cwd.glob("part.*"),
+                 cwd / "job.sh", cwd / "export"]:
         path.unlink(missing_ok=True)
     (cwd / "job.sh").write_text(script)
     proc = subprocess.run(["bash", "--norc", "--noprofile", "-c", STUBS + "bash job.sh"],
