@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from jobs.spec import JobSpec
 from jobs.values import UserError
-from k8s.pod import manifests_text
+from k8s.yaml import manifests_text
 from k8s.pytorchjob import render_pytorchjob
 from k8s.store import render_store
 from k8s.trainjob import render_trainjob
