@@ -4,9 +4,10 @@ Jobs are custom objects (PyTorchJob, TrainJob); their pods are found by the oper
 labels, and each log line is labelled as on every backend: a worker's line keeps the agent's
 ``[node N rank R attempt A] ``, the pod's other lines get ``[node N] `` with the pod's node rank
 (``follow.node_rank``: Master 0, Worker i i+1; Worker-only or TrainJob i). An elastic
-PyTorchJob's rendezvous store (a Deployment and a Service, ``k8s.store``) is created right after its job, owned by it, and deleted with it by ``cancel``.
-``logs(follow=True)`` streams them while the job runs (``follow.py``). API
-errors become one-line ``K8sError``s that say what to do (exit 2).
+PyTorchJob's rendezvous store (a Deployment and a Service, ``k8s.store``) is created right
+after its job, owned by it, and deleted with it by ``cancel``. ``logs(follow=True)`` streams
+them while the job runs (``follow.py``). API errors become one-line ``K8sError``s that say
+what to do (exit 2).
 """
 
 from __future__ import annotations
