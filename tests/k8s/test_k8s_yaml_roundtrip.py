@@ -8,6 +8,7 @@ runs here) with every variable defined, in its current and its older (bytewise) 
 from __future__ import annotations
 
 import re
+import subprocess
 from typing import Any
 
 import pytest
@@ -161,3 +162,29 @@ def test_submit_sends_what_render_printed() -> None:
     request = K8sBackend("pytorchjob").render(spec, Context(run_id="r"))
     assert read_manifests(request.text) == request.data == load_all(request.text)
     assert "name: 'y'" in request.text and "'1e-05'" in request.text
+
+
+@settings(max_examples=15, deadline=None)
+@given(args=st.lists(WORD, max_size=4), value=WORD)
+def test_torchx_component_strings_survive_torchx_the_kubelet_and_bash(args: list[str],
+                                                                      value: str) -> None:
+    """``torchx run -s kubernetes jobs/components.py:train``: the component cannot know the
+    scheduler, so its script is immune to the kubelet (render.shell_word) and the env goes
+    into the script. TorchX's own macro substitution (``macros.Values.apply``), then the
+    kubelet (emulated), then bash (real) give back the user's words."""
+    from torchx import specs
+
+    from jobs.components import train
+    role = train("--note", *args, j="2x1", name="digits", script="t.py",
+                 env={"NOTE": value}).roles[0]
+    role = specs.macros.Values(img_root="", app_id="app", replica_id="0",
+                               rank0_env="TORCHX_RANK0_HOST").apply(role)
+    script = expand(role.args[1], Everything())
+    assert expand(script, Everything(), bytewise=True) == script
+    words = subprocess.run(["bash", "-c", f"set -- {script}; printf '%s\\0' \"$@\""],
+                           capture_output=True, check=True,
+                           env={"TORCHX_RANK0_HOST": "host0", "PATH": "/usr/bin:/bin"}
+                           ).stdout.decode().split("\0")[:-1]
+    assert words[:2] == ["env", f"NOTE={value}"]
+    assert words[-len(args) - 2:] == ["t.py", "--note", *args]
+    assert f"host0:{29400}" in words
