@@ -64,8 +64,10 @@ def train(
         "env": dict(env or {}), "mounts": spec_mounts(mounts or []),
         "rdzv": {"port": rdzv_port}, "trainer": trainer,
     }
+    # the scheduler is unknown here (Kubernetes or not): env goes into the script, where the
+    # kubelet's $(VAR) expansion cannot reach it (render.shell_word)
     return render_appdef(build(data, source="torchx component"), extra_args=script_args,
-                         max_retries=max_retries, named_resource=h)
+                         max_retries=max_retries, named_resource=h, env_in_script=True)
 
 
 def spec_mounts(words: List[str]) -> List[Dict[str, object]]:

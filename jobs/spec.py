@@ -20,8 +20,8 @@ from trainer.contract import MAX_STALLED_DEFAULT
 from jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, MAX_TOTAL_BYTES,
                          MAX_VALUE_BYTES, MODULE, SECRET_KEY, Check, FrozenMap, Nnodes,
                          Quantity, SpecError, at_least, at_most_bytes, bad, between, env_check,
-                         env_map, env_name, kind, one_line, path_line, pattern, positive,
-                         scalar_text, show, size, slurm_time)
+                         env_map, env_name, gpu_layout, kind, label_key, one_line, path_line,
+                         pattern, positive, scalar_text, show, size, slurm_time)
 from trainer.contract import HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
 
 Scalar = str | bool | int | float
@@ -385,6 +385,20 @@ class Slurm(Section):
         check=_optional(_image))
 
 
+def _env_names(value: tuple[str, ...], path: str) -> None:
+    for i, name in enumerate(value):
+        env_name(name, f"{path}[{i}]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology(Section):
+    level: str = spec_field("the node label of the topology level (a Kueue Topology's level, "
+                            "e.g. cloud.provider.com/topology-rack)", check=label_key)
+    mode: Literal["required", "preferred"] = spec_field(
+        "required: every pod in one domain of that level, or the job is not admitted; "
+        "preferred: as few domains as Kueue can", "required")
+
+
 @dataclass(frozen=True, kw_only=True)
 class K8s(Section):
     namespace: str = spec_field("Kubernetes namespace", "default", check=_dns_label)
@@ -422,6 +436,24 @@ class K8s(Section):
         "elastic PyTorchJobs and TrainJobs: how long a pod waits for the rendezvous host "
         "(the store's Service <job>-rdzv; a TrainJob's node 0) to resolve before it starts "
         "the agent", 600, check=at_least(1))
+    topology: Topology | None = spec_field(
+        "Kueue topology-aware scheduling (needs queue): the pods' placement, {level: NODE "
+        "LABEL, mode: required|preferred}", None)
+    allow_literal_env: tuple[str, ...] = spec_field(
+        "env names whose literal values are not secrets although the names end in _KEY, "
+        "_TOKEN, _SECRET, _PASSWORD (which are refused otherwise: use secrets)", (),
+        check=_env_names)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.topology is not None and not self.queue:
+            raise SpecError("topology", "needs k8s.queue: topology-aware scheduling is "
+                            "Kueue's, for pods admitted through a LocalQueue; set k8s.queue "
+                            "or remove k8s.topology")
+        if self.queue and self.volcano_queue:
+            raise SpecError("volcano_queue", f"{self.volcano_queue!r} and k8s.queue "
+                            f"{self.queue!r} are both set: Kueue and Volcano would each gang-"
+                            "schedule the pods; keep one")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -499,6 +531,7 @@ class JobSpec(Section):
             raise bad("local.nodes", nodes, f"is outside nnodes {self.nnodes}: it must lie "
                       f"between {self.nnodes.min} and {self.nnodes.max}")
         object.__setattr__(self, "local", dataclasses.replace(self.local, nodes=nodes))
+        gpu_layout(self.nproc_per_node, self.resources.gpus, self.trainer.builtin)
         seen: set[str] = set(self.env)
         for i, ref in enumerate(self.secrets):
             if ref.env in seen:

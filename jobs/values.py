@@ -341,3 +341,57 @@ def slurm_time(raw: object, path: str) -> str | None:
         return text
     raise bad(path, raw, "is not a Slurm time limit (write minutes, e.g. 90, or "
               "'HH:MM:SS', e.g. '12:00:00', quoted)")
+
+
+# ------------------------------------------------------------------ GPUs and processes
+
+def gpu_layout(nproc: int, gpus: int, builtin: bool) -> None:
+    """``nproc_per_node`` against ``resources.gpus`` (GPUs per node), as torchrun users expect:
+    one worker process per GPU (``--nproc-per-node gpu``; LOCAL_RANK picks the device). More
+    processes than GPUs put two ranks on one GPU, which NCCL refuses ("Duplicate GPU
+    detected"); fewer leave GPUs idle, unless each process drives the same number of GPUs
+    itself (a script or module doing model parallelism in-process: gpus a multiple of
+    nproc_per_node). The built-in trainer drives one GPU per process."""
+    if not gpus:
+        return
+    fix = f"set nproc_per_node: {gpus} (one process per GPU)"
+    if nproc > gpus:
+        raise bad("nproc_per_node", nproc, f"is more than resources.gpus ({gpus}): two ranks "
+                  f"would share a GPU, which NCCL refuses; {fix}, or ask for more GPUs")
+    if builtin and nproc != gpus:
+        raise bad("nproc_per_node", nproc, f"is fewer than resources.gpus ({gpus}): the "
+                  f"built-in trainer drives one GPU per process (cuda:LOCAL_RANK), so "
+                  f"{gpus - nproc} GPU(s) per node would sit idle; {fix}, or ask for fewer GPUs")
+    if gpus % nproc:
+        raise bad("nproc_per_node", nproc, f"does not divide resources.gpus ({gpus}): the "
+                  f"processes of a node cannot drive equal shares of its GPUs; {fix}, or a "
+                  f"divisor of {gpus} when each process drives several GPUs itself")
+
+
+# ------------------------------------------------------------------------- secrets
+
+# A literal env value whose NAME ends in one of these words (after the last '_': HF_TOKEN,
+# WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD) is refused on Kubernetes, where a
+# manifest is readable by anyone who may read the job: use secrets: (secretKeyRef), or
+# name the variable in k8s.allow_literal_env when its value is not a secret.
+SECRET_NAME_ENDS = frozenset({"KEY", "APIKEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD"})
+
+
+def secret_like_name(name: str) -> bool:
+    """Whether ``name`` reads as a secret's (its last ``_`` word is in SECRET_NAME_ENDS):
+    ``HF_TOKEN`` yes, ``TOKEN_BUDGET`` and ``MAX_TOKENS`` no."""
+    return name.upper().rsplit("_", 1)[-1] in SECRET_NAME_ENDS
+
+
+# A label key (a node label, as Kueue's topology levels are): an optional DNS subdomain
+# prefix and '/', then a name of at most 63 characters.
+LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def label_key(value: Any, path: str) -> None:
+    prefix, slash, name = value.rpartition("/") if isinstance(value, str) else ("", "", "")
+    if (not isinstance(value, str) or not LABEL_NAME.fullmatch(name) or len(name) > 63
+            or (slash and (not DNS_1123_SUBDOMAIN.fullmatch(prefix) or len(prefix) > 253))):
+        raise bad(path, value, "is not a node label key (an optional DNS prefix and '/', then "
+                  "at most 63 letters, digits, '-', '_', '.', e.g. "
+                  "cloud.provider.com/topology-rack)")

@@ -17,7 +17,7 @@ from jobs.backend import BackendError, BaseBackend, Context, Handle, JobStatus, 
 from jobs.spec import JobSpec
 from k8s.client import Cluster, JobRef, K8sError
 from k8s.follow import POLL_S
-from k8s.pod import manifests_text
+from k8s.yaml import manifests_text, read_manifests
 from k8s.render import TARGETS, render_objects
 from k8s.validate import validate_text
 
@@ -40,7 +40,9 @@ class K8sBackend(BaseBackend):
         Cluster()  # a K8sError (exit 2) when no cluster is configured
 
     def submit(self, request: Request) -> Handle:
-        ref = Cluster().submit(request.data)
+        """Creates the objects of ``request.text``, the manifest render and --dry-run print,
+        read back (``k8s.yaml`` quotes every string a YAML 1.1 reader could mistake)."""
+        ref = Cluster().submit(read_manifests(request.text))
         return Handle(self.name, f"{ref.namespace}/{ref.name}")
 
     def parse_handle(self, text: str) -> Handle:

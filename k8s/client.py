@@ -1,11 +1,13 @@
 """Submits, watches, reads and deletes jobs on a Kubernetes cluster (the only I/O in k8s/).
 
 Jobs are custom objects (PyTorchJob, TrainJob); their pods are found by the operators'
-labels, and each log line is prefixed with the pod's replica (``master-0``, ``worker-1``), which
-is the node rank. An elastic PyTorchJob's rendezvous store (a Deployment and a Service,
-``k8s.store``) is created right after its job, owned by it, and deleted with it by ``cancel``.
-``logs(follow=True)`` streams them while the job runs (``follow.py``). API
-errors become one-line ``K8sError``s that say what to do (exit 2).
+labels, and each log line is labelled as on every backend: a worker's line keeps the agent's
+``[node N rank R attempt A] ``, the pod's other lines get ``[node N] `` with the pod's node rank
+(``follow.node_rank``: Master 0, Worker i i+1; Worker-only or TrainJob i). An elastic
+PyTorchJob's rendezvous store (a Deployment and a Service, ``k8s.store``) is created right
+after its job, owned by it, and deleted with it by ``cancel``. ``logs(follow=True)`` streams
+them while the job runs (``follow.py``). API errors become one-line ``K8sError``s that say
+what to do (exit 2).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from jobs.values import UserError
-from k8s.follow import Run, follow_runs, split_lines
+from k8s.follow import Run, follow_runs, labelled, node_rank, split_lines
 
 KINDS = {  # kind -> (group, version, plural, pod label naming the job, replica labels)
     "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs", "training.kubeflow.org/job-name",
@@ -136,35 +138,38 @@ class Cluster:
                 return True
             raise
 
-    def runs(self, ref: JobRef) -> list[Run | None]:
-        """The job's pods, master first then by index, each as the run of its container whose
-        log can be read now, or None while that container is being created."""
+    def has_master(self, ref: JobRef) -> bool:
+        """Whether the job's Workers count from node rank 1 (a PyTorchJob with a Master)."""
+        job = self.get(ref)
+        return ref.kind == "PyTorchJob" and "Master" in (
+            job.get("spec", {}).get("pytorchReplicaSpecs") or {})
+
+    def runs(self, ref: JobRef, has_master: bool) -> list[Run | None]:
+        """The job's pods by node rank, each as the run of its container whose log can be
+        read now, or None while that container is being created."""
         *_, job_label, (type_label, index_label) = KINDS[ref.kind]
         pods = self._call(f"list pods of {ref.namespace}/{ref.name}",
                           self.core.list_namespaced_pod, ref.namespace,
                           label_selector=f"{job_label}={ref.name}").items
-        def order(pod: Any) -> tuple[bool, int]:
+        def node(pod: Any) -> int:
             labels = pod.metadata.labels or {}
-            return (str(labels.get(type_label, "")).lower() != "master",
-                    int(labels.get(index_label, 0)))
-        found = []
-        for pod in sorted(pods, key=order):
-            labels = pod.metadata.labels or {}
-            replica = f"{str(labels.get(type_label, 'pod')).lower()}-{labels.get(index_label, 0)}"
-            found.append(readable_run(pod, CONTAINER[ref.kind], replica))
-        return found
+            return node_rank(str(labels.get(type_label, "")), int(labels.get(index_label, 0)),
+                             has_master)
+        return [readable_run(pod, CONTAINER[ref.kind], node(pod))
+                for pod in sorted(pods, key=node)]
 
     def logs(self, ref: JobRef, follow: bool = False) -> Iterator[str]:
-        """Every line of every pod of the job, each prefixed with the pod's replica; with
+        """Every line of every pod of the job, each labelled (``follow.labelled``); with
         ``follow``, as they are written, until the job has ended (``follow.py``)."""
+        master = self.has_master(ref)  # a job that is not there is an error, not an empty log
         if not follow:
-            return self._read_all(ref)
-        self.get(ref)  # a job that is not there is an error, not an empty log
-        return follow_runs(lambda: (self.ended(ref), [run for run in self.runs(ref) if run]),
+            return self._read_all(ref, master)
+        return follow_runs(lambda: (self.ended(ref),
+                                    [run for run in self.runs(ref, master) if run]),
                            lambda run: self._stream(ref, run))
 
-    def _read_all(self, ref: JobRef) -> Iterator[str]:
-        runs = self.runs(ref)
+    def _read_all(self, ref: JobRef, has_master: bool) -> Iterator[str]:
+        runs = self.runs(ref, has_master)
         if not runs:
             raise K8sError(f"{ref.kind} {ref.namespace}/{ref.name} has no pods (yet): see "
                            "torchjob status")
@@ -179,7 +184,7 @@ class Cluster:
                              run.pod, ref.namespace, container=CONTAINER[ref.kind],
                              _preload_content=False)
             for line in split_lines([raw.data]):
-                yield f"[{run.replica}] {line}"
+                yield labelled(run.node, line)
 
     def _stream(self, ref: JobRef, run: Run) -> Iterator[bytes] | None:
         """The run's log as it is written, ending with the run; None while it cannot be read
@@ -246,7 +251,7 @@ class Cluster:
         return gone
 
 
-def readable_run(pod: Any, container: str, replica: str) -> Run | None:
+def readable_run(pod: Any, container: str, node: int) -> Run | None:
     """The run of ``container`` whose log the API serves now: running or terminated or, while
     it waits to be restarted, the one that ended (the kubelet serves that one). None while the
     container is being created (reading it then is HTTP 400)."""
@@ -256,7 +261,7 @@ def readable_run(pod: Any, container: str, replica: str) -> Run | None:
         state, last = status.state, status.last_state
         if (state and (state.running or state.terminated)) or (last and last.terminated):
             meta = pod.metadata
-            return Run(meta.name, meta.uid or meta.name, status.restart_count or 0, replica)
+            return Run(meta.name, meta.uid or meta.name, status.restart_count or 0, node)
     return None
 
 

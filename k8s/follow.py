@@ -7,6 +7,11 @@ that appear later (elastic scale-up, a recreated pod) and restarted containers a
 too. Following ends when the job has ended and every stream has; a stream still open DRAIN_S
 after the job ended is left behind (its thread is a daemon). What a pod's status means and the
 Kubernetes calls are the caller's (``client.py``); this module knows threads, queues, bytes.
+
+Lines are labelled as on every other backend: a worker's line already carries the one log
+prefix (``[node N rank R attempt A] ``, written by the agent in the pod), and is printed as it
+is; the pod's other lines (the agent's own, the wait for the rendezvous Service) get
+``[node N] ``, N the pod's node rank (``node_rank``), as the local launcher labels an agent's.
 """
 
 from __future__ import annotations
@@ -18,8 +23,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Union
 
+from trainer.contract import LOG_PREFIX_RE
+
 POLL_S = 2.0  # how often the job and its pods are read while following
 DRAIN_S = 30.0  # after the job ended, how long its last streams may take to end
+
+
+NODE_PREFIX = "[node {node}] "  # a pod's own lines, as the local launcher labels an agent's
 
 
 @dataclass(frozen=True)
@@ -29,11 +39,25 @@ class Run:
     pod: str
     uid: str
     restarts: int
-    replica: str  # the log prefix: master-0, worker-1
+    node: int  # the pod's node rank: the label of its lines that carry no log prefix
 
     @property
     def key(self) -> tuple[str, int]:
         return self.uid, self.restarts
+
+
+def node_rank(replica_type: str, index: int, has_master: bool) -> int:
+    """A pod's node rank, as the operators number the nodes (``PET_NODE_RANK``): a
+    PyTorchJob's Master 0 and Worker i i+1; a Worker-only (elastic) job's Worker i i (its
+    agents' ranks come from the rendezvous, and their lines say so); a TrainJob's node pod
+    its Job completion index."""
+    return index + 1 if has_master and replica_type.lower() == "worker" else index
+
+
+def labelled(node: int, line: str) -> str:
+    """``line`` of a pod of node rank ``node`` as printed: a worker's with its own prefix,
+    any other with ``[node N] ``."""
+    return line if LOG_PREFIX_RE.match(line) else NODE_PREFIX.format(node=node) + line
 
 
 def split_lines(chunks: Iterable[bytes]) -> Iterator[str]:
@@ -64,7 +88,7 @@ Message = Union[str, _Ended, Exception]
 def follow_runs(look: Callable[[], tuple[bool, list[Run]]],
            open_log: Callable[[Run], Iterable[bytes] | None],
            poll_s: float = POLL_S, drain_s: float = DRAIN_S) -> Iterator[str]:
-    """Lines of every run, each prefixed ``[replica]``, as they are written. ``look()``: has
+    """Lines of every run, each labelled (``labelled``), as they are written. ``look()``: has
     the job ended (read BEFORE its pods, so that the runs it returns are the last ones), and
     its readable runs. ``open_log(run)``: the run's log as a byte stream that ends with the
     run, or None when it cannot be read yet. Errors of either are raised here."""
@@ -118,7 +142,7 @@ def _read(run: Run, open_log: Callable[[Run], Iterable[bytes] | None],
         for line in split_lines(chunks):
             if stop.is_set():
                 return
-            out.put(f"[{run.replica}] {line}")
+            out.put(labelled(run.node, line))
     except Exception as exc:  # handed to the generator, which raises it
         out.put(exc)
     out.put(_Ended(run, again=False))

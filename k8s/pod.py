@@ -1,8 +1,8 @@
 """Pod pieces shared by the PyTorchJob and TrainJob renderers. Pure: JobSpec in, dicts out.
 
 Security context (Pod Security "restricted"), env with secrets only by ``secretKeyRef``,
-resources, the in-memory ``/dev/shm`` and the PVC volumes; ``manifest_text`` dumps a
-manifest once with ``yaml.safe_dump``.
+resources, the in-memory ``/dev/shm`` and the PVC volumes. ``manifest_text`` and
+``manifests_text`` are ``k8s.yaml``'s (the one emitter), named here for the renderers.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import dataclasses
 import posixpath
 from typing import Any
 
-import yaml
-
 from jobs.command import kubelet_literal
 from jobs.spec import JobSpec
 from jobs.values import DNS_1123_SUBDOMAIN, SpecError, bad
+from k8s.yaml import manifest_text as manifest_text  # re-exported: the one emitter
+from k8s.yaml import manifests_text as manifests_text
 from trainer.contract import omp_threads
 
 Obj = dict[str, Any]
@@ -38,28 +38,6 @@ WAIT_FOR_HOST = (
     "        time.sleep(2)\n"
     "os.execvp(sys.argv[3], sys.argv[3:])\n"
 )
-
-
-class _Dumper(yaml.SafeDumper):
-    """safe_dump, with multi-line strings (the wait script) as readable ``|`` blocks."""
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _str)
-
-
-def manifest_text(obj: Obj) -> str:
-    """The manifest as YAML for ``kubectl apply -f -`` (keys in the order built)."""
-    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
-
-
-def manifests_text(objs: list[Obj]) -> str:
-    """Several manifests as one multi-document YAML (``---`` between them)."""
-    return "---\n".join(manifest_text(obj) for obj in objs)
 
 
 def on_cluster(spec: JobSpec) -> JobSpec:

@@ -1,9 +1,12 @@
-"""``torchjob render --to k8s[:trainjob]``: render, validate, then the text. Pure.
+"""``torchjob render --to k8s[:trainjob]``: check, render, validate, then the text. Pure.
 
-The one entry the command line needs: a rendered manifest that breaks a rule (a renderer bug,
-or a spec whose ``env`` holds a literal secret) is refused, never printed or submitted. An
-elastic PyTorchJob is three objects (the job, then its rendezvous store's Deployment and
-Service, ``k8s.store``), printed as one multi-document YAML and submitted as they are.
+The one entry the command line needs. Before anything is rendered, the spec is held to what
+the cluster would refuse or get wrong later (``check``: exit 2 naming the field, the value and
+the fix): names too long for the pods and Services the operators derive from them, Kueue
+without requests, literal secrets in ``env``. A rendered manifest that breaks a rule (a
+renderer bug) is refused too, never printed or submitted. An elastic PyTorchJob is three
+objects (the job, then its rendezvous store's Deployment and Service, ``k8s.store``), printed
+as one multi-document YAML (``k8s.yaml``, the one emitter) and submitted as printed.
 """
 
 from __future__ import annotations
@@ -11,17 +14,114 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from jobs.spec import JobSpec
-from jobs.values import UserError
-from k8s.pod import manifests_text
+from jobs.values import SpecError, UserError, bad, secret_like_name
 from k8s.pytorchjob import render_pytorchjob
 from k8s.store import render_store
 from k8s.trainjob import render_trainjob
-from k8s.validate import validate
+from k8s.validate import SECRET_VALUE, validate
+from k8s.yaml import manifests_text
 
 TARGETS: dict[str, Callable[[JobSpec], dict[str, Any]]] = {
     "pytorchjob": render_pytorchjob,
     "trainjob": render_trainjob,
 }
+# A Service name, and a pod's hostname, is a DNS label: at most 63 characters. The PyTorchJob
+# operator names each replica's pod and headless Service <job>-<type>-<index> (lower-case
+# type; kubeflow/trainer release-1.9 pkg/common/util GenGeneralName); JobSet's admission
+# webhook requires <jobset>-<replicatedJob>-<jobIndex>-<podIndex> plus a 5-character random
+# suffix to be a DNS-1035 label (kubernetes-sigs/jobset pkg/webhooks/jobset_webhook.go,
+# "-abcde"); a TrainJob's JobSet has the TrainJob's name, and torch-distributed's one
+# ReplicatedJob "node" has 1 Job of numNodes pods.
+DNS_LABEL_MAX = 63
+POD_SUFFIX = "-abcde"
+TRAINJOB_NODE = "node"
+# Kueue's topology-aware scheduling annotations on a pod template (kueue.sigs.k8s.io, "Run
+# Workloads with Topology-Aware Scheduling"); the group name puts a Master and its Workers
+# (two PodSets) in one domain.
+TOPOLOGY_ANNOTATION = {"required": "kueue.x-k8s.io/podset-required-topology",
+                       "preferred": "kueue.x-k8s.io/podset-preferred-topology"}
+PODSET_GROUP = "kueue.x-k8s.io/podset-group-name"
+
+
+def longest_names(spec: JobSpec, target: str) -> list[tuple[str, str]]:
+    """(the longest name the operator derives from ``spec.name``, what it is)."""
+    nnodes, name = spec.nnodes, spec.name
+    if target == "trainjob":
+        return [(f"{name}-{TRAINJOB_NODE}-0-{nnodes.max - 1}{POD_SUFFIX}",
+                 "the longest pod name JobSet checks (with the 5-character random suffix)")]
+    if nnodes.is_elastic:
+        return [(f"{name}-worker-{nnodes.max - 1}", "the last Worker's pod and Service")]
+    out = [(f"{name}-master-0", "the Master's pod and Service")]
+    if nnodes.max > 1:
+        out.append((f"{name}-worker-{nnodes.max - 2}", "the last Worker's pod and Service"))
+    return out
+
+
+def check_names(spec: JobSpec, target: str) -> None:
+    for longest, what in longest_names(spec, target):
+        if len(longest) > DNS_LABEL_MAX:
+            room = DNS_LABEL_MAX - (len(longest) - len(spec.name))
+            raise bad("name", spec.name, f"is {len(spec.name)} characters: {what} would be "
+                      f"{longest!r}, {len(longest)} characters, but a DNS label has at most "
+                      f"{DNS_LABEL_MAX}; use a name of at most {room} characters")
+
+
+def check_queue(spec: JobSpec) -> None:
+    """Kueue admits a workload by its pods' requests: a pod without cpu or memory requests
+    is admitted using none of the queue's quota of them."""
+    if not spec.k8s.queue:
+        return
+    for field in ("cpu", "memory"):
+        if getattr(spec.resources, field) is None:
+            raise SpecError(f"resources.{field}", f"is unset, but k8s.queue "
+                            f"{spec.k8s.queue!r} is set: Kueue admits jobs by their pods' "
+                            f"requests, and a pod without a {field} request uses none of the "
+                            f"queue's {field} quota; set resources.{field} (e.g. "
+                            f"{'8' if field == 'cpu' else '32Gi'})")
+
+
+def check_env(spec: JobSpec) -> None:
+    """A literal value of a secret-named variable, or of a token's shape, is refused: a
+    manifest is readable by everyone who may read the job."""
+    allowed = set(spec.k8s.allow_literal_env)
+    for name, value in spec.env.items():
+        if not value or name in allowed:
+            continue
+        if SECRET_VALUE.search(value):
+            raise SpecError(f"env.{name}", "holds a value shaped like a credential (a token "
+                            "or a private key): create a Kubernetes Secret and write secrets: "
+                            f"[{{env: {name}, secret: NAME, key: KEY}}] instead")
+        if secret_like_name(name):
+            raise SpecError(f"env.{name}", f"has a literal value, but its name ends in "
+                            f"_{name.upper().rsplit('_', 1)[-1]}, as a secret's does: put the "
+                            f"value in a Kubernetes Secret and write secrets: [{{env: {name}, "
+                            f"secret: NAME, key: KEY}}]; if it is not a secret, list it in "
+                            f"k8s.allow_literal_env: [{name}]")
+
+
+def check(spec: JobSpec, target: str) -> None:
+    """What the cluster would refuse or get wrong, before anything is rendered or sent."""
+    check_names(spec, target)
+    check_queue(spec)
+    check_env(spec)
+    if target == "trainjob" and spec.k8s.topology is not None:
+        raise SpecError("k8s.topology", "is not rendered for TrainJob yet (its pods come from "
+                        "the ClusterTrainingRuntime): set the Kueue topology annotations there, "
+                        "or use --to k8s")
+
+
+def place(spec: JobSpec, job: dict[str, Any]) -> None:
+    """Kueue's topology annotations on every replica's pod template (``k8s.topology``)."""
+    topology = spec.k8s.topology
+    if topology is None or job.get("kind") != "PyTorchJob":
+        return
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    for replica in replicas.values():
+        meta = replica["template"].setdefault("metadata", {})
+        annotations = meta.setdefault("annotations", {})
+        annotations[TOPOLOGY_ANNOTATION[topology.mode]] = topology.level
+        if len(replicas) > 1:
+            annotations[PODSET_GROUP] = spec.name
 
 
 def render_objects(spec: JobSpec, target: str = "pytorchjob") -> list[dict[str, Any]]:
@@ -29,11 +129,14 @@ def render_objects(spec: JobSpec, target: str = "pytorchjob") -> list[dict[str, 
     then, for an elastic PyTorchJob, its rendezvous store's Deployment and Service."""
     if target not in TARGETS:
         raise UserError(f"unknown Kubernetes target {target!r}; valid: {', '.join(TARGETS)}")
+    check(spec, target)
     objs = [TARGETS[target](spec)]
+    place(spec, objs[0])
     if target == "pytorchjob":
         objs += render_store(spec)
     for obj in objs:
-        problems = validate(obj)
+        # secret-literal: check_env's explicit rule (with k8s.allow_literal_env) decided
+        problems = [p for p in validate(obj) if p.rule != "secret-literal"]
         if problems:
             raise UserError(f"the rendered {obj['kind']} breaks {len(problems)} rule(s): "
                             + "; ".join(str(p) for p in problems))

@@ -204,7 +204,7 @@ def test_limits_from_resources() -> None:
 
 
 def test_gpus_are_reserved_the_compose_way() -> None:
-    service = render_compose(loads("name: job\nresources: {gpus: 2}"))["services"]["node0"]
+    service = render_compose(loads("name: job\nnproc_per_node: 2\nresources: {gpus: 2}"))["services"]["node0"]
     assert service["deploy"] == {"resources": {"reservations": {"devices": [
         {"driver": "nvidia", "count": 2, "capabilities": ["gpu"]}]}}}
 

@@ -234,6 +234,16 @@ BAD = [  # (yaml, fragments the one-line message must contain)
     ("name: x\nresources: {cpu: -1}", ["resources.cpu: -1", "must be > 0"]),
     ("name: x\nresources: {cpu: 0}", ["resources.cpu: 0", "must be > 0"]),
     ("name: x\nresources: {gpus: -1}", ["resources.gpus: -1", ">= 0"]),
+    ("name: x\nnproc_per_node: 4\nresources: {gpus: 2}",
+     ["nproc_per_node: 4 is more than resources.gpus (2)", "NCCL", "nproc_per_node: 2"]),
+    ("name: x\nnproc_per_node: 2\nresources: {gpus: 8}",
+     ["nproc_per_node: 2 is fewer than resources.gpus (8)", "built-in trainer", "idle"]),
+    ("name: x\nnproc_per_node: 3\nresources: {gpus: 8}\ntrainer: {script: t.py}",
+     ["nproc_per_node: 3 does not divide resources.gpus (8)", "a divisor of 8"]),
+    ("name: x\nk8s: {allow_literal_env: [1X]}", ["k8s.allow_literal_env[0]: '1X'"]),
+    ("name: x\nk8s: {queue: q, topology: {level: 'a b'}}", ["k8s.topology.level: 'a b'"]),
+    ("name: x\nk8s: {queue: q, topology: {level: r, mode: strict}}",
+     ["k8s.topology.mode: 'strict'", "'required', 'preferred'"]),
     ("name: x\nresources: {memory: lots}", ["resources.memory: 'lots'", "512Mi"]),
     ("name: x\nresources: {memory: -1Gi}", ["resources.memory: '-1Gi'", "quantity"]),
     ("name: x\nresources: {memory: 0}", ["resources.memory: 0", "positive"]),
@@ -352,3 +362,12 @@ def test_file_errors(tmp_path: Path) -> None:
     (tmp_path / "latin1.yaml").write_bytes(b"name: caf\xe9\n")
     with pytest.raises(SpecError, match="not UTF-8"):
         load(tmp_path / "latin1.yaml")
+
+
+def test_gpus_per_node_and_processes_per_node_agree() -> None:
+    """One process per GPU; a script or module may drive several GPUs per process, in equal
+    shares (the refusals are in BAD)."""
+    assert loads("name: x\nnproc_per_node: 8\nresources: {gpus: 8}").nproc_per_node == 8
+    assert loads("name: x\nnproc_per_node: 2\nresources: {gpus: 8}\n"
+                 "trainer: {script: t.py}").resources.gpus == 8
+    assert loads("name: x\nnproc_per_node: 4").resources.gpus == 0  # CPU: any count

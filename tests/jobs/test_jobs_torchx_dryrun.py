@@ -21,7 +21,7 @@ def test_kubernetes_dryrun_request_is_the_golden_one(tmp_path: Path) -> None:
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "torchx"), "run", "-s", "kubernetes", "--dryrun",
          "--workspace", "", "-cfg", "queue=default,namespace=default",
-         f"{ROOT}/jobs/components.py:train", "-j", "2x2", "--name", "digits", "--gpu", "1",
+         f"{ROOT}/jobs/components.py:train", "-j", "2x2", "--name", "digits", "--gpu", "2",
          "--", "--epochs", "3"], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -32,4 +32,4 @@ def test_kubernetes_dryrun_request_is_the_golden_one(tmp_path: Path) -> None:
     if os.environ.get("TORCHJOB_REGEN_GOLDEN") == "1":
         GOLDEN.write_text(request)
     assert request == GOLDEN.read_text()
-    assert "nvidia.com/gpu: '1'" in request and "${TORCHX_RANK0_HOST:=localhost}:29400" in request
+    assert "nvidia.com/gpu: '2'" in request and "${TORCHX_RANK0_HOST:=localhost}:29400" in request

@@ -41,7 +41,7 @@ from typing import Any
 
 from jobs.backend import Closings
 from jobs.values import UserError
-from k8s.follow import Run, follow_runs
+from k8s.follow import Run, follow_runs, node_rank
 from trainer.contract import EXIT_OK, EXIT_STOPPED
 
 OPERATOR_PORT = 23456  # pytorchjob-port, unless the container names a port so
@@ -361,7 +361,9 @@ class PodJob:
         return int(codes[0]) if codes else EXIT_STOPPED
 
     def runs(self) -> list[Run]:
-        return [Run(pod.name, pod.container, 0, pod.label) for pod in self.pods if pod.container]
+        master = "Master" in self.job["spec"]["pytorchReplicaSpecs"]
+        return [Run(pod.name, pod.container, 0, node_rank(pod.replica, pod.index, master))
+                for pod in self.pods if pod.container]
 
     def logs(self, run: Run) -> Iterator[bytes]:
         proc = subprocess.Popen(["podman", "logs", "-f", run.uid], stdout=subprocess.PIPE,
@@ -377,8 +379,8 @@ class PodJob:
             proc.stdout.close()
 
     def follow(self) -> Iterator[str]:
-        """Every pod's lines, prefixed ``[master-0]``, until the job has ended (each step of
-        the control loop is a look of ``k8s.follow``, the real backend's follower)."""
+        """Every pod's lines, labelled as ``torchjob logs`` does, until the job has ended (each
+        step of the control loop is a look of ``k8s.follow``, the real backend's follower)."""
         def look() -> tuple[bool, list[Run]]:
             ended = self.step()
             return ended, self.runs()

@@ -4,7 +4,7 @@
 
 runs the objects that command would submit (an elastic job's store too;
 ``jobs.cli.requests``, nothing rebuilt), prints
-the pods' logs prefixed ``[master-0]`` as ``torchjob logs`` does; Ctrl-C or SIGTERM deletes the
+the pods' logs labelled as ``torchjob logs`` does; Ctrl-C or SIGTERM deletes the
 job; the exit code is the job's as the operator judges it from its containers (0, the failed
 container's code, 143 when deleted after the pods checkpointed). A PersistentVolumeClaim the
 pods mount is the directory ``--claim`` gives it (relative: to where this runs).

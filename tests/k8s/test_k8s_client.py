@@ -57,8 +57,8 @@ def test_submit_status_logs_cancel(emulator: Emulator) -> None:
     listed = json.loads(torchjob(config, "list", "--to", "k8s", "--json").stdout)
     assert [(j["handle"], j["state"]) for j in listed] == [("k8s:default/digits", "RUNNING")]
     logs = torchjob(config, "logs", "--to", "k8s", "digits")
-    assert logs.stdout.splitlines() == ["[master-0] step 10 from master",
-                                        "[worker-0] step 10 from worker"]
+    assert logs.stdout.splitlines() == ["[node 0] step 10 from master",
+                                        "[node 1] step 10 from worker"]
     cancel = torchjob(config, "cancel", "--to", "k8s", "default/digits")
     assert cancel.returncode == 0 and (PODS, "default", "digits") not in emulator.objects
 

@@ -18,9 +18,10 @@ from hypothesis import given, strategies as st
 
 from k8s.backend import STATES
 from k8s.client import ENDED, readable_run
-from k8s.follow import split_lines
+from k8s.follow import labelled, node_rank, split_lines
 from tests.k8s.emulator import Emulator
 from tests.procs import PYTHON, ROOT, env_for_tests
+from trainer.contract import log_prefix
 
 JOB = ("pytorchjobs", "default", "digits")
 SPEC = "jobs/examples/default.yaml"
@@ -117,14 +118,14 @@ def test_run_prints_lines_while_the_job_runs(emulator: Emulator, torchjob: Any,
     run = torchjob("run", "--to", "k8s", SPEC)
     submitted(emulator)
     emulator.add_pod("default", "digits-master-0", labels("master", 0), "step 1 loss ½\n")
-    run.expect("[master-0] step 1 loss ½")
+    run.expect("[node 0] step 1 loss ½")
     emulator.append_log("default", "digits-master-0", "step 2 — €\n")
-    run.expect("[master-0] step 2 — €")  # while the job runs: it is not finished yet
+    run.expect("[node 0] step 2 — €")  # while the job runs: it is not finished yet
     assert "status" not in emulator.objects[JOB] or all(
         c["type"] not in ENDED for c in emulator.objects[JOB]["status"]["conditions"])
     emulator.finish("default", "digits", succeeded=succeeded)
     assert run.exit_code() == code, run.saw()
-    assert run.stdout == ["[master-0] step 1 loss ½", "[master-0] step 2 — €"], run.saw()
+    assert run.stdout == ["[node 0] step 1 loss ½", "[node 0] step 2 — €"], run.saw()
     assert run.stderr == ["torchjob: submitted k8s:default/digits"], run.saw()
     assert ("digits-master-0", True, 200) in emulator.log_reads  # a followed stream
     assert not refused_reads(emulator)
@@ -135,7 +136,7 @@ def test_run_follows_pods_that_come_later_and_restarted_containers(
     run = torchjob("run", "--to", "k8s", SPEC)
     submitted(emulator)
     emulator.add_pod("default", "digits-master-0", labels("master", 0), "master run 0\n")
-    run.expect("[master-0] master run 0")
+    run.expect("[node 0] master run 0")
 
     # a pod that comes later, seen while its container is created: not read before it runs
     emulator.add_pod("default", "digits-worker-0", labels("worker", 0), waiting=True)
@@ -144,24 +145,24 @@ def test_run_follows_pods_that_come_later_and_restarted_containers(
                   f"two more pod listings after worker-0 was added (saw {emulator.pod_lists})")
     emulator.start("default", "digits-worker-0")
     emulator.append_log("default", "digits-worker-0", "worker run 0\n")
-    run.expect("[worker-0] worker run 0")
+    run.expect("[node 1] worker run 0")
 
     # the container restarts (restartCount 1) with a new log
     emulator.restart("default", "digits-master-0", "master run 1\n")
-    run.expect("[master-0] master run 1")
+    run.expect("[node 0] master run 1")
 
     # the pod is recreated: same name, another uid
     emulator.remove_pod("default", "digits-worker-0")
     emulator.add_pod("default", "digits-worker-0", labels("worker", 0), "worker recreated\n")
-    run.expect("[worker-0] worker recreated")
+    run.expect("[node 1] worker recreated")
     emulator.append_log("default", "digits-master-0", "master last\n")
-    run.expect("[master-0] master last")
+    run.expect("[node 0] master last")
 
     emulator.finish("default", "digits")
     assert run.exit_code() == 0, run.saw()
-    assert run.stdout == ["[master-0] master run 0", "[worker-0] worker run 0",
-                          "[master-0] master run 1", "[worker-0] worker recreated",
-                          "[master-0] master last"], run.saw()  # each line once
+    assert run.stdout == ["[node 0] master run 0", "[node 1] worker run 0",
+                          "[node 0] master run 1", "[node 1] worker recreated",
+                          "[node 0] master last"], run.saw()  # each line once
     assert not refused_reads(emulator), emulator.log_reads
 
 
@@ -176,7 +177,7 @@ def test_logs_follow_of_a_finished_job_prints_everything_once(emulator: Emulator
     assert follow.exit_code() == 0, follow.saw()
     once = torchjob("logs", "k8s:default/digits")
     assert once.exit_code() == 0, once.saw()
-    for prefix, lines in (("[master-0]", ["m1", "m2"]), ("[worker-0]", ["w1", "w2 without a "
+    for prefix, lines in (("[node 0]", ["m1", "m2"]), ("[node 1]", ["w1", "w2 without a "
                                                                           "newline"])):
         assert [x for x in follow.stdout if x.startswith(prefix)] == \
             [f"{prefix} {line}" for line in lines], follow.saw()
@@ -195,7 +196,7 @@ def test_ctrl_c_stops_following_cleanly(emulator: Emulator, torchjob: Any,
         assert torchjob("submit", "--to", "k8s", SPEC).exit_code() == 0
         proc = torchjob("logs", "-f", "k8s:default/digits")
     emulator.add_pod("default", "digits-master-0", labels("master", 0), "training\n")
-    proc.expect("[master-0] training")
+    proc.expect("[node 0] training")
     proc.proc.send_signal(signal.SIGINT)
     assert proc.exit_code() == 130, proc.saw()
     assert not any("Traceback" in line for line in proc.stderr), proc.saw()
@@ -209,7 +210,7 @@ def test_errors_while_following_are_one_line_and_exit_2(emulator: Emulator,
     run = torchjob("run", "--to", "k8s", SPEC)
     submitted(emulator)
     emulator.add_pod("default", "digits-master-0", labels("master", 0), "training\n")
-    run.expect("[master-0] training")
+    run.expect("[node 0] training")
     emulator.forbidden = True  # the next look at the job is refused
     assert run.exit_code() == 2, run.saw()
     assert "HTTP 403" in run.stderr[-1] and "RBAC" in run.stderr[-1], run.saw()
@@ -231,17 +232,43 @@ def test_which_run_of_a_container_can_be_read() -> None:
         return NS(metadata=NS(name="p", uid="u"), status=NS(container_statuses=[status]))
     none = {"running": None, "terminated": None, "waiting": None}
     creating = pod(0, {**none, "waiting": NS(reason="ContainerCreating")}, none)
-    assert readable_run(creating, "pytorch", "master-0") is None
-    running = readable_run(pod(2, {**none, "running": NS()}, none), "pytorch", "master-0")
+    assert readable_run(creating, "pytorch", 0) is None
+    running = readable_run(pod(2, {**none, "running": NS()}, none), "pytorch", 0)
     assert running is not None and running.key == ("u", 2)
     # crashed, waiting to restart: the kubelet serves the run that ended, still number 2
     backoff = pod(2, {**none, "waiting": NS(reason="CrashLoopBackOff")},
                   {**none, "terminated": NS(exit_code=1)})
-    crashed = readable_run(backoff, "pytorch", "master-0")
+    crashed = readable_run(backoff, "pytorch", 0)
     assert crashed is not None and crashed.key == ("u", 2)
     assert readable_run(NS(metadata=NS(name="p", uid="u"), status=NS(container_statuses=None)),
-                        "pytorch", "master-0") is None
+                        "pytorch", 0) is None
 
 
 def test_the_conditions_that_end_following_are_the_terminal_states() -> None:
     assert set(ENDED) == {condition for condition, state in STATES.items() if state.terminal}
+
+
+def test_lines_are_labelled_by_node_rank_as_on_every_backend() -> None:
+    """A worker's line keeps the agent's prefix; a pod's own line gets its node rank."""
+    assert [node_rank("master", 0, True), node_rank("worker", 0, True),
+            node_rank("Worker", 4, True)] == [0, 1, 5]  # PET_NODE_RANK of a PyTorchJob
+    assert node_rank("worker", 3, False) == 3  # Worker-only (elastic)
+    assert node_rank("node", 2, False) == 2  # TrainJob: the Job completion index
+    worker = log_prefix(1, 3, 0) + "step 1 loss 0.5"
+    assert labelled(1, worker) == worker
+    assert labelled(1, "waiting for j-rdzv to resolve") == "[node 1] waiting for j-rdzv to resolve"
+    assert labelled(0, "[node 0] x") == "[node 0] [node 0] x"  # not a worker's prefix
+
+
+def test_worker_lines_come_through_with_their_own_prefix(emulator: Emulator,
+                                                         torchjob: Any) -> None:
+    assert torchjob("submit", "--to", "k8s", SPEC).exit_code() == 0
+    emulator.add_pod("default", "digits-master-0", labels("master", 0),
+                     "torchjob: agent up\n[node 0 rank 1 attempt 2] step 3\n")
+    emulator.add_pod("default", "digits-worker-0", labels("worker", 0),
+                     "[node 1 rank 2 attempt 2] step 3\n")
+    emulator.finish("default", "digits")
+    once = torchjob("logs", "k8s:default/digits")
+    assert once.exit_code() == 0, once.saw()
+    assert once.stdout == ["[node 0] torchjob: agent up", "[node 0 rank 1 attempt 2] step 3",
+                           "[node 1 rank 2 attempt 2] step 3"], once.saw()

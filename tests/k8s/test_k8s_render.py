@@ -113,7 +113,8 @@ def test_elastic_is_worker_only_meeting_at_its_own_store_service() -> None:
 
 def test_the_store_deployment_and_service() -> None:
     spec = loads("name: job\nnnodes: 1:2\nrdzv: {port: 29999}\nimage: reg/img:1\n"
-                 "resources: {gpus: 2, cpu: 8}\nk8s: {namespace: team, queue: q, "
+                 "nproc_per_node: 2\nresources: {gpus: 2, cpu: 8}\n"
+                 "k8s: {namespace: team, queue: q, "
                  "priority_class: high}")
     deployment, service = render_store(spec)
     ours = {"app.kubernetes.io/name": "job", "app.kubernetes.io/component": "rendezvous",
@@ -144,8 +145,10 @@ def test_an_elastic_name_leaves_room_for_the_store_service() -> None:
     assert render_store(loads(f"name: {fits}\nnnodes: 1:2"))[1]["metadata"]["name"] \
         == fits + "-rdzv"
     with pytest.raises(SpecError, match="at most 58"):
-        render_objects(loads(f"name: {fits}x\nnnodes: 1:2"))
-    assert render_objects(loads(f"name: {fits}x\nnnodes: 2"))  # fixed size: no store
+        render_store(loads(f"name: {fits}x\nnnodes: 1:2"))
+    # through render_objects the Workers' <name>-worker-<i> is the tighter limit (54)
+    with pytest.raises(SpecError, match="at most 54"):
+        render_objects(loads(f"name: {fits}\nnnodes: 1:2"))
 
 
 def test_wait_for_host_waits_then_execs_with_argv_intact(tmp_path: Path) -> None:
@@ -186,13 +189,13 @@ def test_pod_contents_resources_shm_pvc_secrets_and_security() -> None:
 
 
 def test_trainjob_runs_the_agent_at_node_0_as_the_torch_plugin_names_it() -> None:
-    spec = loads("name: job\nnnodes: 2\nnproc_per_node: 3\nresources: {gpus: 1}\n"
+    spec = loads("name: job\nnnodes: 2\nnproc_per_node: 3\nresources: {gpus: 3}\n"
                  "k8s: {pvc: runs}")
     obj = render_trainjob(spec)
     trainer = obj["spec"]["trainer"]
     assert obj["spec"]["runtimeRef"] == {"name": "torch-distributed"}
     assert trainer["numNodes"] == 2 and trainer["numProcPerNode"] == 3  # PET_* agree
-    assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "1"
+    assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "3"
     host = "job-node-0-0.job"  # PET_MASTER_ADDR (torch.go)
     assert trainer["command"][:5] == ["python", "-c", WAIT_FOR_HOST, host, "600"]
     agent = agent_command(on_cluster(spec), python="python", rdzv_endpoint=f"{host}:29400",
@@ -329,7 +332,72 @@ def test_render_manifest_validates_before_it_prints() -> None:
     spec = loads("name: job\nnnodes: 2\nk8s: {pvc: runs}")
     assert yaml.safe_load(render_manifest(spec, "trainjob"))["kind"] == "TrainJob"
     assert render_manifest(spec) == manifest_text(render_pytorchjob(spec))
-    with pytest.raises(UserError, match=r"secret-literal"):
+    with pytest.raises(SpecError, match=r"^env.HF_TOKEN: .*credential.*secrets: "):
         render_manifest(loads("name: job\nenv: {HF_TOKEN: hf_abcdefghijkl}"))
     with pytest.raises(UserError, match=r"valid: pytorchjob, trainjob"):
         render_manifest(spec, "mpijob")
+
+
+# (target, nnodes, the longest name that fits): 63 minus what the operator appends
+NAME_LIMITS = [("pytorchjob", "1", 54),        # <name>-master-0
+               ("pytorchjob", "11", 54),       # <name>-worker-9
+               ("pytorchjob", "12", 53),       # <name>-worker-10
+               ("pytorchjob", "1:10", 54),     # <name>-worker-9 (and <name>-rdzv: 58)
+               ("pytorchjob", "1:11", 53),     # <name>-worker-10
+               ("trainjob", "10", 48),         # <name>-node-0-9-abcde
+               ("trainjob", "11", 47)]         # <name>-node-0-10-abcde
+
+
+@pytest.mark.parametrize("target,nnodes,limit", NAME_LIMITS)
+def test_names_fit_the_pods_and_services_the_operators_derive(target: str, nnodes: str,
+                                                              limit: int) -> None:
+    fits = "j" * limit
+    shared = "\nk8s: {pvc: runs}"  # several nodes keep their checkpoints on a shared claim
+    objs = render_objects(loads(f"name: {fits}\nnnodes: '{nnodes}'{shared}"), target)
+    assert objs[0]["metadata"]["name"] == fits
+    with pytest.raises(SpecError, match=rf"^name: 'j+' is {limit + 1} characters: .* at most "
+                                        rf"63; use a name of at most {limit} characters$"):
+        render_objects(loads(f"name: {fits}j\nnnodes: '{nnodes}'{shared}"), target)
+
+
+def test_kueue_needs_requests_and_places_by_topology() -> None:
+    base = "name: job\nnnodes: 3\nk8s: {queue: q, topology: {level: x.io/rack}}\n"
+    with pytest.raises(SpecError, match=r"^resources.cpu: is unset, but k8s.queue 'q' .*"
+                                        r"set resources.cpu"):
+        render_objects(loads(base))
+    with pytest.raises(SpecError, match=r"^resources.memory: is unset"):
+        render_objects(loads(base + "resources: {cpu: 2}"))
+    job = render_objects(loads(base + "resources: {cpu: 2, memory: 4Gi}"))[0]
+    for rs in replicas(job).values():
+        assert rs["template"]["metadata"]["annotations"] == {
+            "kueue.x-k8s.io/podset-required-topology": "x.io/rack",
+            "kueue.x-k8s.io/podset-group-name": "job"}  # Master and Workers: one domain
+        assert rs["template"]["spec"]["containers"][0]["resources"]["requests"] == {
+            "cpu": "2", "memory": "4Gi"}
+    elastic = render_objects(loads(
+        "name: job\nnnodes: 1:3\nresources: {cpu: 2, memory: 4Gi}\n"
+        "k8s: {queue: q, topology: {level: rack, mode: preferred}}"))[0]
+    assert replicas(elastic)["Worker"]["template"]["metadata"]["annotations"] == {
+        "kueue.x-k8s.io/podset-preferred-topology": "rack"}
+    with pytest.raises(SpecError, match=r"^<string>: k8s.topology: needs k8s.queue"):
+        loads("name: job\nk8s: {topology: {level: rack}}")
+    with pytest.raises(SpecError, match=r"^<string>: k8s.volcano_queue: 'v' and k8s.queue "
+                                        r"'q' are both"):
+        loads("name: job\nk8s: {queue: q, volcano_queue: v}")
+    with pytest.raises(SpecError, match=r"^k8s.topology: is not rendered for TrainJob"):
+        render_objects(loads(base.replace("3", "2") + "resources: {cpu: 2, memory: 4Gi}"),
+                       "trainjob")
+
+
+def test_literal_secrets_by_an_explicit_rule_with_an_opt_out() -> None:
+    """Refused: a literal value of a variable whose name ends in _KEY, _TOKEN, _SECRET,
+    _PASSWORD (or a value shaped like a token); TOKEN_BUDGET and MAX_TOKENS are not secrets."""
+    for name in ("TOKEN_BUDGET", "MAX_TOKENS", "KEYBOARD", "SECRETS_DIR", "PASSWORD_MIN_LEN"):
+        render_objects(loads(f"name: job\nenv: {{{name}: '5'}}"))
+    for name in ("HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "TOKEN"):
+        with pytest.raises(SpecError, match=rf"^env.{name}: has a literal value, .* secrets: "
+                                            rf".*k8s.allow_literal_env: \[{name}\]$"):
+            render_objects(loads(f"name: job\nenv: {{{name}: abc}}"))
+    ok = loads("name: job\nenv: {SORT_KEY: abc}\nk8s: {allow_literal_env: [SORT_KEY]}")
+    assert {"name": "SORT_KEY", "value": "abc"} in containers(render_objects(ok)[0])[0]["env"]
+    render_objects(loads("name: job\nenv: {HF_TOKEN: ''}"))  # empty: nothing to hide

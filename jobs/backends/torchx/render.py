@@ -9,6 +9,15 @@ TorchX substitutes its macros (``$app_id``, ``${app_id}``, ``$$``: ``string.Temp
 ``Role.args`` and ``Role.env`` values: every user string is written there with each ``$``
 doubled (``literal``), so that it arrives unchanged; only the macros this module writes
 (``Macro``) are left to TorchX.
+
+On Kubernetes the kubelet then expands ``$(VAR)`` and ``$$`` in the pod's command and env. A
+user word of the ``bash -c`` script is written so that no ``$`` in it is followed by ``(`` or
+``$`` (``shell_word``: each ``$`` closes its single-quoted segment, ``'$''...'``), which bash
+reads back as written and the kubelet leaves alone, whatever the scheduler: ``torchx run
+jobs/components.py:train`` does not know it. User env values are escaped for the kubelet when
+the caller says the scheduler is Kubernetes (``kubelet``); a caller that cannot know
+(``env_in_script``, the component) passes them as ``env NAME=VALUE`` words of the script
+instead, so they are protected the same way.
 """
 
 from __future__ import annotations
@@ -43,6 +52,13 @@ def literal(text: str) -> str:
     return text.replace("$", "$$")
 
 
+def shell_word(arg: str) -> str:
+    """``arg`` quoted for bash, with no ``$`` followed by ``(`` or ``$`` (which the kubelet
+    would expand): shlex puts every ``$`` inside a single-quoted segment, and ``'a$''(b)'``
+    is ``a$(b)`` to bash."""
+    return shlex.quote(arg).replace("$", "$''")
+
+
 def rdzv_endpoint(spec: JobSpec) -> Macro:
     """``localhost:0`` (a free port) on one node; else rank 0's host, as TorchX exports it.
     ``$$`` survives TorchX's macro substitution as ``$`` for bash to expand."""
@@ -53,10 +69,12 @@ def rdzv_endpoint(spec: JobSpec) -> Macro:
 
 def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retries: int = 0,
                   named_resource: str | None = None, python: str = "python",
-                  kubelet: bool = False) -> specs.AppDef:
+                  kubelet: bool = False, env_in_script: bool = False) -> specs.AppDef:
     """The AppDef that ``torchx run`` / ``torchjob submit --to torchx:SCHEDULER`` submits.
     ``kubelet``: for a Kubernetes scheduler, whose pods' command and env the kubelet expands
-    too (``$(VAR)``), user strings are escaped for it as well."""
+    too (``$(VAR)``), user strings are escaped for it as well. ``env_in_script``: the user's
+    env as ``env NAME=VALUE`` words of the script, for a caller that does not know the
+    scheduler."""
     if spec.secrets:
         raise SpecError("secrets", "TorchX has no secret references: for local schedulers "
                         "put the variable in env, on Kubernetes use --to k8s")
@@ -73,8 +91,11 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
     def word(arg: str) -> str:  # bash expands the endpoint; every other word is quoted
         if arg is endpoint:
             return arg
-        return shlex.quote(arg) if isinstance(arg, Macro) else user(shlex.quote(arg))
+        return shlex.quote(arg) if isinstance(arg, Macro) else user(shell_word(arg))
 
+    user_env = {} if env_in_script else {k: user(v) for k, v in spec.env.items()}
+    if env_in_script and spec.env:
+        command = ("env", *(f"{k}={v}" for k, v in spec.env.items()), *command)
     script = " ".join(word(arg) for arg in command)
     if named_resource:
         resource = specs.resource(h=named_resource)
@@ -91,7 +112,7 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
         name=ROLE, image=spec.image, entrypoint="bash", args=["-c", script],
         num_replicas=spec.nnodes.max, min_replicas=spec.nnodes.min, resource=resource,
         env={"OMP_NUM_THREADS": str(omp_threads(resource.cpu, spec.nproc_per_node)),
-             "PYTHONUNBUFFERED": "1", **{k: user(v) for k, v in spec.env.items()}},
+             "PYTHONUNBUFFERED": "1", **user_env},
         port_map={"c10d": spec.rdzv.port},
         max_retries=max_retries, mounts=mounts)
     return specs.AppDef(name=spec.name, roles=[role])
