@@ -75,7 +75,7 @@ def pytorchjob(obj: dict[str, Any]) -> Iterator[Rule]:
     if name is not None and (len(name) > 63 or not DNS_1035.fullmatch(name)):
         yield ("name", "metadata.name", f"{name!r} is not a DNS-1035 label (lower case letters, "
                "digits and '-', starting with a letter, at most 63 characters)")
-    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    spec: dict[str, Any] = obj["spec"] if isinstance(obj.get("spec"), dict) else {}
     managed = _get(spec, "runPolicy", "managedBy")
     if managed is not None and managed not in MANAGED_BY:
         yield ("managed-by", "spec.runPolicy.managedBy", f"{managed!r} is not one of "
@@ -169,7 +169,8 @@ def trainjob(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[Rule]:
     if known is None and kind == "ClusterTrainingRuntime":
         framework = DEFAULT_RUNTIMES.get(str(ref.get("name")))
     env = _list(_get(obj, "spec", "trainer", "env"))
-    reserved = sorted({e.get("name") for e in env if isinstance(e, dict)} & set(TORCH_RESERVED))
+    reserved = sorted({str(e.get("name")) for e in env if isinstance(e, dict)}
+                      & set(TORCH_RESERVED))
     if framework == "torch" and reserved:
         yield ("reserved-env", "spec.trainer.env", f"must not set torchrun's reserved "
                f"variables {reserved}: the torch runtime sets them")
