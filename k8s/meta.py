@@ -129,15 +129,23 @@ def annotations_problems(annotations: object, path: str) -> Iterator[MetaProblem
         yield path, f"are {size} bytes; the limit is {MAX_ANNOTATIONS}"
 
 
-def object_meta_problems(meta: object, namespaced: bool = True) -> Iterator[MetaProblem]:
+def object_meta_problems(meta: object, namespaced: bool = True,
+                         names: bool = True) -> Iterator[MetaProblem]:
     """Problems of a custom resource's ``metadata`` on create (ValidateObjectMetaAccessor with
-    NameIsDNSSubdomain, after the name is generated)."""
+    NameIsDNSSubdomain, after the name is generated). ``names=False`` leaves name and
+    generateName to the caller (a core kind with a rule of its own)."""
     if not isinstance(meta, dict):
         yield "metadata", "is required and must be a mapping (with name or generateName)"
         return
     for key in meta:
         if key not in OBJECT_META:
             yield f"metadata.{key}", "is not a field of ObjectMeta"
+    if names:
+        yield from _names(meta)
+    yield from _after_names(meta, namespaced)
+
+
+def _names(meta: dict[str, Any]) -> Iterator[MetaProblem]:
     name, prefix = meta.get("name"), meta.get("generateName")
     for field, value in (("name", name), ("generateName", prefix)):
         if value is not None and not isinstance(value, str):
@@ -152,6 +160,9 @@ def object_meta_problems(meta: object, namespaced: bool = True) -> Iterator[Meta
     elif subdomain_problem(full):
         yield ("metadata.name" if name else "metadata.generateName",
                f"{full!r} {subdomain_problem(full)}")
+
+
+def _after_names(meta: dict[str, Any], namespaced: bool) -> Iterator[MetaProblem]:
     namespace = meta.get("namespace")
     if namespace is not None:
         if not namespaced:

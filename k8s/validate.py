@@ -71,6 +71,8 @@ def validate(obj: object, *, pod_security: bool = True,
     problems: list[Problem] = []
     if key in CORE_KINDS:
         problems += [Problem(*rule) for rule in CORE_KINDS[key](obj)]
+        problems += [Problem("metadata", path, message) for path, message
+                     in object_meta_problems(obj.get("metadata"), names=False)]
     else:
         found = structural_problems(obj)
         problems += [Problem("cel" if "(CEL: " in message else "schema", path, message)
