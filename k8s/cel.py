@@ -1,13 +1,16 @@
 """The CRDs' CEL rules (``x-kubernetes-validations``), evaluated as the API server does on
 create.
 
-The evaluator is cel-python (PyPI ``cel-python``, import ``celpy``): pure Python, it installs
-with pip everywhere torchjob does, and it evaluates every rule of the vendored CRDs (a test runs
-each one): ``self``, ``has()``, ``size()`` and ``.size()``, ``in``, ``matches`` (RE2, through
-google-re2, the regular expression engine Kubernetes' CEL uses), ``all``, ``exists`` and
-``filter``. The other candidates were bindings to native CEL runtimes (cel-expr-python,
-common-expression-language); the rules here need nothing they add, and a pure-Python package
-cannot lack a wheel for a platform.
+The evaluator is cel-python (PyPI ``cel-python``, import ``celpy``): a Python implementation of
+CEL that installs with pip here and evaluates every rule of the vendored CRDs (a test runs each
+one, true and false): ``self``, ``has()``, ``size()`` and ``.size()``, ``in``, ``matches``
+(RE2, through google-re2, the regular expression engine of Kubernetes' CEL), ``all``,
+``exists`` and ``filter``. common-expression-language (bindings to the Rust cel crate) also
+installs and gets the same answers on these rules; cel-python was kept for being Python
+(errors and values are Python objects we can read, no compiled CEL runtime to trust) and as
+fast to start (both take about a second on first use: building cel-python's parser, importing
+the other). The environment is built on first use, so manifests without create-time rules
+(a PyTorchJob: its one rule is a transition rule) never pay for it.
 
 Transition rules (those that reference ``oldSelf``) are skipped, which is what the API server
 does on create: there is no old object. A rule that cannot be evaluated (a missing field it
@@ -25,13 +28,17 @@ import celpy
 
 CelProblem = tuple[str, str]  # (field path, message)
 OLD_SELF = re.compile(r"\boldSelf\b")
-_ENV = celpy.Environment()
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> Any:
+    return celpy.Environment()
 
 
 @functools.lru_cache(maxsize=None)
 def program(rule: str) -> Any:
     """The compiled program of one rule (cached: the CRDs repeat a few rules many times)."""
-    return _ENV.program(_ENV.compile(rule))
+    return environment().program(environment().compile(rule))
 
 
 def is_transition_rule(rule: str) -> bool:

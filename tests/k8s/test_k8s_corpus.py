@@ -69,6 +69,16 @@ def test_every_corpus_file_gets_upstreams_verdict() -> None:
                                          "ClusterTrainingRuntime"}
 
 
+def test_copied_upstream_files_are_byte_for_byte() -> None:
+    """A file copied from upstream has the git blob its index entry names (so an edit shows)."""
+    import hashlib
+    for e in entries():
+        if "blob" in e:
+            data = (CORPUS / e["file"]).read_bytes()
+            blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+            assert blob == e["blob"], f"{e['file']} differs from {e['repo']} {e['ref']}:{e['path']}"
+
+
 def test_the_corpus_covers_every_pod_security_control() -> None:
     """Each restricted control broken once in the probes (the messages name the control)."""
     controls = set()
