@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from k8s import podsecurity, webhooks
+from k8s import podsecurity, runtimes as known_runtimes, webhooks
 from k8s.corekinds import CORE_KINDS
 from k8s.meta import object_meta_problems, template_meta_problems
 from k8s.schema import CRDS, is_namespaced, structural_problems
@@ -57,14 +57,19 @@ class Problem:
         return f"{head}{self.path or '<manifest>'}: {self.message} [{self.rule}]"
 
 
-Runtimes = webhooks.Runtimes
+Runtimes = known_runtimes.Runtimes
 
 
-def validate(obj: object, *, pod_security: bool = True,
-             runtimes: Runtimes | None = None) -> list[Problem]:
+def validate(obj: object, *, pod_security: bool = True, runtimes: Runtimes | None = None,
+             runtime_pods: bool = False) -> list[Problem]:
     """Every problem of one manifest (a dict as parsed from YAML); [] when it is valid.
     ``pod_security=False`` leaves out the "restricted" report; ``runtimes``: the training
-    runtimes known besides upstream's defaults (validate_text passes those of its text)."""
+    runtimes a TrainJob may use (default: those upstream installs; validate_text adds those
+    of its text); ``runtime_pods``: Pod Security of a TrainJob's pods as its known runtime makes
+    them (off by default until torchjob's TrainJob carries the securityContext patches; the
+    stock torch-distributed runtime sets none, so "restricted" refuses its pods)."""
+    if runtimes is None:
+        runtimes = known_runtimes.default_runtimes()
     if not isinstance(obj, dict):
         return [Problem("manifest", "", f"is {type(obj).__name__}, not a mapping")]
     key = (str(obj.get("apiVersion")), str(obj.get("kind")))
@@ -81,12 +86,12 @@ def validate(obj: object, *, pod_security: bool = True,
             return problems
         problems += [Problem("metadata", path, message) for path, message
                      in object_meta_problems(obj.get("metadata"), is_namespaced(*key))]
-        problems += [Problem(*rule) for rule in _webhook(obj, key[1], runtimes or {})]
+        problems += [Problem(*rule) for rule in _webhook(obj, key[1], runtimes)]
     problems += [Problem("pod-template-labels", path, message)
                  for path, message in _template_meta(obj)]
     if pod_security:
         problems += [Problem("pod-security", path, message, "restricted")
-                     for path, message in _restricted(obj)]
+                     for path, message in _restricted(obj, runtimes if runtime_pods else {})]
     problems += _lint(obj)
     return problems
 
@@ -144,7 +149,18 @@ def _template_meta(obj: dict[str, Any]) -> Iterator[tuple[str, str]]:
             yield from template_meta_problems(_get(rjob, "template", "metadata"), where)
 
 
-def _restricted(obj: dict[str, Any]) -> Iterator[tuple[str, str]]:
+def _restricted(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[tuple[str, str]]:
+    """Pod Security of every pod: a TrainJob's are its known runtime's with its patches."""
+    if obj.get("kind") == "TrainJob":
+        kind, runtime = known_runtimes.referenced(obj, runtimes)
+        if runtime is not None:
+            name = _get(runtime, "metadata", "name")
+            for job, template in known_runtimes.trainjob_pods(obj, runtime):
+                where = (f"spec.runtimeRef({kind} {name}: replicatedJobs[{job}] with "
+                         "spec.runtimePatches).template.spec")
+                yield from podsecurity.restricted(_get(template, "spec") or {}, where,
+                                                  _get(template, "metadata", "annotations"))
+            return
     for where, template, complete in pod_templates(obj):
         pod = _get(template, "spec")
         if isinstance(pod, dict):
@@ -153,7 +169,8 @@ def _restricted(obj: dict[str, Any]) -> Iterator[tuple[str, str]]:
                                               complete)
 
 
-def validate_text(text: str, *, pod_security: bool = True) -> list[Problem]:
+def validate_text(text: str, *, pod_security: bool = True,
+                  runtime_pods: bool = False) -> list[Problem]:
     """Problems of every YAML document in ``text``; paths get ``[i]`` when there are several.
     The training runtimes among the documents serve the TrainJobs among them."""
     try:
@@ -162,14 +179,17 @@ def validate_text(text: str, *, pod_security: bool = True) -> list[Problem]:
         return [Problem("yaml", "", " ".join(str(exc).split()))]
     if not docs:
         return [Problem("manifest", "", "the text holds no YAML document")]
-    runtimes = {webhooks.runtime_key(d): d for d in docs if isinstance(d, dict)
-                and (d.get("apiVersion"), d.get("kind")) in CRDS
-                and d.get("kind") in webhooks.RUNTIME_KINDS}
+    runtimes = known_runtimes.default_runtimes()
+    runtimes.update({known_runtimes.runtime_key(d): d for d in docs if isinstance(d, dict)
+                     and (d.get("apiVersion"), d.get("kind")) in CRDS
+                     and d.get("kind") in webhooks.RUNTIME_KINDS})
     if len(docs) == 1:
-        return validate(docs[0], pod_security=pod_security, runtimes=runtimes)
+        return validate(docs[0], pod_security=pod_security, runtimes=runtimes,
+                        runtime_pods=runtime_pods)
     return [Problem(p.rule, f"[{i}].{p.path}" if p.path else f"[{i}]", p.message, p.layer)
             for i, doc in enumerate(docs)
-            for p in validate(doc, pod_security=pod_security, runtimes=runtimes)]
+            for p in validate(doc, pod_security=pod_security, runtimes=runtimes,
+                              runtime_pods=runtime_pods)]
 
 
 def _lint(obj: dict[str, Any]) -> list[Problem]:

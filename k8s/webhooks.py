@@ -12,8 +12,8 @@ one of two controllers. Nothing else: the CRD has no enum for ``rdzvBackend``,
 TrainJob (v2.3.0, pkg/webhooks/trainjob_webhook.go): the runtime of ``spec.runtimeRef`` must be
 a registered kind (TrainingRuntime or ClusterTrainingRuntime of trainer.kubeflow.org), then that
 runtime's plugins validate the job. Those need the runtime object, which only a cluster has;
-here it is one found among the documents being validated, or for the torch plugin's reserved
-variables one of upstream's default ClusterTrainingRuntimes by name. Checked:
+here it is one found among the documents being validated or one of the ClusterTrainingRuntimes
+upstream installs (``k8s.runtimes``). Checked:
 runtimePatches' managers are domain-prefixed paths (jobset plugin); with the runtime known,
 patches name only its replicated jobs and containers, set no env of the node and initializer
 containers, and an initializer needs its job and container (jobset plugin); with a torch
@@ -35,6 +35,7 @@ from typing import Any
 
 from jobs.values import DNS_1035, DNS_1123_SUBDOMAIN
 from k8s.meta import effective_name
+from k8s.runtimes import Runtimes, referenced
 
 Rule = tuple[str, str, str]  # (rule, field path, message)
 GROUP = "trainer.kubeflow.org"
@@ -44,20 +45,12 @@ MANAGED_BY = ("kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue")
 # constants.TorchRunReservedEnvNames
 TORCH_RESERVED = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
                   "PET_MASTER_PORT")
-# The ClusterTrainingRuntimes upstream installs (v2.3.0 manifests/base/runtimes) and their
-# mlPolicy kind, for a TrainJob whose runtime is not among the documents validated.
-DEFAULT_RUNTIMES = {"torch-distributed": "torch", "torch-distributed-with-cache": "torch",
-                    "torchtune-llama3.2-1b": "torch", "torchtune-llama3.2-3b": "torch",
-                    "torchtune-qwen2.5-1.5b": "torch", "deepspeed-distributed": "mpi",
-                    "mlx-distributed": "mpi", "jax-distributed": "jax",
-                    "xgboost-distributed": "xgboost"}
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 ANCESTOR_CONTAINER = {"trainer": "node", "model-initializer": "model-initializer",
                       "dataset-initializer": "dataset-initializer"}
 INITIALIZER_VOLUME = "initializer"
 FLUX_INSTALLER = "flux-installer"
 HTTP_PATH = re.compile(r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+")
-Runtimes = dict[tuple[str, str, str], dict[str, Any]]  # (kind, namespace, name) -> object
 
 
 def _get(obj: Any, *keys: str) -> Any:
@@ -119,12 +112,6 @@ def pytorchjob(obj: dict[str, Any]) -> Iterator[Rule]:
                    f"{key} out)")
 
 
-def runtime_key(obj: dict[str, Any]) -> tuple[str, str, str]:
-    kind = str(obj.get("kind"))
-    namespace = _get(obj, "metadata", "namespace") or "default"
-    return kind, namespace if kind == "TrainingRuntime" else "", str(_get(obj, "metadata", "name"))
-
-
 def runtime(obj: dict[str, Any]) -> Iterator[Rule]:
     """validateReplicatedJobs of the TrainingRuntime/ClusterTrainingRuntime webhook."""
     base = "spec.template.spec.replicatedJobs"
@@ -144,21 +131,12 @@ def runtime(obj: dict[str, Any]) -> Iterator[Rule]:
                    f"ancestor {ancestor}")
 
 
-def _runtime_of(obj: dict[str, Any], runtimes: Runtimes) -> tuple[str, dict[str, Any] | None]:
-    """The kind of the job's runtime and the runtime object when it is known."""
-    ref = _get(obj, "spec", "runtimeRef")
-    kind = str(_get(ref, "kind") or "ClusterTrainingRuntime")  # the CRD's defaults
-    namespace = str(_get(obj, "metadata", "namespace") or "default")
-    key = (kind, namespace if kind == "TrainingRuntime" else "", str(_get(ref, "name")))
-    return kind, runtimes.get(key)
-
-
 def trainjob(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[Rule]:
     ref = _get(obj, "spec", "runtimeRef")
     if not isinstance(ref, dict):
         return
     group = ref.get("apiGroup", GROUP)
-    kind, known = _runtime_of(obj, runtimes)
+    kind, known = referenced(obj, runtimes)
     if group != GROUP or kind not in RUNTIME_KINDS:
         yield ("runtime-ref", "spec.runtimeRef", f"unsupported runtime {kind}.{group}: "
                f"{' or '.join(RUNTIME_KINDS)} of {GROUP}")
@@ -166,8 +144,6 @@ def trainjob(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[Rule]:
     policy = _get(known, "spec", "mlPolicy")
     framework = next((k for k in ("torch", "mpi", "jax", "xgboost", "flux")
                       if isinstance(policy, dict) and k in policy), None)
-    if known is None and kind == "ClusterTrainingRuntime":
-        framework = DEFAULT_RUNTIMES.get(str(ref.get("name")))
     env = _list(_get(obj, "spec", "trainer", "env"))
     reserved = sorted({str(e.get("name")) for e in env if isinstance(e, dict)}
                       & set(TORCH_RESERVED))

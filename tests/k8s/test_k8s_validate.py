@@ -454,3 +454,19 @@ def test_int_or_string_quantities_and_generate_name() -> None:
     job["metadata"] = {}
     assert rules(validate(job)) == {("metadata", "metadata.name")}
 
+
+
+def test_a_trainjobs_pods_are_its_runtimes_with_its_patches() -> None:
+    """runtime_pods: the stock torch-distributed runtime's node pods break restricted; a patch
+    that sets the securityContext fixes that, merged by container name."""
+    from k8s.runtimes import merge
+    assert merge({"containers": [{"name": "node", "image": "i"}]},
+                 {"containers": [{"name": "node", "securityContext": {"a": 1}},
+                                 {"name": "side"}]}) == {
+        "containers": [{"name": "node", "image": "i", "securityContext": {"a": 1}},
+                       {"name": "side"}]}
+    job = yaml.safe_load(TRAINJOB)
+    assert validate(job) == []
+    stock = validate(job, runtime_pods=True)
+    assert {p.layer for p in stock} == {"restricted"} and len(stock) == 4
+    assert all("replicatedJobs[node]" in p.path for p in stock)
