@@ -71,6 +71,55 @@ def test_every_corpus_file_gets_upstreams_verdict() -> None:
                                          "ClusterTrainingRuntime"}
 
 
+def test_every_cel_rule_of_the_vendored_crds_evaluates() -> None:
+    """cel-python compiles and runs each create-time rule of every CRD in k8s/schemas and
+    /work/shared/k8s-schemas (when present) on a value that satisfies it and one that does
+    not; transition rules (oldSelf) are skipped on create, as by the API server."""
+    from k8s.cel import holds, is_transition_rule, rule_problems
+    from k8s.schema import SCHEMA_DIR
+    rules: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            rules.update(v["rule"] for v in node.get("x-kubernetes-validations", []))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+    shared = Path("/work/shared/k8s-schemas")
+    for path in [*SCHEMA_DIR.glob("*.yaml"), *(shared.glob("*.yaml") if shared.is_dir() else [])]:
+        walk(yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+    samples: dict[str, tuple[object, object]] = {
+        "!(has(self.startupPolicy) && self.startupPolicy.startupPolicyOrder == 'InOrder' && "
+        "self.replicatedJobs.exists(x, has(x.dependsOn)))": (
+            {"replicatedJobs": [{"name": "a", "dependsOn": []}]},
+            {"startupPolicy": {"startupPolicyOrder": "InOrder"},
+             "replicatedJobs": [{"dependsOn": []}]}),
+        "!self.exists(c, c == 'node')": (["a"], ["node"]),
+        "[has(self.torch), has(self.mpi), has(self.jax), has(self.xgboost),has(self.flux)]"
+        ".filter(x, x).size() <= 1": ({"torch": {}}, {"torch": {}, "mpi": {}}),
+        "has(self.lastUpdatedTime)": ({"lastUpdatedTime": "x"}, {}),
+        "self == '' || self.matches('^[A-Za-z][A-Za-z0-9+.-]*://.+$')": ("hf://x/y", "s3://"),
+        "self >= 1": (1, 0),
+        "self in ['trainer.kubeflow.org/trainjob-controller', 'kueue.x-k8s.io/multikueue']": (
+            "kueue.x-k8s.io/multikueue", "other"),
+        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')": (
+            {"metadata": {"name": "a-1"}}, {"metadata": {"name": "a.1"}}),
+        "self.templates.all(t, !has(t.metadata.namespace) || size(t.metadata.namespace) == 0)": (
+            {"templates": [{"metadata": {}}]}, {"templates": [{"metadata": {"namespace": "x"}}]}),
+        "size(self.metadata.name) <= 63": ({"metadata": {"name": "a"}},
+                                           {"metadata": {"name": "a" * 64}}),
+    }
+    create_rules = {r for r in rules if not is_transition_rule(r)}
+    assert create_rules == set(samples), "a CRD has a rule this test does not exercise"
+    for rule, (good, bad) in samples.items():
+        assert holds(rule, good) == (True, ""), rule
+        assert holds(rule, bad)[0] is False, rule
+    assert "self == oldSelf" in rules
+    assert not list(rule_problems(1, [{"rule": "self == oldSelf"}], "p"))
+
+
 def test_copied_upstream_files_are_byte_for_byte() -> None:
     """A file copied from upstream has the git blob its index entry names (so an edit shows)."""
     import hashlib
