@@ -54,6 +54,9 @@ def holds(rule: str, value: Any) -> tuple[bool, str]:
         return False, f"cannot be evaluated ({exc.args[0] if exc.args else exc})"
     except celpy.CELParseError as exc:  # pragma: no cover - a CRD with a broken rule
         return False, f"is not CEL ({exc})"
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        # cel-python raises these for some ill-typed values (a null where a list is read)
+        return False, f"cannot be evaluated ({type(exc).__name__}: {exc})"
     if isinstance(result, celpy.CELEvalError):
         return False, f"cannot be evaluated ({result.args[0] if result.args else result})"
     return bool(result), ""

@@ -89,7 +89,7 @@ def restricted(pod: dict[str, Any], where: str, annotations: object = None,
     # Sysctls
     for i, sysctl in enumerate(_list(psc.get("sysctls"))):
         name = _dict(sysctl).get("name")
-        if name not in SAFE_SYSCTLS:
+        if not isinstance(name, str) or name not in SAFE_SYSCTLS:
             yield f"{sc_path}.sysctls[{i}].name", (
                 f"(Sysctls) {name!r} is not in the safe set: {', '.join(sorted(SAFE_SYSCTLS))}")
     yield from _context(psc, sc_path)
@@ -116,7 +116,7 @@ def _context(sc: dict[str, Any], path: str) -> Iterator[PodProblem]:
         yield f"{path}.appArmorProfile.type", (f"(AppArmor) is {apparmor!r}: RuntimeDefault "
                                                "or Localhost")
     selinux = _dict(sc.get("seLinuxOptions"))
-    if selinux.get("type", "") not in SELINUX_TYPES:
+    if str(selinux.get("type", "")) not in SELINUX_TYPES:
         yield f"{path}.seLinuxOptions.type", (
             f"(SELinux) is {selinux['type']!r}: one of "
             f"{', '.join(sorted(t for t in SELINUX_TYPES if t))}")
@@ -133,7 +133,7 @@ def _container(c: dict[str, Any], where: str, pod_non_root: bool, pod_seccomp: b
         yield f"{path}.windowsOptions.hostProcess", "(HostProcess) must not be true"
     if sc.get("privileged"):
         yield f"{path}.privileged", "(Privileged) must not be true"
-    if sc.get("procMount", "Default") != "Default":
+    if sc.get("procMount", "Default") != "Default":  # compared, never hashed
         yield f"{path}.procMount", f"(/proc Mount Type) is {sc['procMount']!r}: Default"
     for j, port in enumerate(_list(c.get("ports"))):
         if _dict(port).get("hostPort"):

@@ -38,7 +38,7 @@ def _list(value: object) -> list[Any]:
 
 def runtime_key(obj: dict[str, Any]) -> tuple[str, str, str]:
     kind = str(obj.get("kind"))
-    namespace = _get(obj, "metadata", "namespace") or "default"
+    namespace = str(_get(obj, "metadata", "namespace") or "default")
     return kind, namespace if kind == "TrainingRuntime" else "", str(_get(obj, "metadata", "name"))
 
 
@@ -53,8 +53,9 @@ def _defaults() -> tuple[tuple[tuple[str, str, str], dict[str, Any]], ...]:
 
 
 def default_runtimes() -> Runtimes:
-    """The ClusterTrainingRuntimes upstream installs, by key (fresh copies)."""
-    return {key: copy.deepcopy(doc) for key, doc in _defaults()}
+    """The ClusterTrainingRuntimes upstream installs, by key (a new dict of shared objects,
+    which nothing here changes: ``merge`` copies)."""
+    return dict(_defaults())
 
 
 def referenced(obj: dict[str, Any], runtimes: Runtimes) -> tuple[str, dict[str, Any] | None]:

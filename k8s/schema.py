@@ -190,7 +190,7 @@ def structural_problems(obj: dict[str, Any], schema_dir: Path = SCHEMA_DIR,
     """Problems of a custom resource of a vendored CRD against its schema and CEL rules ([]
     when it conforms). ``metadata`` is left to k8s.meta, except what the root's rules read."""
     key = (obj.get("apiVersion"), obj.get("kind"))
-    if key not in CRDS:
+    if not all(isinstance(k, str) for k in key) or key not in CRDS:
         known = ", ".join(f"{k} {v}" for v, k in CRDS)
         return [("kind", f"{key[1]!r} of {key[0]!r} is not a kind checked here ({known})")]
     schema = crd_schema(str(key[0]), str(key[1]), schema_dir)

@@ -158,7 +158,8 @@ def _restricted(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[tuple[str, 
             for job, template in known_runtimes.trainjob_pods(obj, runtime):
                 where = (f"spec.runtimeRef({kind} {name}: replicatedJobs[{job}] with "
                          "spec.runtimePatches).template.spec")
-                yield from podsecurity.restricted(_get(template, "spec") or {}, where,
+                pod = _get(template, "spec")
+                yield from podsecurity.restricted(pod if isinstance(pod, dict) else {}, where,
                                                   _get(template, "metadata", "annotations"))
             return
     for where, template, complete in pod_templates(obj):
@@ -181,8 +182,8 @@ def validate_text(text: str, *, pod_security: bool = True,
         return [Problem("manifest", "", "the text holds no YAML document")]
     runtimes = known_runtimes.default_runtimes()
     runtimes.update({known_runtimes.runtime_key(d): d for d in docs if isinstance(d, dict)
-                     and (d.get("apiVersion"), d.get("kind")) in CRDS
-                     and d.get("kind") in webhooks.RUNTIME_KINDS})
+                     and (str(d.get("apiVersion")), str(d.get("kind"))) in CRDS
+                     and str(d.get("kind")) in webhooks.RUNTIME_KINDS})
     if len(docs) == 1:
         return validate(docs[0], pod_security=pod_security, runtimes=runtimes,
                         runtime_pods=runtime_pods)

@@ -117,7 +117,7 @@ def runtime(obj: dict[str, Any]) -> Iterator[Rule]:
     base = "spec.template.spec.replicatedJobs"
     for i, rjob in enumerate(_list(_get(obj, "spec", "template", "spec", "replicatedJobs"))):
         ancestor = _get(rjob, "template", "metadata", "labels", ANCESTOR_LABEL)
-        if ancestor not in ANCESTOR_CONTAINER:
+        if not isinstance(ancestor, str) or ancestor not in ANCESTOR_CONTAINER:
             continue
         count = rjob.get("replicas", 1)  # the CRD's default, applied before the webhook
         if count != 1:
@@ -199,7 +199,7 @@ def _patches_fit(obj: dict[str, Any], known: dict[str, Any]) -> Iterator[Rule]:
         pod = _get(rjob, "template", "spec", "template", "spec")
         jobs[str(_get(rjob, "name"))] = {g: _list(_get(pod, g))
                                          for g in ("initContainers", "containers")}
-    names = {j: {_get(c, "name") for g in groups.values() for c in g}
+    names = {j: {str(_get(c, "name")) for g in groups.values() for c in g}
              for j, groups in jobs.items()}
     for step in ("dataset", "model"):
         if _get(obj, "spec", "initializer", step) is None:
@@ -209,7 +209,7 @@ def _patches_fit(obj: dict[str, Any], known: dict[str, Any]) -> Iterator[Rule]:
                   if _get(c, "name") == job for m in _list(_get(c, "volumeMounts"))]
         if job not in jobs:
             why = f"must have a {job} job when the TrainJob has spec.initializer.{step}"
-        elif job not in names[job]:
+        elif job not in names[job]:  # names are strings
             why = f"must have a container {job} in the {job} job"
         elif not any(_get(m, "name") == INITIALIZER_VOLUME for m in mounts):
             why = f"must have a volumeMount {INITIALIZER_VOLUME} in container {job}"
@@ -227,7 +227,7 @@ def _patches_fit(obj: dict[str, Any], known: dict[str, Any]) -> Iterator[Rule]:
             pod = _get(rjob, "template", "spec", "template", "spec")
             for group in ("initContainers", "containers"):
                 for c in _list(_get(pod, group)):
-                    if _get(c, "name") not in names[job]:
+                    if str(_get(c, "name")) not in names[job]:
                         yield ("runtime-patch", where, f"{group[:-1]} {_get(c, 'name')!r} is "
                                f"not in the runtime job {job}")
                     elif group == "containers" and _get(c, "env") and _get(c, "name") in (

@@ -39,8 +39,20 @@ FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]
 NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
 
 
-class KubeLoader(yaml.SafeLoader):
-    """SafeLoader with go-yaml v2's plain-scalar resolution (module docstring)."""
+_PARSER: Any = getattr(yaml, "CParser", None)  # libyaml's parser when PyYAML has it (fast)
+
+
+if _PARSER is not None:
+    class KubeLoader(_PARSER, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+        """A safe loader with go-yaml v2's plain-scalar resolution (module docstring)."""
+
+        def __init__(self, stream: Any) -> None:
+            _PARSER.__init__(self, stream)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+else:  # pragma: no cover - PyYAML without libyaml
+    class KubeLoader(yaml.SafeLoader):  # type: ignore[no-redef]
+        """A safe loader with go-yaml v2's plain-scalar resolution (module docstring)."""
 
 
 # Start from no implicit resolvers, then add go-yaml v2's; the first characters are hints.
@@ -56,11 +68,11 @@ class YamlProblem(ValueError):
     """The text is not YAML kubectl would send (message names the line)."""
 
 
-def _bool(loader: KubeLoader, node: yaml.ScalarNode) -> bool:
+def _bool(loader: Any, node: yaml.ScalarNode) -> bool:
     return str(loader.construct_scalar(node)) in BOOL_TRUE
 
 
-def _int(loader: KubeLoader, node: yaml.ScalarNode) -> int:
+def _int(loader: Any, node: yaml.ScalarNode) -> int:
     text = str(loader.construct_scalar(node)).replace("_", "")
     sign = -1 if text.startswith("-") else 1
     digits = text.lstrip("+-")
@@ -69,7 +81,7 @@ def _int(loader: KubeLoader, node: yaml.ScalarNode) -> int:
     return sign * int(digits, 0)
 
 
-def _float(loader: KubeLoader, node: yaml.ScalarNode) -> float | int:
+def _float(loader: Any, node: yaml.ScalarNode) -> float | int:
     text = str(loader.construct_scalar(node)).replace("_", "")
     value = float(text.lower().replace(".inf", "inf").replace(".nan", "nan"))
     if math.isinf(value) or math.isnan(value):
@@ -87,7 +99,7 @@ def _key_text(key: object) -> str:
     return repr(key) if isinstance(key, float) else str(key)
 
 
-def _mapping(loader: KubeLoader, node: yaml.MappingNode) -> dict[str, Any]:
+def _mapping(loader: Any, node: yaml.MappingNode) -> dict[str, Any]:
     loader.flatten_mapping(node)
     seen: dict[str, Any] = {}
     for key_node, value_node in node.value:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from k8s.validate import validate_text
+from k8s.validate import validate, validate_text
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 ROOT = Path(__file__).resolve().parents[2]
@@ -238,3 +238,35 @@ def test_a_render_that_breaks_a_rule_is_refused(monkeypatch: pytest.MonkeyPatch)
     path = Path(jobs.examples.__file__).resolve().parent / "default.yaml"
     with pytest.raises(UserError, match="hostNetwork"):
         render.render_objects(loads(path.read_text(), [], source=str(path)))
+
+
+def test_hostile_variations_of_the_corpus_give_problems_not_crashes() -> None:
+    """Every corpus document with fields replaced by values of the wrong shape (seeded, so a
+    failure repeats): validation names problems and never raises."""
+    import copy
+    import random
+
+    rng = random.Random(14)
+    junk: list[object] = [None, 1, "x", [], {}, [1], {"a": None}, True, 1.5, [{}], [None], -1,
+                          "", {"name": []}, [[]]]
+
+    def paths(node: object, path: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        found = [path]
+        items = node.items() if isinstance(node, dict) else enumerate(node) \
+            if isinstance(node, list) else []
+        for key, value in items:
+            found += paths(value, (*path, key))
+        return found
+    docs = [d for e in entries() if not e["file"].startswith("v2-webhook/command-")
+            for d in yaml.safe_load_all((CORPUS / e["file"]).read_text()) if d]
+    for doc in docs:
+        for _ in range(2):
+            obj = copy.deepcopy(doc)
+            for _ in range(rng.choice([1, 2, 3])):
+                path = rng.choice(paths(obj)[1:])
+                parent: Any = obj
+                for key in path[:-1]:
+                    parent = parent[key]
+                parent[path[-1]] = copy.deepcopy(rng.choice(junk))
+            for problem in validate(obj, runtime_pods=True):
+                assert problem.rule and isinstance(problem.message, str)
