@@ -98,7 +98,8 @@ class K8sBackend(BaseBackend):
                 for ref, state in Cluster().list(kind)]
 
     def validate(self, text: str, *, strict: bool = True) -> Sequence[str]:
-        return [str(problem) for problem in validate_text(text, pod_security=strict)]
+        return [str(problem) for problem in validate_text(text, pod_security=strict,
+                                                              runtime_pods=strict)]
 
 
 def create(variant: str) -> K8sBackend:

@@ -136,7 +136,7 @@ def render_objects(spec: JobSpec, target: str = "pytorchjob") -> list[dict[str, 
         objs += render_store(spec)
     for obj in objs:
         # secret-literal: check_env's explicit rule (with k8s.allow_literal_env) decided
-        problems = [p for p in validate(obj) if p.rule != "secret-literal"]
+        problems = [p for p in validate(obj, runtime_pods=True) if p.rule != "secret-literal"]
         if problems:
             raise UserError(f"the rendered {obj['kind']} breaks {len(problems)} rule(s): "
                             + "; ".join(str(p) for p in problems))

@@ -3,10 +3,14 @@
 A small walker over the structural-schema subset the CRDs use: ``type`` (with ``format``
 int32/int64 ranges), ``properties`` (unknown fields are errors, as with kubectl's strict field
 validation) and ``additionalProperties``, ``required``, ``enum``, ``items``, ``anyOf``,
-``pattern``, ``minimum``/``maximum``, ``minLength``/``maxLength``, ``maxItems``,
-``x-kubernetes-int-or-string`` and ``x-kubernetes-preserve-unknown-fields``. CEL rules
-(``x-kubernetes-validations``) are not evaluated. The CRDs are data in ``k8s/schemas/``
-(copied byte for byte from upstream).
+``pattern``, ``minimum``/``maximum``, ``minLength``/``maxLength``, ``minItems``/``maxItems``,
+``minProperties``/``maxProperties``, ``x-kubernetes-int-or-string`` (an integer, or a string
+that matches the field's ``pattern``: a quantity such as ``500m`` or ``1Gi``; a fractional
+number such as an unquoted ``1.5`` is neither), ``x-kubernetes-list-type`` set/map (no
+duplicates), ``x-kubernetes-preserve-unknown-fields``, and the CEL rules
+(``x-kubernetes-validations``, ``k8s.cel``; the root's rules see ``metadata.name`` and
+``metadata.generateName`` only, the name being the generated one for a ``generateName``). The
+CRDs are data in ``k8s/schemas/`` (copied byte for byte from upstream).
 """
 
 from __future__ import annotations
@@ -19,12 +23,19 @@ from typing import Any
 
 import yaml
 
+from k8s.cel import rule_problems
+from k8s.meta import effective_name
+
 # Byte-for-byte copies of the upstream CRDs (k8s/schemas/SOURCES.md says where from); a test
 # checks them against k8s/schemas/SHA256SUMS.
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 CRDS = {
     ("kubeflow.org/v1", "PyTorchJob"): "kubeflow.org_pytorchjobs.yaml",
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org_trainjobs.v2.3.0.yaml",
+    ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"):
+        "trainer.kubeflow.org_trainingruntimes.v2.3.0.yaml",
+    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"):
+        "trainer.kubeflow.org_clustertrainingruntimes.v2.3.0.yaml",
 }
 INT_RANGES = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1)}
 # metadata is an ObjectMeta; the CRD says only "type: object". Checked by the admission rules.
@@ -76,7 +87,12 @@ def check(value: Any, schema: dict[str, Any], path: str) -> Iterator[SchemaProbl
         return
     if schema.get("x-kubernetes-int-or-string"):
         if _type_of(value) not in ("integer", "string"):
-            yield path, f"is {_type_of(value)}, but an integer or a string is expected"
+            yield path, (f"is {_type_of(value)} {value!r}, but an integer or a string is "
+                         f"expected{' (quote it)' if _type_of(value) == 'number' else ''}")
+        elif isinstance(value, str) and "pattern" in schema \
+                and not re.search(schema["pattern"], value):
+            yield path, f"{value!r} does not match {schema['pattern']}"
+        yield from rule_problems(value, schema.get("x-kubernetes-validations", []), path)
         return
     if "anyOf" in schema and not any(not list(check(value, s, path)) for s in schema["anyOf"]):
         yield path, "matches none of the allowed forms"
@@ -105,13 +121,40 @@ def check(value: Any, schema: dict[str, Any], path: str) -> Iterator[SchemaProbl
         if "pattern" in schema and not re.search(schema["pattern"], value):
             yield path, f"{value!r} does not match {schema['pattern']}"
     if got == "array":
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            yield path, f"has more than {schema['maxItems']} items"
-        if "items" in schema:
-            for i, item in enumerate(value):
-                yield from check(item, schema["items"], _join(path, i))
+        yield from _check_array(value, schema, path)
     if got == "object":
         yield from _check_object(value, schema, path)
+        if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+            yield path, f"has more than {schema['maxProperties']} entries"
+        if "minProperties" in schema and len(value) < schema["minProperties"]:
+            yield path, f"has fewer than {schema['minProperties']} entries"
+    yield from rule_problems(value, schema.get("x-kubernetes-validations", []), path)
+
+
+def _check_array(value: list[Any], schema: dict[str, Any], path: str,
+                 ) -> Iterator[SchemaProblem]:
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        yield path, f"has more than {schema['maxItems']} items"
+    if "minItems" in schema and len(value) < schema["minItems"]:
+        yield path, f"has fewer than {schema['minItems']} items"
+    if "items" in schema:
+        for i, item in enumerate(value):
+            yield from check(item, schema["items"], _join(path, i))
+    list_type = schema.get("x-kubernetes-list-type")
+    keys = schema.get("x-kubernetes-list-map-keys", [])
+    seen: dict[str, int] = {}
+    for i, item in enumerate(value):
+        if list_type == "set":
+            ident = repr(item)
+        elif list_type == "map" and isinstance(item, dict):
+            ident = repr([item.get(k) for k in keys])
+        else:
+            continue
+        if ident in seen:
+            what = ", ".join(f"{k}={item.get(k)!r}" for k in keys) if list_type == "map" \
+                else repr(item)
+            yield _join(path, i), f"duplicates item {seen[ident]} ({what})"
+        seen.setdefault(ident, i)
 
 
 def _check_object(value: dict[Any, Any], schema: dict[str, Any],
@@ -137,14 +180,32 @@ def _check_object(value: dict[Any, Any], schema: dict[str, Any],
             yield where, f"is not a field here{hint}; known fields: {', '.join(sorted(props))}"
 
 
+def is_namespaced(api_version: str, kind: str, schema_dir: Path = SCHEMA_DIR) -> bool:
+    path = schema_dir / CRDS[(api_version, kind)]
+    return "\n  scope: Cluster\n" not in path.read_text()
+
+
 def structural_problems(obj: dict[str, Any], schema_dir: Path = SCHEMA_DIR,
                         ) -> list[SchemaProblem]:
-    """Problems of a PyTorchJob or TrainJob against its CRD ([] when it conforms)."""
+    """Problems of a custom resource of a vendored CRD against its schema and CEL rules ([]
+    when it conforms). ``metadata`` is left to k8s.meta, except what the root's rules read."""
     key = (obj.get("apiVersion"), obj.get("kind"))
-    if key not in CRDS:
+    if not all(isinstance(k, str) for k in key) or key not in CRDS:
         known = ", ".join(f"{k} {v}" for v, k in CRDS)
         return [("kind", f"{key[1]!r} of {key[0]!r} is not a kind checked here ({known})")]
     schema = crd_schema(str(key[0]), str(key[1]), schema_dir)
     body = {k: v for k, v in obj.items() if k != "metadata"}
     props = {k: v for k, v in schema["properties"].items() if k != "metadata"}
-    return list(check(body, {**schema, "properties": props}, "")) if body else []
+    root = {k: v for k, v in schema.items() if k != "x-kubernetes-validations"}
+    problems = list(check(body, {**root, "properties": props}, "")) if body else []
+    name = effective_name(obj.get("metadata"))
+    if name is not None:  # without a name, k8s.meta reports it; the rules cannot run
+        meta = {"name": name}
+        generate = obj["metadata"].get("generateName")
+        if isinstance(generate, str):
+            meta["generateName"] = generate
+        root_rules = rule_problems({**body, "metadata": meta},
+                                   schema.get("x-kubernetes-validations", []), "")
+        problems += [(path or "metadata.name" if "metadata.name" in message else path, message)
+                     for path, message in root_rules]
+    return problems

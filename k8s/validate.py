@@ -1,189 +1,107 @@
-"""Validate a PyTorchJob or TrainJob manifest, rendered or hand-written. Reads no cluster.
+"""Validate Kubernetes manifests, rendered or hand-written: PyTorchJob, TrainJob,
+TrainingRuntime, ClusterTrainingRuntime, and the rendezvous store's Deployment and Service.
+Reads no cluster.
 
-Four layers, each problem naming its rule and field path: the upstream CRD schema
-(``k8s.schema``), the operator's admission rules (K8S-CONTRACT.md), Pod Security
-"restricted", and no literal secret values in ``env``. The Deployment (``apps/v1``) and
-Service (``v1``) of an elastic job's rendezvous store (``k8s.store``) get structural checks of
-the fields the API server requires (no OpenAPI schema of the core kinds is kept here) and, for
-the Deployment's pod template, Pod Security "restricted".
+Each problem names its rule and field path, and belongs to one of three layers:
+
+- ``api``: what the API server refuses on create. The upstream CRD's schema and CEL rules
+  (``k8s.schema``, ``k8s.cel``), ``metadata`` as the API server validates it (``k8s.meta``:
+  name or generateName, labels, annotations), the operators' validating webhooks
+  (``k8s.webhooks``), and the labels of pod templates, which Pod validation refuses when the
+  operator creates the pods. A manifest is valid for upstream when it has no ``api``
+  problem; the corpus in tests/k8s/corpus holds this layer to upstream's own verdicts.
+- ``restricted``: Pod Security "restricted" (``k8s.podsecurity``), a namespace's policy, so a
+  report rather than a verdict; ``pod_security=False`` leaves it out.
+- ``lint``: torchjob's own advice, for settings the API accepts that fail at run time or leak:
+  literal secrets in ``env``, ``elasticPolicy.standalone: true`` (the operator then sets
+  ``PET_STANDALONE=''``, which torchrun cannot parse), an ``nprocPerNode`` torchrun cannot read.
+
+YAML is read as kubectl reads it (``k8s.yamlread``). Rendered jobs must have no problem at all.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Generator, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from jobs.values import DNS_1035, DNS_1123_SUBDOMAIN
-from k8s.schema import structural_problems
+from k8s import podsecurity, runtimes as known_runtimes, webhooks
+from k8s.corekinds import CORE_KINDS
+from k8s.meta import object_meta_problems, template_meta_problems
+from k8s.schema import CRDS, is_namespaced, structural_problems
+from k8s.yamlread import YamlProblem, load_all
 
-REPLICA_TYPES = ("Master", "Worker")
+LAYERS = ("api", "restricted", "lint")
 NPROC = re.compile(r"auto|cpu|gpu|[1-9][0-9]*")
-# Restricted allows only these volume types (and no hostPath, which baseline already forbids).
-RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
-                      "persistentVolumeClaim", "projected", "secret"}
 SECRET_WORDS = {"PASSWORD", "PASSWD", "TOKEN", "SECRET", "KEY", "APIKEY", "CREDENTIAL",
                 "CREDENTIALS", "PRIVATE"}
 SECRET_VALUE = re.compile(r"(ghp_|gho_|github_pat_|hf_|sk-|xox[abp]-|AKIA|glpat-)"
                           r"[A-Za-z0-9_\-]{8,}|-----BEGIN [A-Z ]*PRIVATE KEY-----")
-RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
-ENUMS = {"spec.runPolicy.cleanPodPolicy": ("All", "Running", "None"),
-         "spec.elasticPolicy.rdzvBackend": ("c10d", "etcd", "etcd-v2"),
-         "spec.runPolicy.managedBy": ("kubeflow.org/training-operator",
-                                      "kueue.x-k8s.io/multikueue")}
-# The five variables the TrainJob torch plugin injects and users may not set.
-TRAINJOB_RESERVED = {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
-                     "PET_MASTER_PORT"}
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One broken rule: ``rule`` (e.g. ``master-replicas``), the field ``path``, a message."""
+    """One broken rule: ``rule`` (e.g. ``master-replicas``), the field ``path``, a message, and
+    its ``layer`` (api, restricted or lint)."""
 
     rule: str
     path: str
     message: str
+    layer: str = "api"
 
     def __str__(self) -> str:
-        return f"{self.path or '<manifest>'}: {self.message} [{self.rule}]"
+        head = "" if self.layer == "api" else f"{self.layer}: "
+        return f"{head}{self.path or '<manifest>'}: {self.message} [{self.rule}]"
 
 
-def validate(obj: object, *, pod_security: bool = True) -> list[Problem]:
+Runtimes = known_runtimes.Runtimes
+
+
+def validate(obj: object, *, pod_security: bool = True, runtimes: Runtimes | None = None,
+             runtime_pods: bool = False) -> list[Problem]:
     """Every problem of one manifest (a dict as parsed from YAML); [] when it is valid.
-    ``pod_security=False`` skips the "restricted" checks (for namespaces that do not enforce
-    it)."""
+    ``pod_security=False`` leaves out the "restricted" report; ``runtimes``: the training
+    runtimes a TrainJob may use (default: those upstream installs; validate_text adds those
+    of its text); ``runtime_pods``: Pod Security of a TrainJob's pods as its known runtime makes
+    them (off by default until torchjob's TrainJob carries the securityContext patches; the
+    stock torch-distributed runtime sets none, so "restricted" refuses its pods)."""
+    if runtimes is None:
+        runtimes = known_runtimes.default_runtimes()
     if not isinstance(obj, dict):
         return [Problem("manifest", "", f"is {type(obj).__name__}, not a mapping")]
-    core = CORE_KINDS.get((str(obj.get("apiVersion")), str(obj.get("kind"))))
-    if core is not None:
-        return [*core(obj, pod_security), *_secret_literals(obj)]
-    problems = [Problem("schema", path, message) for path, message in structural_problems(obj)]
-    if any(p.path == "kind" for p in problems):
-        return problems
-    problems += _name(obj)
-    if obj.get("kind") == "PyTorchJob":
-        problems += _pytorchjob(obj)
-        problems += _restricted_pods(obj) if pod_security else []
+    key = (str(obj.get("apiVersion")), str(obj.get("kind")))
+    problems: list[Problem] = []
+    if key in CORE_KINDS:
+        problems += [Problem(*rule) for rule in CORE_KINDS[key](obj)]
+        problems += [Problem("metadata", path, message) for path, message
+                     in object_meta_problems(obj.get("metadata"), names=False)]
     else:
-        problems += _trainjob(obj)
-    problems += _secret_literals(obj)
+        found = structural_problems(obj)
+        problems += [Problem("cel" if "(CEL: " in message else "schema", path, message)
+                     for path, message in found]
+        if any(p.path == "kind" for p in problems):
+            return problems
+        problems += [Problem("metadata", path, message) for path, message
+                     in object_meta_problems(obj.get("metadata"), is_namespaced(*key))]
+        problems += [Problem(*rule) for rule in _webhook(obj, key[1], runtimes)]
+    problems += [Problem("pod-template-labels", path, message)
+                 for path, message in _template_meta(obj)]
+    if pod_security:
+        problems += [Problem("pod-security", path, message, "restricted")
+                     for path, message in _restricted(obj, runtimes if runtime_pods else {})]
+    problems += _lint(obj)
     return problems
 
 
-def _name_and_spec(obj: dict[str, Any], pattern: re.Pattern[str], limit: int, what: str
-                   ) -> Generator[Problem, None, dict[str, Any] | None]:
-    """Problems of ``metadata.name`` (``what``, at most ``limit`` characters) and of a missing
-    ``spec``; returns the spec (None when there is none)."""
-    name = _get(obj, "metadata", "name")
-    if not isinstance(name, str) or len(name) > limit or not pattern.fullmatch(name):
-        yield Problem("name", "metadata.name", f"{name!r} is not {what}, at most {limit} "
-                      "characters)")
-    spec = obj.get("spec")
-    if not isinstance(spec, dict):
-        yield Problem("schema", "spec", "is required and must be a mapping")
-        return None
-    return spec
-
-
-def _deployment(obj: dict[str, Any], pod_security: bool) -> Iterator[Problem]:
-    """The fields ``apps/v1`` Deployment validation requires, and the pod template."""
-    spec = yield from _name_and_spec(obj, DNS_1123_SUBDOMAIN, 253, "a DNS-1123 subdomain (lower "
-                                     "case letters, digits, '-' and '.'")
-    if spec is None:
-        return
-    count = spec.get("replicas", 1)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        yield Problem("schema", "spec.replicas", f"is {count!r}: an integer >= 0")
-    strategy = _get(spec, "strategy", "type")
-    if strategy is not None and strategy not in ("Recreate", "RollingUpdate"):
-        yield Problem("enum", "spec.strategy.type", f"{strategy!r} is not one of Recreate, "
-                      "RollingUpdate")
-    selector = _get(spec, "selector", "matchLabels")
-    labels = _get(spec, "template", "metadata", "labels")
-    if not isinstance(selector, dict) or not selector:
-        yield Problem("selector", "spec.selector.matchLabels", "is required (the labels of "
-                      "the pods the Deployment owns)")
-    elif not isinstance(labels, dict) or any(labels.get(k) != v for k, v in selector.items()):
-        yield Problem("selector", "spec.template.metadata.labels", "must include every label "
-                      "of spec.selector.matchLabels")
-    pod = _get(spec, "template", "spec")
-    where = "spec.template.spec"
-    if not isinstance(pod, dict):
-        yield Problem("schema", where, "is required and must be a mapping")
-        return
-    policy = pod.get("restartPolicy", "Always")
-    if policy != "Always":
-        yield Problem("restart-policy", f"{where}.restartPolicy", f"is {policy!r}: a "
-                      "Deployment's pods must use Always")
-    containers = pod.get("containers")
-    if not isinstance(containers, list) or not containers:
-        yield Problem("schema", f"{where}.containers", "needs at least one container")
-        containers = []
-    for i, c in enumerate(containers):
-        if not isinstance(c, dict) or not c.get("name") or not c.get("image"):
-            yield Problem("image", f"{where}.containers[{i}]", "every container needs a name "
-                          "and an image")
-        else:
-            yield from _ports(f"{where}.containers[{i}].ports", c.get("ports"), "containerPort")
-    if pod_security:
-        yield from _restricted(where, pod)
-
-
-def _ports(where: str, ports: object, key: str) -> Iterator[Problem]:
-    for j, port in enumerate(ports if isinstance(ports, list) else []):
-        value = port.get(key) if isinstance(port, dict) else None
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-            yield Problem("port", f"{where}[{j}].{key}", f"is {value!r}: a port number "
-                          "1-65535")
-
-
-def _service(obj: dict[str, Any], pod_security: bool) -> Iterator[Problem]:
-    """The fields ``v1`` Service validation requires."""
-    spec = yield from _name_and_spec(obj, DNS_1035, 63, "a DNS-1035 label (lower case letters, "
-                                     "digits and '-', starting with a letter")
-    if spec is None:
-        return
-    kind = spec.get("type", "ClusterIP")
-    if kind not in SERVICE_TYPES:
-        yield Problem("enum", "spec.type", f"{kind!r} is not one of {', '.join(SERVICE_TYPES)}")
-    selector = spec.get("selector")
-    if selector is not None and (not isinstance(selector, dict) or not all(
-            isinstance(v, str) for v in selector.values())):
-        yield Problem("selector", "spec.selector", "must map label names to strings")
-    ports = spec.get("ports")
-    if kind != "ExternalName" and (not isinstance(ports, list) or not ports):
-        yield Problem("port", "spec.ports", "needs at least one port")
-    yield from _ports("spec.ports", ports, "port")
-    for j, port in enumerate(ports if isinstance(ports, list) else []):
-        proto = port.get("protocol", "TCP") if isinstance(port, dict) else None
-        if proto not in ("TCP", "UDP", "SCTP"):
-            yield Problem("enum", f"spec.ports[{j}].protocol", f"{proto!r} is not one of TCP, "
-                          "UDP, SCTP")
-
-
-SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
-CORE_KINDS = {("apps/v1", "Deployment"): _deployment, ("v1", "Service"): _service}
-
-
-def validate_text(text: str, *, pod_security: bool = True) -> list[Problem]:
-    """Problems of every YAML document in ``text``; paths get ``[i]`` when there are several."""
-    try:
-        docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as exc:
-        return [Problem("yaml", "", " ".join(str(exc).split()))]
-    if len(docs) == 1:
-        return validate(docs[0], pod_security=pod_security)
-    if not docs:
-        return [Problem("manifest", "", "the text holds no YAML document")]
-    return [Problem(p.rule, f"[{i}].{p.path}" if p.path else f"[{i}]", p.message)
-            for i, doc in enumerate(docs) for p in validate(doc, pod_security=pod_security)]
-
-
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
+def _webhook(obj: dict[str, Any], kind: str, runtimes: Runtimes) -> Iterable[tuple[str, ...]]:
+    if kind == "PyTorchJob":
+        return webhooks.pytorchjob(obj)
+    if kind == "TrainJob":
+        return webhooks.trainjob(obj, runtimes)
+    return webhooks.runtime(obj)
 
 
 def _get(obj: Any, *keys: str) -> Any:
@@ -192,151 +110,102 @@ def _get(obj: Any, *keys: str) -> Any:
     return obj
 
 
-def _name(obj: dict[str, Any]) -> Iterator[Problem]:
-    name = _get(obj, "metadata", "name")
-    if not isinstance(name, str) or len(name) > 63 or not DNS_1035.fullmatch(name):
-        yield Problem("name", "metadata.name", f"{name!r} is not a DNS-1035 label (lower case "
-                      "letters, digits and '-', starting with a letter, at most 63 characters)")
+def _items(value: object) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        yield from ((str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        yield from ((f"[{i}]", v) for i, v in enumerate(value))
 
 
-def _pytorchjob(obj: dict[str, Any]) -> Iterator[Problem]:
-    spec = _dict(obj.get("spec"))
-    replicas = spec.get("pytorchReplicaSpecs")
-    if not isinstance(replicas, dict):
-        return
-    base = "spec.pytorchReplicaSpecs"
-    for key in replicas:
-        if key not in REPLICA_TYPES:
-            fix = f" (write {str(key).capitalize()!r})" \
-                if str(key).capitalize() in REPLICA_TYPES else ""
-            yield Problem("replica-type", f"{base}.{key}", f"{key!r} is not a replica type: "
-                          f"only {' and '.join(REPLICA_TYPES)}, capitalised{fix}")
-    for key in REPLICA_TYPES:
-        if not isinstance(replicas.get(key), dict):
-            continue
-        rs = replicas[key]
-        containers = _get(rs, "template", "spec", "containers") or []
-        where = f"{base}.{key}.template.spec.containers"
-        if not any(isinstance(c, dict) and c.get("name") == "pytorch" for c in containers):
-            yield Problem("pytorch-container", where, f"{key} has no container named 'pytorch'")
-        for i, c in enumerate(containers):
-            if isinstance(c, dict) and not c.get("image"):
-                yield Problem("image", f"{where}[{i}].image", "every container needs an image")
-        policy = rs.get("restartPolicy")
-        if policy is not None and policy not in RESTART_POLICIES:
-            yield Problem("restart-policy", f"{base}.{key}.restartPolicy", f"{policy!r} is not "
-                          f"one of {', '.join(RESTART_POLICIES)}")
-        count = rs.get("replicas")
-        if key == "Master" and count != 1:
-            state = "is missing" if count is None else f"is {count!r}"
-            yield Problem("master-replicas", f"{base}.Master.replicas",
-                          f"{state}: Master must set replicas: 1")
-        if key == "Worker" and count is not None and (not isinstance(count, int) or count < 1):
-            yield Problem("worker-replicas", f"{base}.Worker.replicas",
-                          f"is {count!r}: Worker replicas must be >= 1 (or leave Worker out)")
-    elastic = spec.get("elasticPolicy")
-    if isinstance(elastic, dict):
-        if "Worker" not in replicas:
-            yield Problem("elastic-worker", "spec.elasticPolicy", "an elasticPolicy needs a "
-                          "Worker replica spec")
-        if "nProcPerNode" in elastic and "nprocPerNode" in spec:
-            yield Problem("nproc-conflict", "spec.elasticPolicy.nProcPerNode", "is deprecated "
-                          "and may not be combined with spec.nprocPerNode: keep only the latter")
-        if elastic.get("standalone"):
-            yield Problem("elastic-standalone", "spec.elasticPolicy.standalone", "true makes "
-                          "the operator set PET_STANDALONE='', which torchrun cannot parse")
-    yield from _values(spec)
-    nproc = spec.get("nprocPerNode")
-    if isinstance(nproc, str) and not NPROC.fullmatch(nproc):
-        yield Problem("nproc-per-node", "spec.nprocPerNode", f"{nproc!r} is not auto, cpu, gpu "
-                      "or a positive integer as a string")
+def pod_templates(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any], bool]]:
+    """Every pod template of a manifest: (path of the template, template, complete), where a
+    TrainJob's runtimePatches are patches (not complete pod specs)."""
+    kind = obj.get("kind")
+    if kind == "PyTorchJob":
+        for key, rs in _items(_get(obj, "spec", "pytorchReplicaSpecs")):
+            yield f"spec.pytorchReplicaSpecs.{key}.template", _get(rs, "template"), True
+    elif kind == "Deployment":
+        yield "spec.template", _get(obj, "spec", "template"), True
+    elif kind in ("TrainingRuntime", "ClusterTrainingRuntime"):
+        jobs = _get(obj, "spec", "template", "spec", "replicatedJobs")
+        for i, rjob in _items(jobs if isinstance(jobs, list) else None):
+            yield (f"spec.template.spec.replicatedJobs{i}.template.spec.template",
+                   _get(rjob, "template", "spec", "template"), True)
+    elif kind == "TrainJob":
+        for i, patch in _items(_get(obj, "spec", "runtimePatches")):
+            base = f"spec.runtimePatches{i}.trainingRuntimeSpec.template.spec.replicatedJobs"
+            jobs = _get(patch, "trainingRuntimeSpec", "template", "spec", "replicatedJobs")
+            for j, rjob in _items(jobs if isinstance(jobs, list) else None):
+                yield (f"{base}{j}.template.spec.template",
+                       _get(rjob, "template", "spec", "template"), False)
 
 
-def _values(spec: dict[str, Any]) -> Iterator[Problem]:
-    """Enumerations the operator's Go types define but the CRD does not state."""
-    for path, allowed in ENUMS.items():
-        value = _get(spec, *path.split(".")[1:])
-        if value is not None and value not in allowed:
-            yield Problem("enum", path, f"{value!r} is not one of {', '.join(allowed)}")
+def _template_meta(obj: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    for where, template, _ in pod_templates(obj):
+        yield from template_meta_problems(_get(template, "metadata"), f"{where}.metadata")
+    if obj.get("kind") in ("TrainingRuntime", "ClusterTrainingRuntime"):
+        for i, rjob in _items(_get(obj, "spec", "template", "spec", "replicatedJobs")):
+            where = f"spec.template.spec.replicatedJobs{i}.template.metadata"
+            yield from template_meta_problems(_get(rjob, "template", "metadata"), where)
 
 
-def _trainjob(obj: dict[str, Any]) -> Iterator[Problem]:
-    trainer = _get(obj, "spec", "trainer")
-    if not isinstance(trainer, dict):
-        return
-    for i, item in enumerate(trainer.get("env") or []):
-        if isinstance(item, dict) and item.get("name") in TRAINJOB_RESERVED:
-            yield Problem("reserved-env", f"spec.trainer.env[{i}].name", f"{item['name']} is "
-                          "set by the TrainJob torch plugin; remove it")
-
-
-def _pod_templates(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    replicas = _get(obj, "spec", "pytorchReplicaSpecs")
-    for key, rs in (replicas.items() if isinstance(replicas, dict) else []):
-        pod = _get(rs, "template", "spec")
+def _restricted(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[tuple[str, str]]:
+    """Pod Security of every pod: a TrainJob's are its known runtime's with its patches."""
+    if obj.get("kind") == "TrainJob":
+        kind, runtime = known_runtimes.referenced(obj, runtimes)
+        if runtime is not None:
+            name = _get(runtime, "metadata", "name")
+            for job, template in known_runtimes.trainjob_pods(obj, runtime):
+                where = (f"spec.runtimeRef({kind} {name}: replicatedJobs[{job}] with "
+                         "spec.runtimePatches).template.spec")
+                pod = _get(template, "spec")
+                yield from podsecurity.restricted(pod if isinstance(pod, dict) else {}, where,
+                                                  _get(template, "metadata", "annotations"))
+            return
+    for where, template, complete in pod_templates(obj):
+        pod = _get(template, "spec")
         if isinstance(pod, dict):
-            yield f"spec.pytorchReplicaSpecs.{key}.template.spec", pod
+            yield from podsecurity.restricted(pod, f"{where}.spec",
+                                              _get(template, "metadata", "annotations"),
+                                              complete)
 
 
-def _restricted_pods(obj: dict[str, Any]) -> Iterator[Problem]:
-    for where, pod in _pod_templates(obj):
-        yield from _restricted(where, pod)
+def validate_text(text: str, *, pod_security: bool = True,
+                  runtime_pods: bool = False) -> list[Problem]:
+    """Problems of every YAML document in ``text``; paths get ``[i]`` when there are several.
+    The training runtimes among the documents serve the TrainJobs among them."""
+    try:
+        docs = load_all(text)
+    except (yaml.YAMLError, YamlProblem) as exc:
+        return [Problem("yaml", "", " ".join(str(exc).split()))]
+    if not docs:
+        return [Problem("manifest", "", "the text holds no YAML document")]
+    runtimes = known_runtimes.default_runtimes()
+    runtimes.update({known_runtimes.runtime_key(d): d for d in docs if isinstance(d, dict)
+                     and (str(d.get("apiVersion")), str(d.get("kind"))) in CRDS
+                     and str(d.get("kind")) in webhooks.RUNTIME_KINDS})
+    if len(docs) == 1:
+        return validate(docs[0], pod_security=pod_security, runtimes=runtimes,
+                        runtime_pods=runtime_pods)
+    return [Problem(p.rule, f"[{i}].{p.path}" if p.path else f"[{i}]", p.message, p.layer)
+            for i, doc in enumerate(docs)
+            for p in validate(doc, pod_security=pod_security, runtimes=runtimes,
+                              runtime_pods=runtime_pods)]
 
 
-def _restricted(where: str, pod: dict[str, Any]) -> Iterator[Problem]:
-    """Pod Security Standard "restricted" (v1.25+ rules) for one pod template."""
-    rule = "pod-security"
-    for flag in ("hostNetwork", "hostPID", "hostIPC"):
-        if pod.get(flag):
-            yield Problem(rule, f"{where}.{flag}", "must not be true")
-    psc = _dict(pod.get("securityContext"))
-    if psc.get("runAsUser") == 0:
-        yield Problem(rule, f"{where}.securityContext.runAsUser", "must not be 0 (root)")
-    seccomp_types = ("RuntimeDefault", "Localhost")
-    pod_seccomp = _get(psc, "seccompProfile", "type")
-    if pod_seccomp is not None and pod_seccomp not in seccomp_types:
-        yield Problem(rule, f"{where}.securityContext.seccompProfile.type",
-                      f"is {pod_seccomp!r}: must be RuntimeDefault or Localhost")
-    for i, vol in enumerate(pod.get("volumes") or []):
-        kinds = set(vol) - {"name"} if isinstance(vol, dict) else set()
-        if kinds - RESTRICTED_VOLUMES:
-            yield Problem(rule, f"{where}.volumes[{i}]", f"{sorted(kinds)[0]} volumes are not "
-                          f"allowed (allowed: {', '.join(sorted(RESTRICTED_VOLUMES))})")
-    for group in ("initContainers", "containers", "ephemeralContainers"):
-        for i, c in enumerate(pod.get(group) or []):
-            if isinstance(c, dict):
-                yield from _restricted_container(f"{where}.{group}[{i}]", c, psc)
-
-
-def _restricted_container(where: str, c: dict[str, Any], psc: dict[str, Any],
-                          ) -> Iterator[Problem]:
-    rule = "pod-security"
-    sc = _dict(c.get("securityContext"))
-    path = f"{where}.securityContext"
-    if sc.get("privileged"):
-        yield Problem(rule, f"{path}.privileged", "must not be true")
-    if sc.get("allowPrivilegeEscalation") is not False:
-        yield Problem(rule, f"{path}.allowPrivilegeEscalation", "must be set to false")
-    caps = _dict(sc.get("capabilities"))
-    if "ALL" not in (caps.get("drop") or []):
-        yield Problem(rule, f"{path}.capabilities.drop", "must include ALL")
-    added = set(caps.get("add") or []) - {"NET_BIND_SERVICE"}
-    if added:
-        yield Problem(rule, f"{path}.capabilities.add", f"may add only NET_BIND_SERVICE, "
-                      f"not {sorted(added)}")
-    non_root = sc.get("runAsNonRoot", psc.get("runAsNonRoot"))
-    if non_root is not True:
-        yield Problem(rule, f"{path}.runAsNonRoot", "must be true (here or in the pod's "
-                      "securityContext)")
-    if sc.get("runAsUser") == 0:
-        yield Problem(rule, f"{path}.runAsUser", "must not be 0 (root)")
-    seccomp = _get(sc, "seccompProfile", "type") or _get(psc, "seccompProfile", "type")
-    if seccomp not in ("RuntimeDefault", "Localhost"):
-        yield Problem(rule, f"{path}.seccompProfile.type", f"is {seccomp!r}: set "
-                      "RuntimeDefault (here or in the pod's securityContext)")
-    for j, port in enumerate(c.get("ports") or []):
-        if isinstance(port, dict) and port.get("hostPort"):
-            yield Problem(rule, f"{where}.ports[{j}].hostPort", "host ports are not allowed")
+def _lint(obj: dict[str, Any]) -> list[Problem]:
+    problems = list(_secret_literals(obj))
+    if obj.get("kind") == "PyTorchJob":
+        if _get(obj, "spec", "elasticPolicy", "standalone") is True:
+            problems.append(Problem("elastic-standalone", "spec.elasticPolicy.standalone",
+                                    "true makes the operator set PET_STANDALONE='', which "
+                                    "torchrun cannot parse: leave it out", "lint"))
+        nproc = _get(obj, "spec", "nprocPerNode")
+        if isinstance(nproc, str) and not NPROC.fullmatch(nproc):
+            problems.append(Problem("nproc-per-node", "spec.nprocPerNode", f"{nproc!r} is not "
+                                    "auto, cpu, gpu or a positive integer as a string: "
+                                    "torchrun cannot read it", "lint"))
+    return problems
 
 
 def _env_lists(obj: Any, path: str) -> Iterator[tuple[str, list[Any]]]:
@@ -369,4 +238,4 @@ def _secret_literals(obj: dict[str, Any]) -> Iterator[Problem]:
                 yield Problem("secret-literal", f"{path}[{i}].value", f"{name} holds a literal "
                               "value that looks like a secret: put it in a Secret and use "
                               "valueFrom.secretKeyRef (in a job spec: secrets: [{env, secret, "
-                              "key}])")
+                              "key}])", "lint")

@@ -1,0 +1,109 @@
+"""Training runtimes a TrainJob refers to, and the pods a TrainJob gets from its runtime.
+
+A TrainJob's pods are its runtime's pod templates with the job's ``runtimePatches`` applied,
+so what the webhooks and Pod Security judge depends on the runtime. Known runtimes are those
+among the documents being validated and, by name, the ClusterTrainingRuntimes upstream
+installs (v2.3.0 ``manifests/base/runtimes``, vendored byte for byte in k8s/schemas as
+``runtime_*.yaml``; a cluster whose admin changed one of them may differ).
+
+Patches merge as the controller's strategic merge does for these fields: maps recursively,
+the lists ``containers``, ``initContainers``, ``volumes``, ``env`` and ``volumeMounts`` by
+``name``, anything else replaced.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+
+from k8s.schema import SCHEMA_DIR
+
+Runtimes = dict[tuple[str, str, str], dict[str, Any]]  # (kind, namespace or "", name) -> obj
+MERGE_BY_NAME = ("containers", "initContainers", "volumes", "env", "volumeMounts")
+
+
+def _get(obj: Any, *keys: str) -> Any:
+    for key in keys:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def runtime_key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    kind = str(obj.get("kind"))
+    namespace = str(_get(obj, "metadata", "namespace") or "default")
+    return kind, namespace if kind == "TrainingRuntime" else "", str(_get(obj, "metadata", "name"))
+
+
+@functools.lru_cache(maxsize=1)
+def _defaults() -> tuple[tuple[tuple[str, str, str], dict[str, Any]], ...]:
+    found = []
+    for path in sorted(SCHEMA_DIR.glob("runtime_*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict):
+                found.append((runtime_key(doc), doc))
+    return tuple(found)
+
+
+def default_runtimes() -> Runtimes:
+    """The ClusterTrainingRuntimes upstream installs, by key (a new dict of shared objects,
+    which nothing here changes: ``merge`` copies)."""
+    return dict(_defaults())
+
+
+def referenced(obj: dict[str, Any], runtimes: Runtimes) -> tuple[str, dict[str, Any] | None]:
+    """The kind of a TrainJob's runtime (the CRD's default: ClusterTrainingRuntime) and the
+    runtime object when it is known."""
+    ref = _get(obj, "spec", "runtimeRef")
+    kind = str(_get(ref, "kind") or "ClusterTrainingRuntime")
+    namespace = str(_get(obj, "metadata", "namespace") or "default")
+    key = (kind, namespace if kind == "TrainingRuntime" else "", str(_get(ref, "name")))
+    return kind, runtimes.get(key)
+
+
+def merge(base: Any, patch: Any) -> Any:
+    """``patch`` applied to ``base`` (module docstring); neither is changed."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for key, value in patch.items():
+            if key in MERGE_BY_NAME and isinstance(value, list):
+                out[key] = _merge_named(_list(base.get(key)), value)
+            else:
+                out[key] = merge(base.get(key), value)
+        return out
+    return copy.deepcopy(patch)
+
+
+def _merge_named(base: list[Any], patch: list[Any]) -> list[Any]:
+    out = [copy.deepcopy(item) for item in base]
+    names = [_get(item, "name") for item in out]
+    for item in patch:
+        name = _get(item, "name")
+        if name is not None and name in names:
+            out[names.index(name)] = merge(out[names.index(name)], item)
+        else:
+            out.append(copy.deepcopy(item))
+    return out
+
+
+def trainjob_pods(obj: dict[str, Any], runtime: dict[str, Any],
+                  ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(replicated job name, pod template) of each job of ``runtime`` with ``obj``'s
+    runtimePatches applied, in patch order."""
+    for rjob in _list(_get(runtime, "spec", "template", "spec", "replicatedJobs")):
+        name = _get(rjob, "name")
+        template = _get(rjob, "template", "spec", "template")
+        template = template if isinstance(template, dict) else {}
+        for patch in _list(_get(obj, "spec", "runtimePatches")):
+            for pjob in _list(_get(patch, "trainingRuntimeSpec", "template", "spec",
+                                   "replicatedJobs")):
+                if _get(pjob, "name") == name:
+                    template = merge(template, _get(pjob, "template", "spec", "template") or {})
+        yield str(name), template

@@ -1,0 +1,236 @@
+"""The operators' validating admission webhooks, offline: each rule is upstream's, cited where
+it is defined. A rule yields (rule, field path, message).
+
+PyTorchJob (kubeflow/trainer release-1.9, pkg/webhooks/pytorch/pytorchjob_webhook.go and
+pkg/common/util/webhooks.go): the name is a DNS-1035 label; replica types are Master and
+Worker; every replica has containers, each with an image, one of them named ``pytorch``;
+Master replicas is 1, other replicas >= 1 when set; an elasticPolicy needs a Worker;
+elasticPolicy.nProcPerNode may not be combined with spec.nprocPerNode; runPolicy.managedBy is
+one of two controllers. Nothing else: the CRD has no enum for ``rdzvBackend``,
+``restartPolicy`` or ``cleanPodPolicy``, and no webhook checks them.
+
+TrainJob (v2.3.0, pkg/webhooks/trainjob_webhook.go): the runtime of ``spec.runtimeRef`` must be
+a registered kind (TrainingRuntime or ClusterTrainingRuntime of trainer.kubeflow.org), then that
+runtime's plugins validate the job. Those need the runtime object, which only a cluster has;
+here it is one found among the documents being validated or one of the ClusterTrainingRuntimes
+upstream installs (``k8s.runtimes``). Checked:
+runtimePatches' managers are domain-prefixed paths (jobset plugin); with the runtime known,
+patches name only its replicated jobs and containers, set no env of the node and initializer
+containers, and an initializer needs its job and container (jobset plugin); with a torch
+runtime, ``trainer.env`` sets none of torchrun's five reserved variables (torch plugin); with a
+Flux runtime, numProcPerNode >= 1 and no ``flux-installer`` init container of its own (flux
+plugin).
+Nothing requires the command to start with torchrun.
+
+TrainingRuntime and ClusterTrainingRuntime (v2.3.0, pkg/webhooks/trainingruntime_webhook.go):
+a replicated job labelled as an ancestor (trainer, model-initializer, dataset-initializer)
+has replicas 1 (the CRD's default) and the container that ancestor needs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from jobs.values import DNS_1035, DNS_1123_SUBDOMAIN
+from k8s.meta import effective_name
+from k8s.runtimes import Runtimes, referenced
+
+Rule = tuple[str, str, str]  # (rule, field path, message)
+GROUP = "trainer.kubeflow.org"
+RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
+REPLICA_TYPES = ("Master", "Worker")
+MANAGED_BY = ("kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue")
+# constants.TorchRunReservedEnvNames
+TORCH_RESERVED = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
+                  "PET_MASTER_PORT")
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+ANCESTOR_CONTAINER = {"trainer": "node", "model-initializer": "model-initializer",
+                      "dataset-initializer": "dataset-initializer"}
+INITIALIZER_VOLUME = "initializer"
+FLUX_INSTALLER = "flux-installer"
+HTTP_PATH = re.compile(r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+")
+
+
+def _get(obj: Any, *keys: str) -> Any:
+    for key in keys:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def pytorchjob(obj: dict[str, Any]) -> Iterator[Rule]:
+    name = effective_name(obj.get("metadata"))
+    if name is not None and (len(name) > 63 or not DNS_1035.fullmatch(name)):
+        yield ("name", "metadata.name", f"{name!r} is not a DNS-1035 label (lower case letters, "
+               "digits and '-', starting with a letter, at most 63 characters)")
+    spec: dict[str, Any] = obj["spec"] if isinstance(obj.get("spec"), dict) else {}
+    managed = _get(spec, "runPolicy", "managedBy")
+    if managed is not None and managed not in MANAGED_BY:
+        yield ("managed-by", "spec.runPolicy.managedBy", f"{managed!r} is not one of "
+               f"{', '.join(MANAGED_BY)}")
+    replicas = spec.get("pytorchReplicaSpecs")
+    base = "spec.pytorchReplicaSpecs"
+    if not isinstance(replicas, dict):
+        return  # the CRD requires it; the schema layer says so
+    if isinstance(spec.get("elasticPolicy"), dict):
+        if "Worker" not in replicas:
+            yield ("elastic-worker", f"{base}.Worker", "must be configured if an elasticPolicy "
+                   "is used")
+        if spec["elasticPolicy"].get("nProcPerNode") is not None \
+                and spec.get("nprocPerNode") is not None:
+            yield ("nproc-conflict", "spec.elasticPolicy.nProcPerNode", "is deprecated and "
+                   "may not be combined with spec.nprocPerNode: keep only the latter")
+    for key, rs in replicas.items():
+        where = f"{base}.{key}"
+        if key not in REPLICA_TYPES:
+            fix = f" (write {str(key).capitalize()!r})" \
+                if str(key).capitalize() in REPLICA_TYPES else ""
+            yield ("replica-type", where, f"{key!r} is not a replica type: only "
+                   f"{' and '.join(REPLICA_TYPES)}, capitalised{fix}")
+        containers = _list(_get(rs, "template", "spec", "containers"))
+        cpath = f"{where}.template.spec.containers"
+        if not containers:
+            yield ("containers", cpath, "must be specified")
+        for i, c in enumerate(containers):
+            if isinstance(c, dict) and not c.get("image"):
+                yield ("image", f"{cpath}[{i}].image", "every container needs an image")
+        if not any(isinstance(c, dict) and c.get("name") == "pytorch" for c in containers):
+            yield ("pytorch-container", cpath, "must have at least one container named "
+                   "'pytorch'")
+        count = rs.get("replicas") if isinstance(rs, dict) else None
+        if key == "Master" and count != 1:
+            state = "is missing" if count is None else f"is {count!r}"
+            yield ("master-replicas", f"{where}.replicas", f"{state}: Master must set "
+                   "replicas: 1")
+        elif key != "Master" and isinstance(count, int) and count < 1:
+            yield ("replicas", f"{where}.replicas", f"is {count}: must be at least 1 (or leave "
+                   f"{key} out)")
+
+
+def runtime(obj: dict[str, Any]) -> Iterator[Rule]:
+    """validateReplicatedJobs of the TrainingRuntime/ClusterTrainingRuntime webhook."""
+    base = "spec.template.spec.replicatedJobs"
+    for i, rjob in enumerate(_list(_get(obj, "spec", "template", "spec", "replicatedJobs"))):
+        ancestor = _get(rjob, "template", "metadata", "labels", ANCESTOR_LABEL)
+        if not isinstance(ancestor, str) or ancestor not in ANCESTOR_CONTAINER:
+            continue
+        count = rjob.get("replicas", 1)  # the CRD's default, applied before the webhook
+        if count != 1:
+            yield ("ancestor-replicas", f"{base}[{i}].replicas", f"is {count!r}: the "
+                   f"{ancestor} job always must be 1")
+        names = [_get(c, "name") for c in _list(_get(rjob, "template", "spec", "template",
+                                                     "spec", "containers"))]
+        if ANCESTOR_CONTAINER[ancestor] not in names:
+            yield ("ancestor-container", f"{base}[{i}].template.spec.template.spec.containers",
+                   f"must contain the container {ANCESTOR_CONTAINER[ancestor]!r} for the "
+                   f"ancestor {ancestor}")
+
+
+def trainjob(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[Rule]:
+    ref = _get(obj, "spec", "runtimeRef")
+    if not isinstance(ref, dict):
+        return
+    group = ref.get("apiGroup", GROUP)
+    kind, known = referenced(obj, runtimes)
+    if group != GROUP or kind not in RUNTIME_KINDS:
+        yield ("runtime-ref", "spec.runtimeRef", f"unsupported runtime {kind}.{group}: "
+               f"{' or '.join(RUNTIME_KINDS)} of {GROUP}")
+        return
+    policy = _get(known, "spec", "mlPolicy")
+    framework = next((k for k in ("torch", "mpi", "jax", "xgboost", "flux")
+                      if isinstance(policy, dict) and k in policy), None)
+    env = _list(_get(obj, "spec", "trainer", "env"))
+    reserved = sorted({str(e.get("name")) for e in env if isinstance(e, dict)}
+                      & set(TORCH_RESERVED))
+    if framework == "torch" and reserved:
+        yield ("reserved-env", "spec.trainer.env", f"must not set torchrun's reserved "
+               f"variables {reserved}: the torch runtime sets them")
+    if framework == "flux" and known is not None:
+        yield from _flux(obj, known)
+    patches = _list(_get(obj, "spec", "runtimePatches"))
+    for i, patch in enumerate(patches):
+        manager = _get(patch, "manager")
+        why = domain_prefixed_path_problem(manager)
+        if why:
+            yield ("patch-manager", f"spec.runtimePatches[{i}].manager", why)
+    if known is not None:
+        yield from _patches_fit(obj, known)
+
+
+def _flux(obj: dict[str, Any], known: dict[str, Any]) -> Iterator[Rule]:
+    """The flux plugin's Validate (v2.3.0 pkg/runtime/framework/plugins/flux/flux.go)."""
+    nproc = _get(obj, "spec", "trainer", "numProcPerNode")
+    if nproc is None:
+        nproc = _get(known, "spec", "mlPolicy", "flux", "numProcPerNode")
+    if isinstance(nproc, int) and nproc < 1:
+        yield ("flux-nproc", "spec.trainer.numProcPerNode", f"is {nproc}: must be >= 1 for a "
+               "Flux TrainJob")
+    for rjob in _list(_get(known, "spec", "template", "spec", "replicatedJobs")):
+        inits = _list(_get(rjob, "template", "spec", "template", "spec", "initContainers"))
+        if _get(rjob, "name") == "node" and any(_get(c, "name") == FLUX_INSTALLER
+                                                for c in inits):
+            yield ("flux-installer", "spec.runtimeRef", f"the runtime's node job has the init "
+                   f"container {FLUX_INSTALLER!r}, which the Flux plugin reserves")
+
+
+def domain_prefixed_path_problem(value: object) -> str | None:
+    """validation.IsDomainPrefixedPath: ``host/path``, host a DNS-1123 subdomain."""
+    if not isinstance(value, str) or not value:
+        return "is required"
+    host, slash, path = value.partition("/")
+    if not slash or not host or not path:
+        return f"{value!r} must be a domain-prefixed path (such as 'acme.io/foo')"
+    if len(host) > 253 or not DNS_1123_SUBDOMAIN.fullmatch(host):
+        return f"{host!r} must be a lowercase RFC 1123 subdomain"
+    if not HTTP_PATH.fullmatch(path):
+        return f"{path!r} is not a valid path"
+    return None
+
+
+def _patches_fit(obj: dict[str, Any], known: dict[str, Any]) -> Iterator[Rule]:
+    """The jobset plugin's checks that need the runtime (jobset.go Validate)."""
+    jobs: dict[str, dict[str, list[Any]]] = {}
+    for rjob in _list(_get(known, "spec", "template", "spec", "replicatedJobs")):
+        pod = _get(rjob, "template", "spec", "template", "spec")
+        jobs[str(_get(rjob, "name"))] = {g: _list(_get(pod, g))
+                                         for g in ("initContainers", "containers")}
+    names = {j: {str(_get(c, "name")) for g in groups.values() for c in g}
+             for j, groups in jobs.items()}
+    for step in ("dataset", "model"):
+        if _get(obj, "spec", "initializer", step) is None:
+            continue
+        job = f"{step}-initializer"
+        mounts = [m for c in jobs.get(job, {}).get("containers", [])
+                  if _get(c, "name") == job for m in _list(_get(c, "volumeMounts"))]
+        if job not in jobs:
+            why = f"must have a {job} job when the TrainJob has spec.initializer.{step}"
+        elif job not in names[job]:  # names are strings
+            why = f"must have a container {job} in the {job} job"
+        elif not any(_get(m, "name") == INITIALIZER_VOLUME for m in mounts):
+            why = f"must have a volumeMount {INITIALIZER_VOLUME} in container {job}"
+        else:
+            continue
+        yield ("runtime-initializer", "spec.runtimeRef", why)
+    for i, patch in enumerate(_list(_get(obj, "spec", "runtimePatches"))):
+        for rjob in _list(_get(patch, "trainingRuntimeSpec", "template", "spec",
+                               "replicatedJobs")):
+            where = f"spec.runtimePatches[{i}]"
+            job = str(_get(rjob, "name"))
+            if job not in jobs:
+                yield ("runtime-patch", where, f"replicated job {job!r} is not in the runtime")
+                continue
+            pod = _get(rjob, "template", "spec", "template", "spec")
+            for group in ("initContainers", "containers"):
+                for c in _list(_get(pod, group)):
+                    if str(_get(c, "name")) not in names[job]:
+                        yield ("runtime-patch", where, f"{group[:-1]} {_get(c, 'name')!r} is "
+                               f"not in the runtime job {job}")
+                    elif group == "containers" and _get(c, "env") and _get(c, "name") in (
+                            "node", "model-initializer", "dataset-initializer"):
+                        yield ("runtime-patch", where, f"must not set env of container "
+                               f"{_get(c, 'name')!r} (use spec.trainer.env)")
