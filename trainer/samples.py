@@ -52,7 +52,7 @@ class SampleLog:
 def trained(run_dir: Path) -> dict[int, list[int]]:
     """Per epoch, the dataset indices trained on by every rank of the attempts that count."""
     attempts: dict[int, list[Path]] = defaultdict(list)
-    for path in (run_dir / FOLDER).glob("attempt*.jsonl"):
+    for path in sorted((run_dir / FOLDER).glob("attempt*.jsonl")):
         if m := NAME.fullmatch(path.name):
             attempts[int(m[1])].append(path)
     kept: list[dict[str, Any]] = []
