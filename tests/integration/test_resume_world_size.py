@@ -135,3 +135,22 @@ def test_resumed_at_four_ranks_ends_bit_for_bit(tmp_path: Path,
     assert f"resumed from step_{AT:08d}" in proc.stderr
     assert_bitwise_equal(final_params(tmp_path / "checkpoints"),
                          final_params(ref / "checkpoints"))
+
+
+def test_more_max_steps_trains_on_from_where_the_last_stopped(tmp_path: Path) -> None:
+    """A run that max_steps ended mid-epoch keeps its place there (it used to record the end
+    of all epochs, so raising max_steps trained nothing more)."""
+    def trainer(max_steps: int) -> None:
+        proc = subprocess.run([PYTHON, "-m", "trainer", "--run-dir", str(tmp_path),
+                               "--max-steps", str(max_steps), "--log-every", "1",
+                               "--eval-every", "0", "--checkpoint-every", "0",
+                               "--progress", "lines"],
+                              env=env_for_tests(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    trainer(3)
+    manifest = json.loads((tmp_path / "checkpoints" / "step_00000003" / "manifest.json")
+                          .read_text())
+    assert manifest["position"] == {"step": 3, "epoch": 0, "samples": 3 * 32}
+    trainer(5)
+    assert [r["step"] for r in metrics(tmp_path, "train")] == [1, 2, 3, 4, 5]
