@@ -52,6 +52,13 @@ class TrainBatches:
         """Optimizer steps left in an epoch once ``position`` samples of it are done."""
         return max(self.size - position, 0) // self.step_samples
 
+    def steps_to_end(self, epoch: int, position: int, epochs: int) -> int:
+        """Optimizer steps from ``position`` in ``epoch`` to the end of epoch ``epochs - 1``:
+        after a resize, the steps the new world size has left (the schedule's end follows)."""
+        if epoch >= epochs:
+            return 0
+        return self.steps_after(position) + self.steps_per_epoch * (epochs - epoch - 1)
+
     def order(self, epoch: int, position: int) -> list[int]:
         """This rank's dataset indices for the rest of ``epoch`` after ``position``."""
         gen = torch.Generator()

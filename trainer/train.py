@@ -122,11 +122,9 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                         resume=resume_mode(cfg, os.environ))
     torch.manual_seed(cfg.seed * 1000 + group.rank)  # dropout stream; a checkpoint restores it
     pos = ckpt.restore(model, optimizer, group.device)
-    # the steps this run will have done at its end: the same as an uninterrupted run's at one
-    # world size; after a resize, those done so far plus those the new world size has left
-    total = pos.step + (batches.steps_after(pos.samples)
-                        + steps_per_epoch * (cfg.epochs - pos.epoch - 1)
-                        if pos.epoch < cfg.epochs else 0)
+    # the step this run ends at: an uninterrupted run's at one world size; after a resize,
+    # the steps done so far plus those the new world size has left
+    total = pos.step + batches.steps_to_end(pos.epoch, pos.samples, cfg.epochs)
     total = min(total, cfg.max_steps) if cfg.max_steps else total
     if ckpt.restored_world_size != group.world_size and pos.samples:
         rep.say(f"continuing epoch {pos.epoch} after its first {pos.samples} samples (of "

@@ -58,6 +58,16 @@ def test_a_resume_after_any_step_sees_the_rest_of_the_epoch_once(
             assert rest == uninterrupted[done:]
 
 
+def test_the_run_ends_after_the_steps_the_new_world_size_has_left() -> None:
+    """12 epochs of the digits: 2 ranks do 22 steps an epoch, 4 ranks 11. Grown from 2 to 4
+    after 100 steps (4 epochs and 12 steps: 768 samples), the run has 5 steps left in that
+    epoch and 7 epochs of 11; the end used to be 12 x 11 = 132, 4.5 epochs short."""
+    four = world(1437, 4, 32, 1)[0]
+    assert four.steps_to_end(4, 12 * 2 * 32, 12) == 5 + 7 * 11
+    assert four.steps_to_end(0, 0, 12) == 12 * 11  # fresh: the uninterrupted run's
+    assert four.steps_to_end(12, 0, 12) == 0       # done
+
+
 @pytest.mark.parametrize("n, size, batch", [(1437, 2, 32), (1437, 4, 16), (1437, 5, 32),
                                             (10, 4, 1)])
 def test_an_epoch_is_distributed_samplers_order_without_its_padding(n: int, size: int,
