@@ -39,25 +39,23 @@ FORMAT = 1
 
 @dataclass(frozen=True)
 class Position:
-    """Where training stands: optimizer steps done, and micro-batches done in ``epoch``."""
+    """Where training stands: optimizer steps done, and samples of ``epoch`` done by all ranks
+    together (global, so it means the same at any world size: ``trainer.data``)."""
 
     step: int = 0
     epoch: int = 0
-    micro: int = 0
+    samples: int = 0
 
-    def resized(self, *, old_world: int, new_world: int, grad_accum: int,
-                micro_per_epoch: int) -> Position:
-        """The same point of the epoch for another world size (an elastic job grew or shrank):
-        the samples done so far (micro-batches x world size) in the new world's micro-batches,
-        rounded down to an optimizer step (a few samples seen twice rather than skipped); past
-        the new epoch's end, the next epoch. ``step`` stays: it only ever grows."""
-        if old_world == new_world or self.micro == 0:
-            return self
-        micro = self.micro * old_world // new_world
-        micro -= micro % grad_accum
-        if micro >= micro_per_epoch:
-            return Position(self.step, self.epoch + 1, 0)
-        return Position(self.step, self.epoch, micro)
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any]) -> Position:
+        """The position a manifest records; one written before positions were counted in
+        samples (``micro``: micro-batches per rank) is converted, exactly."""
+        pos = dict(manifest["position"])
+        if "micro" in pos:
+            micro = pos.pop("micro")
+            pos["samples"] = micro * int(manifest["config"]["batch_size"]) * \
+                int(manifest["world_size"])
+        return cls(**pos)
 
 
 class CheckpointError(RuntimeError):
@@ -158,12 +156,12 @@ class Checkpointer:
         else:
             self.say(f"{rng.name} is missing from {path.name}: random streams restart from the "
                      "seed, so this run will not match an uninterrupted one bit for bit")
-        pos = manifest["position"]
+        pos = Position.from_manifest(manifest)
         self.restored_world_size = int(manifest["world_size"])
-        self.last_step = pos["step"]
-        self.say(f"resumed from {path.name} (step {pos['step']}, epoch {pos['epoch']}, "
-                 f"micro-batch {pos['micro']})")
-        return Position(**pos)
+        self.last_step = pos.step
+        self.say(f"resumed from {path.name} (step {pos.step}, epoch {pos.epoch}, "
+                 f"{pos.samples} samples into it)")
+        return pos
 
     def _choose(self) -> tuple[str, dict[str, Any]] | str | None:
         """Rank 0: the newest checkpoint that verifies and belongs to this configuration;

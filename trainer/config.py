@@ -57,6 +57,8 @@ class TrainConfig:
     resume: bool = opt(True, "resume from the newest checkpoint that verifies")
     stop_grace: float = opt(30.0, "seconds to finish the step and checkpoint after a stop "
                             "signal before exiting without one")
+    log_samples: bool = opt(False, "record the dataset indices each rank trains on, per "
+                            "micro-batch, in RUN_DIR/samples/ (to check a resume)")
     num_workers: int = opt(0, "DataLoader worker processes per rank")
     synthetic_samples: int = opt(8192, "synthetic task: training samples")
     synthetic_dim: int = opt(256, "synthetic task: input features")

@@ -1,7 +1,23 @@
-"""Batches for one rank: a DistributedSampler that can start in the middle of an epoch.
+"""Batches for one rank, from any point of an epoch, at any world size.
 
-The order of epoch ``e`` depends only on (seed, e, world size), so a resumed run that skips the
-micro-batches already consumed sees exactly the batches an uninterrupted run would have seen.
+The rule (what a resumed run guarantees):
+
+- Epoch ``e`` is one permutation of the whole training set, drawn from ``seed + e`` as
+  ``torch.utils.data.DistributedSampler`` draws it: the same at every world size.
+- The position inside the epoch is global: the number of samples of that permutation that
+  all ranks together have trained on (a prefix of it), never a per-rank count.
+- From position ``p`` each optimizer step takes the next ``world_size x batch_size x
+  grad_accum`` samples of the permutation; rank ``r`` takes the ``r``-th of every
+  ``world_size`` (DistributedSampler's interleaving, shifted to start at ``p``).
+- The tail of the epoch too short for one more optimizer step at this world size is left out
+  of the epoch, never padded with repeats (DistributedSampler's ``drop_last=False`` pads with
+  the first samples again; Megatron-LM's ``MegatronPretrainingSampler``, which also keeps a
+  global ``consumed_samples``, drops its last incomplete global batch the same way).
+
+So a run resumed at any world size, including one that divides neither the data set nor the
+old world size, trains on every sample after ``p`` exactly once in the rest of the epoch,
+except a tail shorter than one of its optimizer steps; a run resumed at the same world size
+sees exactly the batches an uninterrupted one would have seen (bit for bit).
 """
 
 from __future__ import annotations
@@ -9,48 +25,60 @@ from __future__ import annotations
 from typing import Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-class ResumableSampler(DistributedSampler):
-    """DistributedSampler whose next epoch can skip its first ``start`` samples."""
-
-    def __init__(self, dataset: Dataset, *, world_size: int, rank: int, seed: int) -> None:
-        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                         seed=seed, drop_last=False)
-        self.start = 0
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(list(super().__iter__())[self.start:])
-
-    def __len__(self) -> int:
-        return self.num_samples - self.start
-
-
 class TrainBatches:
-    """Micro-batches of one epoch for this rank, fast for in-memory tensors."""
+    """Micro-batches of one epoch for this rank, fast for in-memory tensors.
 
-    def __init__(self, dataset: Dataset, *, batch_size: int, world_size: int, rank: int,
-                 seed: int, num_workers: int) -> None:
+    While an epoch is read, ``indices`` holds the dataset indices of the micro-batch last
+    yielded and ``position`` the global position after it (samples done by all ranks)."""
+
+    def __init__(self, dataset: Dataset, *, batch_size: int, grad_accum: int, world_size: int,
+                 rank: int, seed: int, num_workers: int) -> None:
         self.dataset = dataset
-        self.batch_size = batch_size
-        self.sampler = ResumableSampler(dataset, world_size=world_size, rank=rank, seed=seed)
+        self.size = len(dataset)  # type: ignore[arg-type]
+        self.batch_size, self.grad_accum = batch_size, grad_accum
+        self.world_size, self.rank, self.seed = world_size, rank, seed
         self.num_workers = num_workers
-        self.per_epoch = self.sampler.num_samples // batch_size  # full micro-batches only
+        self.step_samples = world_size * batch_size * grad_accum  # one optimizer step, all ranks
+        self.steps_per_epoch = self.steps_after(0)
+        self.indices: list[int] = []
+        self.position = 0
 
-    def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
-        """The micro-batches of ``epoch`` after the first ``skip`` of them."""
-        self.sampler.set_epoch(epoch)
-        self.sampler.start = skip * self.batch_size
-        if isinstance(self.dataset, TensorDataset) and self.num_workers == 0:
-            yield from self._tensor_batches(list(self.sampler))
-            return
-        loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=self.sampler,
-                            num_workers=self.num_workers, drop_last=True,
-                            persistent_workers=False)
-        yield from loader
+    def steps_after(self, position: int) -> int:
+        """Optimizer steps left in an epoch once ``position`` samples of it are done."""
+        return max(self.size - position, 0) // self.step_samples
+
+    def steps_to_end(self, epoch: int, position: int, epochs: int) -> int:
+        """Optimizer steps from ``position`` in ``epoch`` to the end of epoch ``epochs - 1``:
+        after a resize, the steps the new world size has left (the schedule's end follows)."""
+        if epoch >= epochs:
+            return 0
+        return self.steps_after(position) + self.steps_per_epoch * (epochs - epoch - 1)
+
+    def order(self, epoch: int, position: int) -> list[int]:
+        """This rank's dataset indices for the rest of ``epoch`` after ``position``."""
+        gen = torch.Generator()
+        gen.manual_seed(self.seed + epoch)  # as DistributedSampler(shuffle=True) seeds it
+        perm = torch.randperm(self.size, generator=gen).tolist()
+        end = position + self.steps_after(position) * self.step_samples
+        return perm[position + self.rank:end:self.world_size]
+
+    def epoch(self, epoch: int, position: int = 0) -> Iterator[Batch]:
+        """The micro-batches of ``epoch`` after its first ``position`` samples (all ranks)."""
+        mine = self.order(epoch, position)
+        self.position = position
+        batches = self._tensor_batches(mine) if isinstance(self.dataset, TensorDataset) and \
+            self.num_workers == 0 else iter(DataLoader(
+                self.dataset, batch_size=self.batch_size, sampler=mine,
+                num_workers=self.num_workers, drop_last=True, persistent_workers=False))
+        for batch, start in zip(batches, range(0, len(mine), self.batch_size)):
+            self.indices = mine[start:start + self.batch_size]  # in order, workers or not
+            self.position += self.batch_size * self.world_size
+            yield batch
 
     def _tensor_batches(self, indices: list[int]) -> Iterator[Batch]:
         x, y = self.dataset.tensors[0], self.dataset.tensors[1]  # type: ignore[attr-defined]

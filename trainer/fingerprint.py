@@ -7,10 +7,11 @@ out on purpose:
 
 - ``epochs`` and ``max_steps``: a change only extends (or shortens) the same trajectory, so
   the run resumes and trains on to the new end;
-- the world size: an elastic job changes it by design and the checkpoint is resized on load
-  (``trainer.checkpoint.Position.resized``; FSDP shards are resharded);
-- how the run is watched or kept (logging, evaluation cadence, checkpoint cadence and
-  directory, timeouts, backend, data-loader workers): none changes what is learned.
+- the world size: an elastic job changes it by design; the position in the epoch is global
+  (``trainer.data``) and FSDP shards are resharded on load;
+- how the run is watched or kept (logging, sample records, evaluation cadence, checkpoint
+  cadence and directory, timeouts, backend, data-loader workers): none changes what is
+  learned.
 
 How a run treats checkpoints is the launcher's choice, told to every worker in
 ``TORCHJOB_RESUME`` (``trainer.contract.RESUME_ENV``): unset, resume when the fingerprint

@@ -32,6 +32,7 @@ from trainer.dist import Group, process_group
 from trainer.env import DistEnv, EnvError
 from trainer.preempt import EXIT_PREEMPTED, StopRequest
 from trainer.report import Reporter
+from trainer.samples import SampleLog
 from trainer.script import record
 from trainer.tasks import Task, build_task
 
@@ -100,15 +101,15 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                    f"{env.restart_count}")
 
     task = build_task(cfg)
-    batches = TrainBatches(task.train, batch_size=cfg.batch_size, world_size=group.world_size,
-                           rank=group.rank, seed=cfg.seed, num_workers=cfg.num_workers)
-    steps_per_epoch = batches.per_epoch // cfg.grad_accum
+    batches = TrainBatches(task.train, batch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
+                           world_size=group.world_size, rank=group.rank, seed=cfg.seed,
+                           num_workers=cfg.num_workers)
+    steps_per_epoch = batches.steps_per_epoch
     if steps_per_epoch < 1:
-        raise ConfigError(f"one optimizer step needs {cfg.batch_size * cfg.grad_accum} samples "
-                          f"per rank but a rank gets {batches.sampler.num_samples}: lower "
+        raise ConfigError(f"one optimizer step takes {batches.step_samples} samples (batch size "
+                          f"{cfg.batch_size} x grad accum {cfg.grad_accum} x world size "
+                          f"{group.world_size}) but the training set has {batches.size}: lower "
                           "--batch-size or --grad-accum")
-    total = steps_per_epoch * cfg.epochs
-    total = min(total, cfg.max_steps) if cfg.max_steps else total
 
     model = wrap(task.model, cfg, group)
     # fused AdamW: one kernel per step instead of a loop of tensor ops (~1.5x faster step here)
@@ -121,29 +122,32 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                         resume=resume_mode(cfg, os.environ))
     torch.manual_seed(cfg.seed * 1000 + group.rank)  # dropout stream; a checkpoint restores it
     pos = ckpt.restore(model, optimizer, group.device)
-    if ckpt.restored_world_size != group.world_size and pos.micro:
-        before, pos = pos, pos.resized(old_world=ckpt.restored_world_size,
-                                       new_world=group.world_size, grad_accum=cfg.grad_accum,
-                                       micro_per_epoch=steps_per_epoch * cfg.grad_accum)
-        rep.say(f"epoch {before.epoch} was {before.micro} micro-batches in at world size "
-                f"{ckpt.restored_world_size}: continuing at epoch {pos.epoch} micro-batch "
-                f"{pos.micro} of world size {group.world_size}")
+    # the step this run ends at: an uninterrupted run's at one world size; after a resize,
+    # the steps done so far plus those the new world size has left
+    total = pos.step + batches.steps_to_end(pos.epoch, pos.samples, cfg.epochs)
+    total = min(total, cfg.max_steps) if cfg.max_steps else total
+    if ckpt.restored_world_size != group.world_size and pos.samples:
+        rep.say(f"continuing epoch {pos.epoch} after its first {pos.samples} samples (of "
+                f"{batches.size}) at world size {group.world_size}: "
+                f"{batches.steps_after(pos.samples)} steps of {batches.step_samples} samples "
+                "left in it")
+    samples = SampleLog.open(cfg.run_dir, group, pos) if cfg.log_samples else None
 
     autocast = autocast_context(cfg.precision, group.device, fsdp=cfg.parallel == "fsdp")
     settle_buckets(model, optimizer, task.train, group.device, autocast)
     global_batch = cfg.batch_size * cfg.grad_accum * group.world_size
     clock = Throughput(warmup_steps=min(5, max(total - pos.step - 1, 0)))
-    step, loss_sum = pos.step, torch.zeros((), device=group.device)
+    step, loss_sum, here = pos.step, torch.zeros((), device=group.device), pos
     work: list[float] = []  # each step's own work, before its all-reduce (trainer.stragglers)
     rep.say(f"training {total} steps ({steps_per_epoch}/epoch, global batch {global_batch}) "
             f"from step {step}")
     try:
         for epoch in range(pos.epoch, cfg.epochs):
-            skip = pos.micro if epoch == pos.epoch else 0
             model.train()
             began = time.perf_counter()
-            for micro, (x, y) in enumerate(batches.epoch(epoch, skip), start=skip):
-                if micro >= steps_per_epoch * cfg.grad_accum or step >= total:
+            start = pos.samples if epoch == pos.epoch else 0
+            for micro, (x, y) in enumerate(batches.epoch(epoch, start)):
+                if step >= total:
                     break
                 last = (micro + 1) % cfg.grad_accum == 0
                 x, y = x.to(group.device, non_blocking=True), y.to(group.device)
@@ -153,6 +157,8 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                     work.append(time.perf_counter() - began)
                 loss.backward()
                 loss_sum += loss.detach()
+                if samples:
+                    samples.write(step + 1, epoch, batches.indices)
                 if not last:
                     continue
                 if cfg.clip_grad:
@@ -165,7 +171,7 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                 step += 1
                 progress.step(step)  # for the agent's hang watchdog (trainer.progress)
                 clock.tick(global_batch)
-                here = Position(step, epoch, micro + 1)
+                here = Position(step, epoch, batches.position)
                 if step % cfg.log_every == 0 or step == total:
                     shown = loss_sum.item()  # this rank's loss; a sync only every log_every
                     rep.metric("train", step=step, epoch=epoch, loss=shown, lr=lr,
@@ -185,12 +191,14 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                                    "written; run the same command again to continue")
                     return EXIT_PREEMPTED
                 began = time.perf_counter()
+            else:  # the epoch is done (a stop by max_steps mid-epoch keeps its position)
+                here = Position(step, epoch + 1, 0)
             if step >= total or (cfg.eval_every and (epoch + 1) % cfg.eval_every == 0):
                 report_eval(rep, evaluate(model, task, cfg, group, autocast), step, epoch)
             if step >= total:
                 break
         stop.settle()
-        ckpt.save(Position(step, cfg.epochs, 0), model, optimizer, block=True)
+        ckpt.save(here, model, optimizer, block=True)
         ckpt.close()
         final = evaluate(model, task, cfg, group, autocast)
         step_work = stragglers.report(gather(stragglers.percentiles(work)))
@@ -203,6 +211,8 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
         return EXIT_OK
     finally:
         rep.close()
+        if samples:
+            samples.close()
 
 
 # -- parts of the loop --------------------------------------------------------------------------

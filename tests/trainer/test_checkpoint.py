@@ -36,7 +36,7 @@ def test_save_then_restore_is_exact(tmp_path: Path) -> None:
     ck.save(Position(5, 0, 5), model, opt)
     ck.close()
     manifest = verify(tmp_path / "ck" / "step_00000005")
-    assert manifest["position"] == {"step": 5, "epoch": 0, "micro": 5}
+    assert manifest["position"] == {"step": 5, "epoch": 0, "samples": 5}
     assert set(manifest["files"]) == {"state.pt", "rng-rank0.pt"}
 
     other, other_opt = model_and_optimizer(1)
@@ -145,16 +145,10 @@ def test_layout_mismatch_is_a_config_error(tmp_path: Path) -> None:
         sharded.restore(model, opt, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("old, new, micro, accum, per_epoch, want", [
-    (2, 4, 16, 1, 11, (0, 8)),    # half the samples per micro-batch: half the micro-batches
-    (4, 2, 8, 1, 22, (0, 16)),
-    (2, 4, 20, 1, 11, (0, 10)),
-    (2, 4, 22, 1, 11, (1, 0)),    # the epoch is done in the new world: the next one
-    (2, 3, 7, 2, 20, (0, 4)),     # 14 // 3 = 4: rounded down to an optimizer step
-    (2, 2, 7, 1, 20, (0, 7)),     # same world: unchanged
-])
-def test_position_resized_for_another_world(old: int, new: int, micro: int, accum: int,
-                                            per_epoch: int, want: tuple[int, int]) -> None:
-    pos = Position(40, 0, micro).resized(old_world=old, new_world=new, grad_accum=accum,
-                                         micro_per_epoch=per_epoch)
-    assert (pos.step, (pos.epoch, pos.micro)) == (40, want)
+def test_a_position_written_in_micro_batches_is_read_in_samples() -> None:
+    """Checkpoints from before positions were global kept micro-batches per rank."""
+    old = {"position": {"step": 40, "epoch": 1, "micro": 6}, "world_size": 2,
+           "config": {"batch_size": 32}}
+    assert Position.from_manifest(old) == Position(40, 1, 6 * 32 * 2)
+    new = {"position": {"step": 40, "epoch": 1, "samples": 384}, "world_size": 3, "config": {}}
+    assert Position.from_manifest(new) == Position(40, 1, 384)

@@ -25,7 +25,8 @@ def changed(**fields: object) -> dict[str, object]:
     {"epochs": 40}, {"max_steps": 1000},  # training extended: the same trajectory goes on
     {"log_every": 1, "eval_every": 0, "checkpoint_every": 5, "progress": "lines"},
     {"run_dir": "elsewhere", "checkpoint_dir": "x", "keep_checkpoints": 9},
-    {"pg_timeout": 30.0, "backend": "gloo", "num_workers": 2, "stop_grace": 5.0},
+    {"pg_timeout": 30.0, "backend": "gloo", "num_workers": 2, "stop_grace": 5.0,
+     "log_samples": True},
     {"async_checkpoint": True, "resume": False},
 ])
 def test_what_only_extends_or_watches_the_training_is_no_difference(fields: dict) -> None:
