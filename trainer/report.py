@@ -137,7 +137,7 @@ NOT_A_SCORE = ("kind", "time", "step", "epoch", "loss")
 
 def plot(metrics: Path, out: Path) -> None:
     """Train and eval loss on the left; on the right the evaluation's other metric, whichever
-    the task reports (trainer.objectives): accuracy, or perplexity on a log scale."""
+    the task reports (trainer.objectives): accuracy, or a language model's perplexity."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -156,8 +156,6 @@ def plot(metrics: Path, out: Path) -> None:
     ax_score.set(xlabel="step", ylabel=score, title=f"eval {score}")
     if score == "accuracy":
         ax_score.set(ylim=(0, 1))
-    elif scored:
-        ax_score.set_yscale("log")
     fig.tight_layout()
     fig.savefig(out, dpi=80)
     plt.close(fig)
