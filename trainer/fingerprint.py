@@ -31,13 +31,14 @@ from typing import Any
 TRAJECTORY = ("task", "batch_size", "grad_accum", "lr", "weight_decay", "warmup_steps",
               "schedule", "clip_grad", "precision", "parallel", "sync_bn", "seed",
               "synthetic_samples", "synthetic_dim", "synthetic_hidden", "synthetic_layers",
-              "synthetic_classes", "gpt_layers", "gpt_heads", "gpt_width", "gpt_context",
-              "data")
+              "synthetic_classes", "gpt_layers", "gpt_heads", "gpt_width", "gpt_context")
+# Not options: what a task read from the machine (Task.identity), added by the trainer
+DATA = "data"
 
 
 def fingerprint(config: Mapping[str, Any]) -> dict[str, Any]:
     """The trajectory-defining part of a trainer config (``dataclasses.asdict(TrainConfig)``)."""
-    return {name: config[name] for name in TRAJECTORY if name in config}
+    return {name: config[name] for name in (*TRAJECTORY, DATA) if name in config}
 
 
 def digest(config: Mapping[str, Any]) -> str:
@@ -52,9 +53,9 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[st
     config lacks (written by an older trainer) is not a difference, nor is ``data`` when the
     new config lacks it (a launcher's, which reads no data)."""
     before, after = fingerprint(old), fingerprint(new)
-    return [(name, before[name], after.get(name)) for name in TRAJECTORY
+    return [(name, before[name], after.get(name)) for name in (*TRAJECTORY, DATA)
             if name in before and before[name] != after.get(name)
-            and (name != "data" or name in after)]
+            and (name != DATA or name in after)]
 
 
 def refusal(where: str, diffs: list[tuple[str, Any, Any]]) -> str:

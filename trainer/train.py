@@ -30,6 +30,7 @@ from trainer.config import ConfigError, TrainConfig, parse_args
 from trainer.data import TrainBatches, eval_batches
 from trainer.dist import Group, process_group
 from trainer.env import DistEnv, EnvError
+from trainer.fingerprint import DATA
 from trainer.preempt import EXIT_PREEMPTED, StopRequest
 from trainer.report import Reporter
 from trainer.script import record
@@ -352,7 +353,7 @@ def kept_config(cfg: TrainConfig, task: Task) -> dict[str, Any]:
     """The config a checkpoint keeps (trainer.fingerprint), with the data the task read from
     this machine when that is not fixed by the config (``data``)."""
     config = dataclasses.asdict(cfg)
-    return {**config, "data": task.identity} if task.identity else config
+    return {**config, DATA: task.identity} if task.identity else config
 
 
 def gather(mine: dict[str, float]) -> list[dict[str, float]]:
