@@ -15,8 +15,8 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any, Sequence, TypeVar
+from collections.abc import Mapping
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,7 @@ from torch.utils.data import Dataset, default_collate
 
 from trainer import progress, stragglers
 from trainer.checkpoint import Checkpointer, Position
+from trainer.clock import Throughput
 from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, RESUME_ENV
 from trainer.config import ConfigError, TrainConfig, parse_args
 from trainer.data import TrainBatches, eval_batches
@@ -43,7 +44,6 @@ from trainer.tasks import Task, build_task
 # ProcessGroupGloo's destructor (seen in containers, the peer rank refused too and gone). The
 # agent's workers exit without that teardown (os._exit in the forkserver child).
 REFUSED: list[ConfigError] = []
-T = TypeVar("T")
 
 
 def main(argv: Sequence[str] | None = None, *, stopped_after_the_work: int = 0) -> int:
@@ -371,38 +371,3 @@ def report_eval(rep: Reporter, result: dict[str, float], step: int, epoch: int,
         rep.metric("eval", step=step, epoch=epoch, **result)
         shown = " ".join(f"{name} {value:.4f}" for name, value in result.items())
         rep.say(f"eval {when}: {shown}")
-
-
-class Throughput:
-    """Samples per second between the end of a short warm-up and the latest step (start-up,
-    evaluation and the final checkpoint are not steady state)."""
-
-    def __init__(self, warmup_steps: int) -> None:
-        self.warmup, self.steps, self.samples = warmup_steps, 0, 0
-        self.t0 = self.started = self.last = time.perf_counter()
-        self.off = 0.0  # seconds off the clock since the last step
-
-    def tick(self, samples: int) -> None:
-        self.steps += 1
-        self.last = time.perf_counter()
-        if self.steps == self.warmup:
-            self.t0, self.samples = self.last, 0
-        elif self.steps > self.warmup:
-            self.samples += samples
-            self.t0 += self.off
-        self.off = 0.0
-
-    def outside(self, work: Callable[[], T]) -> T:
-        """Do ``work`` (an evaluation) off the clock: it is not training throughput."""
-        began = time.perf_counter()
-        try:
-            return work()
-        finally:
-            self.off += time.perf_counter() - began
-
-    def rate(self) -> float:
-        elapsed = self.last - self.t0
-        return self.samples / elapsed if elapsed > 0 and self.samples else 0.0
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.started
