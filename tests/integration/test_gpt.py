@@ -68,15 +68,15 @@ def test_gpt_job_learns_with_ddp_and_bf16(tmp_path: Path) -> None:
 
 def test_gpt_job_learns_with_fsdp_accumulation_and_resumes(tmp_path: Path) -> None:
     """FSDP2 shards each block; 2 micro-batches of 8 make the same global batch of 32. Resumed
-    from its sharded checkpoint of step 100 (the final one set aside), the run trains steps
-    101-150 again and ends where it ended."""
+    from its sharded checkpoint of step 125 (the final one set aside), the run trains steps
+    126-150 again and ends where it ended, bit for bit."""
     args = {**SMALL, "parallel": "fsdp", "batch_size": 8, "grad_accum": 2,
-            "checkpoint_every": 100}
+            "checkpoint_every": 125}
     torchjob_run(tmp_path, **args)
     first = check_learned(tmp_path)
     final = tmp_path / "checkpoints" / "step_00000150"
     final.rename(tmp_path / "set-aside")
     again = torchjob_run(tmp_path, **args)
-    assert "resumed from step_00000100" in again.stderr + again.stdout
+    assert "resumed from step_00000125" in again.stderr + again.stdout
     second = check_learned(tmp_path)
     assert second["final_loss"] == first["final_loss"], (first, second)
