@@ -326,11 +326,11 @@ def evaluate(model: nn.Module, task: Task, cfg: TrainConfig, group: Group,
             logits = net(x).float()
         batch = task.objective.eval_sums(logits, y, w)
         sums = batch if sums is None else sums + batch
+    net.train(was_training)
     if sums is None:  # an empty evaluation set, on every rank alike
         return {}
     if dist.is_initialized():
         dist.all_reduce(sums)
-    net.train(was_training)
     return task.objective.scores(sums.tolist())
 
 
