@@ -4,12 +4,14 @@ rank and seed, the held-out text disjoint from the training text."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import sysconfig
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.procs import PYTHON, env_for_tests
 from trainer import gpt
 from trainer.config import ConfigError, TrainConfig, parse_args
 from trainer.data import TrainBatches
@@ -89,3 +91,35 @@ def test_a_corpus_of_another_python_is_a_difference() -> None:
     new = {**cfg, "data": "python-stdlib 3.12.1 sha256:bbbb"}
     assert differences(old, new) == [("data", old["data"], new["data"])]
     assert differences(old, cfg) == []
+
+
+SAME_DATA = """
+import sys, types
+import torch.distributed as dist
+from trainer.config import ConfigError
+from trainer.train import same_data
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+for name, identity in (("same", "python-stdlib 3.11.7 sha256:a"),
+                       ("odd", f"python-stdlib 3.11.{rank} sha256:a")):
+    try:
+        same_data(identity, types.SimpleNamespace(rank=rank))
+        print(name, rank, "agreed", flush=True)
+    except ConfigError as exc:
+        print(name, rank, "refused:", exc, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_that_read_different_text_are_refused(tmp_path: Path) -> None:
+    """Every rank stops with exit 2's error when one node's Python has other sources."""
+    (tmp_path / "same_data.py").write_text(SAME_DATA)
+    proc = subprocess.run([PYTHON, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", str(tmp_path / "same_data.py")],
+                          env=env_for_tests(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert {"same 0 agreed", "same 1 agreed"} <= set(lines), proc.stdout
+    assert ("odd 0 refused: the ranks read different data: rank 0 has 'python-stdlib 3.11.0 "
+            "sha256:a' but rank 1 on ") in proc.stdout
+    assert "odd 1 refused: the ranks read different data: rank 1 has" in proc.stdout
