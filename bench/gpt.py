@@ -78,10 +78,12 @@ def run(quick: bool = False) -> list[dict]:
     rounds, steps = (1, 30) if quick else (3, 60)
     ours: list[float] = []
     base: dict[str, list[float]] = {"minimal": [], "nanogpt": []}
-    for _ in range(rounds):  # interleaved: the machine's load falls on all three alike
-        ours.append(trainer(steps))
-        base["minimal"].append(minimal(steps))
-        base["nanogpt"].append(nanogpt(steps))
+    runs = [lambda: ours.append(trainer(steps)),
+            lambda: base["minimal"].append(minimal(steps)),
+            lambda: base["nanogpt"].append(nanogpt(steps))]
+    for r in range(rounds):  # interleaved, each first in turn: a load that rises or falls
+        for i in range(len(runs)):  # during a round (a shared machine) favours none of them
+            runs[(r + i) % len(runs)]()
     return [row("gpt trainer vs minimal DDP loop", ours, base["minimal"]),
             row("gpt trainer vs nanoGPT-style loop", ours, base["nanogpt"])]
 
