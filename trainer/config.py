@@ -24,7 +24,9 @@ def opt(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     task: str = opt("digits", "what to train: 'digits' (scikit-learn's 8x8 digits, offline), "
-                    "'synthetic' (sized by --synthetic-*), or a factory 'pkg.module:function'")
+                    "'synthetic' (sized by --synthetic-*), 'gpt' (a byte-level transformer on "
+                    "the Python standard library's source, sized by --gpt-*), or a factory "
+                    "'pkg.module:function'")
     epochs: int = opt(12, "passes over the training set")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: no limit)")
     batch_size: int = opt(32, "samples per process per micro-step")
@@ -45,6 +47,8 @@ class TrainConfig:
                        ("auto", "nccl", "gloo"))
     pg_timeout: float = opt(300.0, "seconds a collective may wait before it fails")
     eval_every: int = opt(1, "evaluate every N epochs (0: only at the end)")
+    eval_every_steps: int = opt(0, "also evaluate every N optimizer steps (0: off), for "
+                                "epochs too long to wait for")
     log_every: int = opt(10, "log a line every N optimizer steps")
     progress: str = opt("auto", "progress display: auto (a bar on a terminal, lines in logs), "
                         "bar, lines", ("auto", "bar", "lines"))
@@ -65,14 +69,20 @@ class TrainConfig:
     synthetic_hidden: int = opt(1024, "synthetic task: hidden width")
     synthetic_layers: int = opt(4, "synthetic task: hidden layers")
     synthetic_classes: int = opt(10, "synthetic task: classes")
+    gpt_layers: int = opt(4, "gpt task: transformer blocks")
+    gpt_heads: int = opt(4, "gpt task: attention heads per block (divides --gpt-width)")
+    gpt_width: int = opt(256, "gpt task: embedding width (4 layers x 256: 3.3M parameters)")
+    gpt_context: int = opt(128, "gpt task: context length in bytes (the sample: one window)")
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "grad_accum", "log_every", "keep_checkpoints",
                      "synthetic_samples", "synthetic_dim", "synthetic_hidden",
-                     "synthetic_layers", "synthetic_classes"):
+                     "synthetic_layers", "synthetic_classes", "gpt_layers", "gpt_heads",
+                     "gpt_width", "gpt_context"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{flag(name)} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "warmup_steps", "eval_every", "checkpoint_every",
+        for name in ("max_steps", "warmup_steps", "eval_every", "eval_every_steps",
+                     "checkpoint_every",
                      "num_workers", "lr", "weight_decay", "clip_grad", "stop_grace"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
@@ -83,9 +93,13 @@ class TrainConfig:
             if choices and getattr(self, f.name) not in choices:
                 raise ConfigError(f"--{flag(f.name)} must be one of {', '.join(choices)}; "
                                   f"got {getattr(self, f.name)!r}")
-        if self.task not in ("digits", "synthetic") and ":" not in self.task:
-            raise ConfigError(f"--task must be 'digits', 'synthetic' or 'pkg.module:factory'; "
-                              f"got {self.task!r}")
+        if self.task not in ("digits", "synthetic", "gpt") and ":" not in self.task:
+            raise ConfigError(f"--task must be 'digits', 'synthetic', 'gpt' or "
+                              f"'pkg.module:factory'; got {self.task!r}")
+        if self.gpt_width % self.gpt_heads:
+            raise ConfigError(f"--gpt-heads {self.gpt_heads} must divide --gpt-width "
+                              f"{self.gpt_width} (each head gets width / heads): pick a "
+                              "divisor of the width, or a width that is a multiple of it")
 
     @property
     def checkpoint_path(self) -> str:

@@ -9,6 +9,9 @@ out on purpose:
   the run resumes and trains on to the new end;
 - the world size: an elastic job changes it by design; the position in the epoch is global
   (``trainer.data``) and FSDP shards are resharded on load;
+- ``data`` is not a setting: it is what a task read from the machine (the gpt task's corpus,
+  ``Task.identity``), which the trainer adds to the config it keeps in a checkpoint. It is
+  compared where both sides know it: on the nodes, not by a launcher that builds no task;
 - how the run is watched or kept (logging, sample records, evaluation cadence, checkpoint
   cadence and directory, timeouts, backend, data-loader workers): none changes what is
   learned.
@@ -29,12 +32,14 @@ from typing import Any
 TRAJECTORY = ("task", "batch_size", "grad_accum", "lr", "weight_decay", "warmup_steps",
               "schedule", "clip_grad", "precision", "parallel", "sync_bn", "seed",
               "synthetic_samples", "synthetic_dim", "synthetic_hidden", "synthetic_layers",
-              "synthetic_classes")
+              "synthetic_classes", "gpt_layers", "gpt_heads", "gpt_width", "gpt_context")
+# Not options: what a task read from the machine (Task.identity), added by the trainer
+DATA = "data"
 
 
 def fingerprint(config: Mapping[str, Any]) -> dict[str, Any]:
     """The trajectory-defining part of a trainer config (``dataclasses.asdict(TrainConfig)``)."""
-    return {name: config[name] for name in TRAJECTORY if name in config}
+    return {name: config[name] for name in (*TRAJECTORY, DATA) if name in config}
 
 
 def digest(config: Mapping[str, Any]) -> str:
@@ -46,10 +51,12 @@ def digest(config: Mapping[str, Any]) -> str:
 
 def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """(field, old value, new value) for each trajectory field that differs; a field the old
-    config lacks (written by an older trainer) is not a difference."""
+    config lacks (written by an older trainer) is not a difference, nor is ``data`` when the
+    new config lacks it (a launcher's, which reads no data)."""
     before, after = fingerprint(old), fingerprint(new)
-    return [(name, before[name], after.get(name)) for name in TRAJECTORY
-            if name in before and before[name] != after.get(name)]
+    return [(name, before[name], after.get(name)) for name in (*TRAJECTORY, DATA)
+            if name in before and before[name] != after.get(name)
+            and (name != DATA or name in after)]
 
 
 def refusal(where: str, diffs: list[tuple[str, Any, Any]]) -> str:

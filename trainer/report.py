@@ -1,5 +1,6 @@
 """What the trainer tells people: log lines with the rank, a progress bar on a terminal, metrics
-as JSON lines, a summary and a loss/accuracy plot in the run directory.
+as JSON lines, a summary and a plot in the run directory (the loss, and the task's other
+evaluation metric: accuracy, or a language model's perplexity).
 
 Every rank-0-only effect goes through :meth:`Reporter.main` or the methods built on it, so no
 ``if rank == 0`` is scattered through the training loop.
@@ -131,7 +132,12 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return sorted(latest.values(), key=lambda r: (r["step"], r["kind"]))
 
 
+NOT_A_SCORE = ("kind", "time", "step", "epoch", "loss")
+
+
 def plot(metrics: Path, out: Path) -> None:
+    """Train and eval loss on the left; on the right the evaluation's other metric, whichever
+    the task reports (trainer.objectives): accuracy, or a language model's perplexity."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -139,13 +145,17 @@ def plot(metrics: Path, out: Path) -> None:
     records = read_metrics(metrics)
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    score = next((k for r in evals for k in r if k not in NOT_A_SCORE), "accuracy")
+    fig, (ax_loss, ax_score) = plt.subplots(1, 2, figsize=(10, 4))
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
     ax_loss.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="eval")
     ax_loss.set(xlabel="step", ylabel="loss", title="loss")
     ax_loss.legend()
-    ax_acc.plot([r["step"] for r in evals], [r["accuracy"] for r in evals], "o-")
-    ax_acc.set(xlabel="step", ylabel="accuracy", title="eval accuracy", ylim=(0, 1))
+    scored = [r for r in evals if score in r]
+    ax_score.plot([r["step"] for r in scored], [r[score] for r in scored], "o-")
+    ax_score.set(xlabel="step", ylabel=score, title=f"eval {score}")
+    if score == "accuracy":
+        ax_score.set(ylim=(0, 1))
     fig.tight_layout()
     fig.savefig(out, dpi=80)
     plt.close(fig)

@@ -1,8 +1,9 @@
-"""What to train: the built-in digits and synthetic tasks, or a user's factory by import path.
+"""What to train: the built-in digits, synthetic and gpt tasks, or a user's factory by import path.
 
-A task is a classification problem: a model, a training set and an evaluation set. A user's
-factory ``pkg.module:function`` is called with no arguments and returns a :class:`Task` (or a
-``(model, train, eval)`` tuple); the trainer adds everything distributed around it.
+A task is a model, a training set, an evaluation set and its objective (trainer.objectives:
+classification unless it says otherwise). A user's factory ``pkg.module:function`` is called
+with no arguments and returns a :class:`Task` (or a ``(model, train, eval)`` tuple); the
+trainer adds everything distributed around it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from trainer import gpt
 from trainer.config import ConfigError, TrainConfig
+from trainer.objectives import CLASSIFY, NextToken, Objective
 
 SPLIT_SEED = 1234  # the train/test split never depends on --seed: every run scores the same set
 
@@ -28,6 +31,12 @@ class Task:
     model: nn.Module
     train: Dataset
     eval: Dataset | None = None
+    objective: Objective = CLASSIFY  # the loss and the evaluation's metrics
+    # what FSDP2 shards one by one before the root (None: every Linear and Conv2d)
+    shard_units: list[nn.Module] | None = None
+    # what the data is, when it is read from the machine rather than fixed by the config
+    # (the gpt task's corpus): every rank must agree, and a checkpoint remembers it
+    identity: str = ""
 
 
 def build_task(cfg: TrainConfig) -> Task:
@@ -37,6 +46,8 @@ def build_task(cfg: TrainConfig) -> Task:
         return digits_task()
     if cfg.task == "synthetic":
         return synthetic_task(cfg)
+    if cfg.task == "gpt":
+        return gpt_task(cfg)
     return user_task(cfg.task)
 
 
@@ -106,6 +117,18 @@ def mlp(dim: int, hidden: int, layers: int, classes: int) -> nn.Sequential:
         blocks += [nn.Linear(width, hidden), nn.ReLU()]
         width = hidden
     return nn.Sequential(*blocks, nn.Linear(width, classes))
+
+
+# -- gpt: a byte-level transformer on the standard library's own source (trainer.gpt) -----------
+
+def gpt_task(cfg: TrainConfig) -> Task:
+    corpus = gpt.stdlib_corpus()
+    model = gpt.GPT(layers=cfg.gpt_layers, heads=cfg.gpt_heads, width=cfg.gpt_width,
+                    context=cfg.gpt_context)
+    return Task(model, gpt.windows(corpus.train, cfg.gpt_context),
+                gpt.windows(corpus.eval, cfg.gpt_context),
+                objective=NextToken(tokens_per_sample=cfg.gpt_context),
+                shard_units=list(model.blocks), identity=corpus.identity)
 
 
 # -- a user's own task -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import socket
 import sys
 import time
 import uuid
@@ -19,17 +20,18 @@ from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from trainer import progress, stragglers
 from trainer.checkpoint import Checkpointer, Position
+from trainer.clock import Throughput
 from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, RESUME_ENV
 from trainer.config import ConfigError, TrainConfig, parse_args
 from trainer.data import TrainBatches, eval_batches
 from trainer.dist import Group, process_group
 from trainer.env import DistEnv, EnvError
+from trainer.fingerprint import DATA
 from trainer.preempt import EXIT_PREEMPTED, StopRequest
 from trainer.report import Reporter
 from trainer.samples import SampleLog
@@ -101,6 +103,7 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                    f"{env.restart_count}")
 
     task = build_task(cfg)
+    same_data(task.identity, group)
     batches = TrainBatches(task.train, batch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
                            world_size=group.world_size, rank=group.rank, seed=cfg.seed,
                            num_workers=cfg.num_workers)
@@ -111,14 +114,14 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                           f"{group.world_size}) but the training set has {batches.size}: lower "
                           "--batch-size or --grad-accum")
 
-    model = wrap(task.model, cfg, group)
+    model = wrap(task.model, cfg, group, task.shard_units)
     # fused AdamW: one kernel per step instead of a loop of tensor ops (~1.5x faster step here)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                                   fused=cfg.parallel == "ddp")
     ckpt = Checkpointer(cfg.checkpoint_path, rank=group.rank, world_size=group.world_size,
                         keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint,
                         sharded=cfg.parallel == "fsdp" and dist.is_initialized(),
-                        config=dataclasses.asdict(cfg), say=rep.say,
+                        config=kept_config(cfg, task), say=rep.say,
                         resume=resume_mode(cfg, os.environ))
     torch.manual_seed(cfg.seed * 1000 + group.rank)  # dropout stream; a checkpoint restores it
     pos = ckpt.restore(model, optimizer, group.device)
@@ -139,6 +142,7 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
     clock = Throughput(warmup_steps=min(5, max(total - pos.step - 1, 0)))
     step, loss_sum, here = pos.step, torch.zeros((), device=group.device), pos
     work: list[float] = []  # each step's own work, before its all-reduce (trainer.stragglers)
+    evaluated, scores = -1, {}  # the step of the last evaluation, and its scores
     rep.say(f"training {total} steps ({steps_per_epoch}/epoch, global batch {global_batch}) "
             f"from step {step}")
     try:
@@ -152,7 +156,7 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                 last = (micro + 1) % cfg.grad_accum == 0
                 x, y = x.to(group.device, non_blocking=True), y.to(group.device)
                 with gradient_sync(model, last), autocast:
-                    loss = F.cross_entropy(model(x), y) / cfg.grad_accum
+                    loss = task.objective.loss(model(x), y) / cfg.grad_accum
                 if last:
                     work.append(time.perf_counter() - began)
                 loss.backward()
@@ -175,7 +179,9 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                 if step % cfg.log_every == 0 or step == total:
                     shown = loss_sum.item()  # this rank's loss; a sync only every log_every
                     rep.metric("train", step=step, epoch=epoch, loss=shown, lr=lr,
-                               samples_per_s=clock.rate(), restart=env.restart_count)
+                               samples_per_s=clock.rate(),
+                               **task.objective.rates(clock.rate()),
+                               restart=env.restart_count)
                     rep.progress(step, total, loss=shown, lr=lr)
                 elif rep.use_bar:
                     rep.progress(step, total)
@@ -190,22 +196,32 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                     rep.every_rank(f"stopped by {stop.name} after step {step}: checkpoint "
                                    "written; run the same command again to continue")
                     return EXIT_PREEMPTED
+                if cfg.eval_every_steps and step % cfg.eval_every_steps == 0 and step < total:
+                    scores = clock.outside(lambda: evaluate(model, task, cfg, group, autocast))
+                    report_eval(rep, scores, step, epoch, f"at step {step}")
+                    evaluated = step
                 began = time.perf_counter()
             else:  # the epoch is done (a stop by max_steps mid-epoch keeps its position)
                 here = Position(step, epoch + 1, 0)
-            if step >= total or (cfg.eval_every and (epoch + 1) % cfg.eval_every == 0):
-                report_eval(rep, evaluate(model, task, cfg, group, autocast), step, epoch)
+            if evaluated != step and (step >= total or
+                                      (cfg.eval_every and (epoch + 1) % cfg.eval_every == 0)):
+                scores = clock.outside(lambda: evaluate(model, task, cfg, group, autocast))
+                report_eval(rep, scores, step, epoch, f"after epoch {epoch + 1}")
+                evaluated = step
             if step >= total:
                 break
         stop.settle()
         ckpt.save(here, model, optimizer, block=True)
         ckpt.close()
-        final = evaluate(model, task, cfg, group, autocast)
+        # the last evaluation may have scored these very parameters; else score them now
+        final = scores if evaluated == step else evaluate(model, task, cfg, group, autocast)
         step_work = stragglers.report(gather(stragglers.percentiles(work)))
         rep.finish({"steps": step, "world_size": group.world_size,
                     "samples_per_s": round(clock.rate(), 1),
+                    **task.objective.rates(clock.rate()),
                     "final_loss": final.get("loss", float("nan")),
-                    "accuracy": final.get("accuracy", float("nan")),
+                    **{name: final.get(name, float("nan"))
+                       for name in task.objective.metrics[1:]},
                     "seconds": round(clock.elapsed(), 2), "step_work": step_work},
                    stragglers.line(step_work))
         return EXIT_OK
@@ -217,8 +233,11 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
 
 # -- parts of the loop --------------------------------------------------------------------------
 
-def wrap(model: nn.Module, cfg: TrainConfig, group: Group) -> nn.Module:
-    """Move to the device and make data-parallel (DDP or FSDP2) when there are several ranks."""
+def wrap(model: nn.Module, cfg: TrainConfig, group: Group,
+         units: list[nn.Module] | None = None) -> nn.Module:
+    """Move to the device and make data-parallel (DDP or FSDP2) when there are several ranks.
+    FSDP2 shards each of ``units`` (a transformer's blocks; None: every Linear and Conv2d),
+    then the root, which keeps the rest (embeddings, norms, the output layer)."""
     if cfg.sync_bn and dist.is_initialized() and group.device.type == "cpu":
         raise ConfigError("--sync-bn needs GPU devices (PyTorch's SyncBatchNorm does not run on "
                           "CPU); drop it here, or run with CUDA")
@@ -231,9 +250,11 @@ def wrap(model: nn.Module, cfg: TrainConfig, group: Group) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         dtype = torch.bfloat16 if use_bf16(cfg.precision, group.device) else None
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-        for child in model.modules():
-            if child is not model and isinstance(child, (nn.Linear, nn.Conv2d)):
-                fully_shard(child, mp_policy=policy)
+        if units is None:
+            units = [child for child in model.modules()
+                     if child is not model and isinstance(child, (nn.Linear, nn.Conv2d))]
+        for child in units:
+            fully_shard(child, mp_policy=policy)
         return fully_shard(model, mp_policy=policy)  # type: ignore[return-value]
     ids = [group.device.index] if group.device.type == "cuda" else None
     # gradients live in the all-reduce buckets: no copy in and out of them every step
@@ -300,26 +321,49 @@ def learning_rate(cfg: TrainConfig, step: int, total: int) -> float:
 @torch.no_grad()
 def evaluate(model: nn.Module, task: Task, cfg: TrainConfig, group: Group,
              autocast: contextlib.AbstractContextManager[Any]) -> dict[str, float]:
-    """Loss and accuracy over the whole evaluation set, each sample counted once across ranks."""
+    """The task's metrics (trainer.objectives: loss and accuracy, or loss and perplexity) over
+    the whole evaluation set, each sample counted once across ranks."""
     if task.eval is None:
         return {}
     net = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     was_training = net.training
     net.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=group.device)  # loss, correct, count
+    sums: torch.Tensor | None = None
     for x, y, w in eval_batches(task.eval, batch_size=max(cfg.batch_size, 256),
                                 world_size=group.world_size, rank=group.rank):
         x, y, w = x.to(group.device), y.to(group.device), w.to(group.device)
         with autocast:
             logits = net(x).float()
-        losses = F.cross_entropy(logits, y, reduction="none")
-        sums += torch.stack([(losses * w).sum(), ((logits.argmax(1) == y) * w).sum(),
-                             w.sum()]).double()
+        batch = task.objective.eval_sums(logits, y, w)
+        sums = batch if sums is None else sums + batch
+    net.train(was_training)
+    if sums is None:  # an empty evaluation set, on every rank alike
+        return {}
     if dist.is_initialized():
         dist.all_reduce(sums)
-    net.train(was_training)
-    loss, correct, count = sums.tolist()
-    return {"loss": loss / count, "accuracy": correct / count}
+    return task.objective.scores(sums.tolist())
+
+
+def same_data(identity: str, group: Group) -> None:
+    """Stop (exit 2) when ranks read different data from their machines (the gpt task's
+    corpus on nodes with different Pythons): they would train on different text."""
+    if not identity or not dist.is_initialized():
+        return
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (identity, group.rank, socket.gethostname()))
+    odd = [(rank, host, seen) for seen, rank, host in every if seen != identity]
+    if odd:
+        rank, host, seen = odd[0]
+        raise ConfigError(f"the ranks read different data: rank {group.rank} has {identity!r} "
+                          f"but rank {rank} on {host} has {seen!r}; run every node with the "
+                          "same Python (the gpt task reads its standard library)")
+
+
+def kept_config(cfg: TrainConfig, task: Task) -> dict[str, Any]:
+    """The config a checkpoint keeps (trainer.fingerprint), with the data the task read from
+    this machine when that is not fixed by the config (``data``)."""
+    config = dataclasses.asdict(cfg)
+    return {**config, DATA: task.identity} if task.identity else config
 
 
 def gather(mine: dict[str, float]) -> list[dict[str, float]]:
@@ -331,32 +375,9 @@ def gather(mine: dict[str, float]) -> list[dict[str, float]]:
     return every
 
 
-def report_eval(rep: Reporter, result: dict[str, float], step: int, epoch: int) -> None:
+def report_eval(rep: Reporter, result: dict[str, float], step: int, epoch: int,
+                when: str) -> None:
     if result:
         rep.metric("eval", step=step, epoch=epoch, **result)
-        rep.say(f"eval after epoch {epoch + 1}: loss {result['loss']:.4f} "
-                f"accuracy {result['accuracy']:.4f}")
-
-
-class Throughput:
-    """Samples per second between the end of a short warm-up and the latest step (start-up,
-    evaluation and the final checkpoint are not steady state)."""
-
-    def __init__(self, warmup_steps: int) -> None:
-        self.warmup, self.steps, self.samples = warmup_steps, 0, 0
-        self.t0 = self.started = self.last = time.perf_counter()
-
-    def tick(self, samples: int) -> None:
-        self.steps += 1
-        self.last = time.perf_counter()
-        if self.steps == self.warmup:
-            self.t0, self.samples = self.last, 0
-        elif self.steps > self.warmup:
-            self.samples += samples
-
-    def rate(self) -> float:
-        elapsed = self.last - self.t0
-        return self.samples / elapsed if elapsed > 0 and self.samples else 0.0
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.started
+        shown = " ".join(f"{name} {value:.4f}" for name, value in result.items())
+        rep.say(f"eval {when}: {shown}")

@@ -1,0 +1,44 @@
+"""The trainer's throughput clock: samples per second in steady state."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class Throughput:
+    """Samples per second between the end of a short warm-up and the latest step (start-up,
+    evaluation and the final checkpoint are not steady state)."""
+
+    def __init__(self, warmup_steps: int) -> None:
+        self.warmup, self.steps, self.samples = warmup_steps, 0, 0
+        self.t0 = self.started = self.last = time.perf_counter()
+        self.off = 0.0  # seconds off the clock since the last step
+
+    def tick(self, samples: int) -> None:
+        self.steps += 1
+        self.last = time.perf_counter()
+        if self.steps == self.warmup:
+            self.t0, self.samples = self.last, 0
+        elif self.steps > self.warmup:
+            self.samples += samples
+            self.t0 += self.off
+        self.off = 0.0
+
+    def outside(self, work: Callable[[], T]) -> T:
+        """Do ``work`` (an evaluation) off the clock: it is not training throughput."""
+        began = time.perf_counter()
+        try:
+            return work()
+        finally:
+            self.off += time.perf_counter() - began
+
+    def rate(self) -> float:
+        elapsed = self.last - self.t0
+        return self.samples / elapsed if elapsed > 0 and self.samples else 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
