@@ -159,7 +159,7 @@ def _variants() -> list[tuple[str, list[str], str]]:
         ("default", ["k8s.queue=team-a", "resources.cpu=2", "resources.memory=4Gi"],
          "pytorchjob"),
         ("default", ["k8s.volcano_queue=research"], "pytorchjob"),
-        ("elastic", ["k8s.pvc=runs", "resources.gpus=1"], "pytorchjob"),
+        ("elastic", ["k8s.pvc=runs", "resources.gpus=2"], "pytorchjob"),
         ("default", ["nnodes=2", "resources.gpus=2", "k8s.queue=team-a", "resources.cpu=2",
                      "resources.memory=4Gi", "k8s.pvc=runs"], "trainjob"),
     ]
