@@ -395,6 +395,11 @@ class K8s(Section):
     pvc_mount_path: str = spec_field("where the pvc is mounted; a relative run_dir and "
                                      "checkpoint_dir are placed under it", "/mnt/torchjob",
                                      check=_mount_target)
+    checkpoints: Literal["pvc", "pod-local"] = spec_field(
+        "where checkpoints live: pvc (on a PersistentVolumeClaim every pod mounts: k8s.pvc, "
+        "ReadWriteMany for several pods, or a writable mounts entry holding checkpoint_dir; a "
+        "job of several pods or an elastic one is refused without one) or pod-local (in each "
+        "pod, lost with it: no resume across pods, acknowledged)", "pvc")
     restart_policy: Literal["ExitCode", "OnFailure", "Never"] = spec_field(
         "PyTorchJob replica restartPolicy; ExitCode recreates a pod only for exit codes >= 128 "
         "(143: preempted, checkpoint written), never for 1 (failure) or 2 (bad config)",
@@ -419,8 +424,8 @@ class K8s(Section):
     fs_group: int | None = spec_field("pod fsGroup, so the pvc is writable by run_as_user",
                                       1000, check=_optional(between(1, 2**31 - 1)))
     rdzv_wait_seconds: int = spec_field(
-        "elastic jobs: how long a pod waits for the rendezvous store's Service <job>-rdzv "
-        "to resolve before it starts the agent", 600, check=at_least(1))
+        "jobs of several pods: how long a pod waits for the rendezvous store's Service "
+        "<job>-rdzv to resolve before it starts the agent", 600, check=at_least(1))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -78,6 +78,44 @@ def on_cluster(spec: JobSpec) -> JobSpec:
                                checkpoint_dir=posixpath.join(root, spec.checkpoint_dir))
 
 
+def checkpoint_claim(spec: JobSpec) -> str | None:
+    """The PersistentVolumeClaim that holds ``checkpoint_dir`` (spec placed by ``on_cluster``):
+    ``k8s.pvc``, or a writable ``mounts`` entry whose target holds it; None: in the pod."""
+    mounted = [(spec.k8s.pvc_mount_path, spec.k8s.pvc)] if spec.k8s.pvc else []
+    mounted += [(m.target, m.source) for m in spec.mounts if not m.read_only]
+    where = posixpath.normpath(spec.checkpoint_dir)
+    for target, claim in mounted:
+        if where.startswith("/") and posixpath.commonpath([target, where]) == target:
+            return claim
+    return None
+
+
+def shared_checkpoints(spec: JobSpec, pods: int) -> str | None:
+    """The one rule of where a Kubernetes job's checkpoints live, for every renderer (spec
+    placed by ``on_cluster``; ``pods``: the job's node pods at most): on a claim every pod
+    mounts, or in each pod when ``k8s.checkpoints: pod-local`` says so. A job of several pods
+    (or an elastic one) without a claim is refused: each pod would keep its own files, a
+    resume would look for a state file only another pod has (FileNotFoundError), and a
+    recreated pod would start over. One pod may keep them locally (lost with the pod only).
+    The claim's name, or None when they are pod-local."""
+    claim = checkpoint_claim(spec)
+    if spec.k8s.checkpoints == "pod-local":
+        if claim is not None:
+            raise bad("k8s.checkpoints", "pod-local", f"contradicts checkpoint_dir "
+                      f"{spec.checkpoint_dir!r}, which is on the PersistentVolumeClaim "
+                      f"{claim!r}: drop k8s.checkpoints (pvc is the default) or the claim")
+        return None
+    if claim is None and (pods > 1 or spec.nnodes.is_elastic):
+        raise SpecError("k8s.pvc", f"is not set, but this job runs {pods} pods (nnodes "
+                        f"{spec.nnodes}): each pod would keep its checkpoints to itself, so a "
+                        "resume fails (a state file only another pod wrote: FileNotFoundError) "
+                        "and a recreated pod starts over. Set k8s.pvc to a ReadWriteMany "
+                        "PersistentVolumeClaim that every pod mounts (a relative "
+                        "checkpoint_dir goes under k8s.pvc_mount_path), or set "
+                        "k8s.checkpoints: pod-local to run without resuming across pods")
+    return claim
+
+
 def labels(spec: JobSpec) -> Obj:
     out: Obj = {"app.kubernetes.io/name": spec.name, "app.kubernetes.io/managed-by": "torchjob"}
     if spec.k8s.queue:

@@ -34,7 +34,7 @@ def trainjob(spec: JobSpec) -> list[dict[str, Any]]:
 GPU = ["nnodes=2", "nproc_per_node=4", "resources.gpus=4", "resources.cpu=16",
        "resources.memory=64Gi", "resources.shm=16Gi", "env.NCCL_DEBUG=WARN",
        'secrets=[{env: HF_TOKEN, secret: hf, key: token}]', "k8s.namespace=team-a",
-       "k8s.queue=team-a-gpus", "k8s.priority_class=training"]
+       "k8s.queue=team-a-gpus", "k8s.priority_class=training", "k8s.pvc=team-a-runs"]
 PVC = ["nnodes=2", "k8s.pvc=digits-runs", "k8s.ttl_seconds_after_finished=86400",
        "k8s.active_deadline_seconds=86400", "k8s.volcano_queue=research",
        "k8s.clean_pod_policy=All"]

@@ -27,6 +27,7 @@ again), as a node loss the operator cannot reschedule would.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import secrets
@@ -42,9 +43,11 @@ from typing import Any
 from jobs.backend import Closings
 from jobs.values import UserError
 from k8s.follow import Run, follow_runs
+from k8s.validate import validate
 from trainer.contract import EXIT_OK, EXIT_STOPPED
 
 OPERATOR_PORT = 23456  # pytorchjob-port, unless the container names a port so
+INIT_IMAGE, INIT_TRIES = "alpine:3.10", 100  # the operator's defaults for its init container
 GRACE_S = 30.0  # terminationGracePeriodSeconds' default
 JOB_LABEL = "io.torchjob.pods.job"  # every container of one emulated job
 POD_LABEL = "io.torchjob.pods.pod"  # the pod a container is (an incarnation of)
@@ -80,14 +83,53 @@ def injected(job: Obj, replica: str, index: int) -> dict[str, str]:
             env["PET_RDZV_ID"] = policy["rdzvId"]
         return env
     pods = sum(r["replicas"] for r in specs.values())
-    rank = index if replica == "Master" else index + ("Master" in specs)
+    env["PET_NNODES"] = str(pods)
+    if "Master" not in specs:  # Worker-only: no MASTER_*, RANK, WORLD_SIZE, PET_NODE_RANK
+        return env
+    rank = index if replica == "Master" else index + 1
     world = pods * int(nproc) if str(nproc).isdigit() else pods
     master = f"{name}-master-0"
     env.update({"MASTER_ADDR": master, "PET_MASTER_ADDR": master,
                 "MASTER_PORT": str(OPERATOR_PORT), "PET_MASTER_PORT": str(OPERATOR_PORT),
-                "RANK": str(rank), "PET_NODE_RANK": str(rank), "WORLD_SIZE": str(world),
-                "PET_NNODES": str(pods)})
+                "RANK": str(rank), "PET_NODE_RANK": str(rank), "WORLD_SIZE": str(world)})
     return env
+
+
+def init_containers(job: Obj, replica: str) -> list[Obj]:
+    """The init containers the operator appends to a replica's pods: with a Master, every
+    Worker pod gets its default one (release-1.9 pkg/controller.v1/pytorch/initcontainer.go:
+    image alpine:3.10, 100 tries; its ``--pytorch-init-container-template-file`` is the
+    operator's, cluster-wide, so a job cannot count on another), which has no
+    securityContext."""
+    if replica != "Worker" or "Master" not in job["spec"]["pytorchReplicaSpecs"]:
+        return []
+    master = f"{job['metadata']['name']}-master-0"
+    return [{"name": "init-pytorch", "image": INIT_IMAGE, "imagePullPolicy": "IfNotPresent",
+             "resources": {"limits": {"cpu": "100m", "memory": "20Mi"},
+                           "requests": {"cpu": "50m", "memory": "10Mi"}},
+             "command": ["sh", "-c", f"err=1;for i in $(seq {INIT_TRIES}); do if nslookup "
+                         f"{master}; then err=0 && break; fi;echo waiting for master; sleep 2; "
+                         "done; exit $err"]}]
+
+
+def as_mutated(job: Obj) -> Obj:
+    """The job with each replica's pod template as the operator creates its pods (its init
+    containers appended): what a namespace's Pod Security admission sees."""
+    out = copy.deepcopy(job)
+    for replica, rspec in out["spec"]["pytorchReplicaSpecs"].items():
+        pod = rspec["template"]["spec"]
+        pod["initContainers"] = [*pod.get("initContainers", []), *init_containers(job, replica)]
+        if not pod["initContainers"]:
+            del pod["initContainers"]
+    return out
+
+
+def forbidden(objs: list[Obj]) -> list[str]:
+    """Why a namespace enforcing Pod Security "restricted" refuses the pods of ``objs`` (the
+    job's as the operator mutates them, the Deployments'); [] when it admits them all."""
+    return [str(p) for obj in objs
+            for p in validate(as_mutated(obj) if obj["kind"] == "PyTorchJob" else obj)
+            if p.rule == "pod-security"]
 
 
 def quantity(text: str) -> int:
@@ -139,6 +181,7 @@ class PodJob:
     claims: dict[str, Path]
     grace: float = GRACE_S
     beside: list[Obj] = field(default_factory=list)
+    restricted: bool = True  # the namespace enforces Pod Security "restricted"
     stores: list[Pod] = field(default_factory=list)  # the Deployments' pods
     token: str = field(default_factory=lambda: f"tjpods-{secrets.token_hex(4)}")
     pods: list[Pod] = field(default_factory=list)
@@ -158,7 +201,12 @@ class PodJob:
         return self.token
 
     def start(self) -> None:
-        """The network, then each replica's pod (the Master's first)."""
+        """The network, then each replica's pod (the Master's first). With ``restricted``
+        (a namespace enforcing Pod Security "restricted"), pods that break it, as the
+        operator mutates them, are refused as the API server would: nothing starts."""
+        if self.restricted and (problems := forbidden([self.job, *self.beside])):
+            raise UserError(f"{self.name}: pods forbidden: violates PodSecurity "
+                            f"\"restricted:latest\": {'; '.join(problems)}")
         made = podman("network", "create", "--label", f"{JOB_LABEL}={self.token}",
                       self.network)
         if made.returncode != 0:

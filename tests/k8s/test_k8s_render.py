@@ -24,7 +24,8 @@ from jobs.load import loads
 from jobs.values import SpecError, UserError
 from k8s.manifests import HERE as MANIFESTS
 from k8s.manifests import VARIANTS, render_variant, variant_spec
-from k8s.pod import QUEUE_LABEL, WAIT_FOR_HOST, manifest_text, manifests_text
+from k8s.pod import (QUEUE_LABEL, WAIT_FOR_HOST, manifest_text, manifests_text, on_cluster,
+                     shared_checkpoints)
 from k8s.pytorchjob import render_pytorchjob
 from k8s.render import render_manifest, render_objects
 from k8s.store import render_store
@@ -71,26 +72,68 @@ def test_every_variant_validates_and_round_trips(name: str) -> None:
     assert validate_text(manifests_text(objs)) == []
 
 
-def test_fixed_size_is_master_plus_workers_meeting_at_the_master() -> None:
-    spec = loads("name: job\nnnodes: 3\nnproc_per_node: 2")
+def test_one_node_is_a_master_and_several_are_workers_meeting_at_the_store() -> None:
+    """A fixed size of several nodes is Worker-only, as an elastic job: no Master, so the
+    operator adds no init container (which would break Pod Security "restricted"), and the
+    agents are clients of the job's own store ``<job>-rdzv``. One node: a Master whose agent
+    serves its own store."""
+    spec = loads("name: job\nnnodes: 3\nnproc_per_node: 2\nk8s: {pvc: runs}")
     obj = render_pytorchjob(spec)
     rs = replicas(obj)
-    assert list(rs) == ["Master", "Worker"]
-    assert rs["Master"]["replicas"] == 1 and rs["Worker"]["replicas"] == 2
-    assert {r["restartPolicy"] for r in rs.values()} == {"ExitCode"}
+    assert list(rs) == ["Worker"] and rs["Worker"]["replicas"] == 3
+    assert rs["Worker"]["restartPolicy"] == "ExitCode"
     assert obj["spec"]["nprocPerNode"] == "2" and "elasticPolicy" not in obj["spec"]
-    for r in rs.values():  # the one agent command every backend runs, unchanged
-        assert r["template"]["spec"]["containers"][0]["command"] == list(agent_command(
-            spec, python="python", rdzv_endpoint="job-master-0:29400", run_id="job"))
-    one = render_pytorchjob(loads("name: job"))
-    assert list(replicas(one)) == ["Master"]
+    (container,) = containers(obj)
+    assert container["command"][:5] == ["python", "-c", WAIT_FOR_HOST, "job-rdzv", "600"]
+    assert container["command"][5:] == list(agent_command(
+        on_cluster(spec), python="python", rdzv_endpoint="job-rdzv:29400", run_id="job",
+        store_client=True))  # the one agent command every backend runs
+    assert [o["kind"] for o in render_objects(spec)] == ["PyTorchJob", "Deployment", "Service"]
+    one = loads("name: job")
+    assert list(replicas(render_pytorchjob(one))) == ["Master"] and render_store(one) == []
+    (master,) = containers(render_pytorchjob(one))
+    assert master["command"] == list(agent_command(one, python="python",
+                                                   rdzv_endpoint="job-master-0:29400",
+                                                   run_id="job"))
+
+
+@pytest.mark.parametrize("text", ["nnodes: 2", "nnodes: 1:2", "nnodes: 2:4"])
+def test_several_pods_need_a_shared_claim_for_checkpoints_or_say_pod_local(text: str) -> None:
+    """Each pod's own disk would hold only its own files: a resume looks for another pod's
+    (FileNotFoundError), and a recreated pod starts over. Refused, naming the field and both
+    fixes; a ReadWriteMany claim (k8s.pvc, or a writable mount holding checkpoint_dir) or the
+    acknowledged pod-local choice passes."""
+    with pytest.raises(SpecError, match=r"^k8s\.pvc: is not set, but this job runs \d pods.*"
+                       r"FileNotFoundError.*ReadWriteMany.*k8s\.checkpoints: pod-local"):
+        render_objects(loads(f"name: job\n{text}"))
+    assert render_objects(loads(f"name: job\n{text}\nk8s: {{pvc: runs}}"))
+    assert render_objects(loads(f"name: job\n{text}\nk8s: {{checkpoints: pod-local}}"))
+    mounted = f"name: job\n{text}\nmounts: [{{source: ckpt, target: /ckpt}}]\n"
+    assert render_objects(loads(mounted + "checkpoint_dir: /ckpt/job"))
+    with pytest.raises(SpecError, match=r"^k8s\.pvc: is not set"):  # not where it writes
+        render_objects(loads(mounted + "checkpoint_dir: /ckptx/job"))
+    with pytest.raises(SpecError, match=r"^k8s\.pvc: is not set"):  # read-only: not a home
+        render_objects(loads(f"name: job\n{text}\ncheckpoint_dir: /ckpt/job\n"
+                             "mounts: [{source: ckpt, target: /ckpt, read_only: true}]"))
+    with pytest.raises(SpecError, match=r"^k8s\.checkpoints: 'pod-local' contradicts "
+                       r"checkpoint_dir '/mnt/torchjob/runs/job/checkpoints'.*'runs'"):
+        render_objects(loads(f"name: job\n{text}\nk8s: {{pvc: runs, checkpoints: pod-local}}"))
+    assert shared_checkpoints(on_cluster(loads("name: job")), 1) is None  # one pod may
+
+
+def test_the_refusal_exits_2_before_anything_is_rendered_or_submitted() -> None:
+    out = subprocess.run([sys.executable, "-m", "jobs", "render", "--to", "k8s",
+                          str(ROOT / "jobs" / "examples" / "default.yaml"), "--set", "nnodes=2"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr.startswith("torchjob: k8s.pvc: is not set") and "Traceback" not in out.stderr
 
 
 def test_elastic_is_worker_only_meeting_at_its_own_store_service() -> None:
     """No Worker hosts the store: the agents are clients of ``<job>-rdzv`` (the Service of the
     store's Deployment), which the operator's PET_RDZV_ENDPOINT names too, and wait for it."""
     spec = loads("name: job\nnnodes: 2:4\nnproc_per_node: 3\nmax_restarts: 5\n"
-                 "rdzv: {port: 29999}")
+                 "rdzv: {port: 29999}\nk8s: {pvc: runs}")
     obj = render_pytorchjob(spec)
     assert list(replicas(obj)) == ["Worker"] and replicas(obj)["Worker"]["replicas"] == 4
     assert obj["spec"]["elasticPolicy"] == {
@@ -100,14 +143,14 @@ def test_elastic_is_worker_only_meeting_at_its_own_store_service() -> None:
     (container,) = containers(obj)
     command = container["command"]
     assert command[:5] == ["python", "-c", WAIT_FOR_HOST, "job-rdzv", "600"]
-    assert command[5:] == list(agent_command(spec, python="python",
+    assert command[5:] == list(agent_command(on_cluster(spec), python="python",
                                              rdzv_endpoint="job-rdzv:29999", run_id="job",
                                              store_client=True))
     assert command[command.index("--rdzv-conf") + 1].endswith(",is_host=false")
     assert "ports" not in container  # no Worker serves the store
     assert render_objects(spec)[0] == obj
     assert [o["kind"] for o in render_objects(spec)] == ["PyTorchJob", "Deployment", "Service"]
-    assert render_store(loads("name: job\nnnodes: 2")) == []  # fixed size: the Master's agent
+    assert render_store(loads("name: job\nnnodes: 1")) == []  # one pod: the Master's agent
 
 
 def test_the_store_deployment_and_service() -> None:
@@ -142,9 +185,10 @@ def test_an_elastic_name_leaves_room_for_the_store_service() -> None:
     fits = "j" + "x" * 57
     assert render_store(loads(f"name: {fits}\nnnodes: 1:2"))[1]["metadata"]["name"] \
         == fits + "-rdzv"
-    with pytest.raises(SpecError, match="at most 58"):
-        render_objects(loads(f"name: {fits}x\nnnodes: 1:2"))
-    assert render_objects(loads(f"name: {fits}x\nnnodes: 2"))  # fixed size: no store
+    for nnodes in ("1:2", "2"):  # every job of several pods has the store
+        with pytest.raises(SpecError, match="at most 58"):
+            render_objects(loads(f"name: {fits}x\nnnodes: {nnodes}\nk8s: {{pvc: runs}}"))
+    assert render_objects(loads(f"name: {fits}x\nnnodes: 1"))  # one pod: no store
 
 
 def test_wait_for_host_waits_then_execs_with_argv_intact(tmp_path: Path) -> None:
@@ -160,7 +204,7 @@ def test_wait_for_host_waits_then_execs_with_argv_intact(tmp_path: Path) -> None
 def test_pod_contents_resources_shm_pvc_secrets_and_security() -> None:
     spec = variant_spec("pytorchjob-gpu.yaml")
     obj = render_pytorchjob(spec)
-    pod = replicas(obj)["Master"]["template"]["spec"]
+    pod = replicas(obj)["Worker"]["template"]["spec"]
     c = pod["containers"][0]
     assert c["name"] == "pytorch" and c["image"] == spec.image
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
@@ -175,7 +219,7 @@ def test_pod_contents_resources_shm_pvc_secrets_and_security() -> None:
         assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
         assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 0
     pvc = render_pytorchjob(variant_spec("pytorchjob-pvc.yaml"))
-    pod = replicas(pvc)["Master"]["template"]["spec"]
+    pod = replicas(pvc)["Worker"]["template"]["spec"]
     assert {"name": "run", "persistentVolumeClaim": {"claimName": "digits-runs"}} in pod["volumes"]
     command = pod["containers"][0]["command"]
     assert command[command.index("--run-dir") + 1] == "/mnt/torchjob/runs/digits"
@@ -222,7 +266,7 @@ def test_hostile_names_are_rejected_at_the_spec(field: str, value: object) -> No
 
 def test_hostile_values_are_escaped_and_survive_yaml_exactly() -> None:
     quoted = [json.dumps(v, ensure_ascii=False) for v in HOSTILE]
-    spec = loads("name: job\nnnodes: 1:2\ntrainer: {module: tool}",
+    spec = loads("name: job\nnnodes: 1:2\ntrainer: {module: tool}\nk8s: {pvc: runs}",
                  [f"env.V{i}={q}" for i, q in enumerate(quoted)]
                  + [f"trainer.args.a{i}={q}" for i, q in enumerate(quoted)])
     for obj in (render_pytorchjob(spec), render_trainjob(loads(
@@ -256,7 +300,8 @@ def test_renderers_do_no_io() -> None:
 def test_render_manifest_validates_before_it_prints() -> None:
     spec = loads("name: job\nnnodes: 2")
     assert yaml.safe_load(render_manifest(spec, "trainjob"))["kind"] == "TrainJob"
-    assert render_manifest(spec) == manifest_text(render_pytorchjob(spec))
+    one = loads("name: job")
+    assert render_manifest(one) == manifest_text(render_pytorchjob(one))
     with pytest.raises(UserError, match=r"secret-literal"):
         render_manifest(loads("name: job\nenv: {HF_TOKEN: hf_abcdefghijkl}"))
     with pytest.raises(UserError, match=r"valid: pytorchjob, trainjob"):
