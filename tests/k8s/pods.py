@@ -386,6 +386,11 @@ class PodJob:
     def lose(self, pod: Pod) -> None:
         """``pod`` gone for good, as with its node: SIGKILL, never created again."""
         pod.lost = True
+        self.kill(pod)
+
+    def kill(self, pod: Pod) -> None:
+        """``pod`` killed (SIGKILL, exit 137), as when its node dies; its controller decides
+        what follows (a Deployment's pod is created again, a job's per its restartPolicy)."""
         killed = podman("kill", pod.container)
         if killed.returncode != 0:
             raise RuntimeError(f"podman kill {pod.container}: {killed.stderr}")
