@@ -6,8 +6,8 @@ pod (``<job>-worker-0``, or the Master) serves it, and losing that pod killed ev
 (exit 1, which the ExitCode restart policy treats as permanent). A lost store pod is recreated
 here by its Deployment; the agents, which cannot reconnect to a new store, exit
 ``EXIT_STORE_LOST`` (200, >= 128: retried), their pods are recreated by the ExitCode policy and
-meet at the new store, resuming from the shared checkpoint. Here the store is ``python -m trainer.store``
-(``jobs.command.store_command``) in a pod of its own, from the job's image: a Deployment of one
+meet at the new store, resuming from the shared checkpoint. Here the store is
+``python -m trainer.store`` (``jobs.command.store_command``) in a pod of its own, from the job's image: a Deployment of one
 replica (recreated by Kubernetes on any node when its pod or node goes; ``Recreate``: never two
 stores at once, which would split the rendezvous), with small cpu/memory requests, no GPU, and
 the same Pod Security "restricted" context as the job's pods. The Service ``<job>-rdzv``

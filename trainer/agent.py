@@ -259,8 +259,8 @@ if __name__ == "__main__":
     except RendezvousConnectionError as exc:  # the store is gone (or never came): say so
         from trainer.elastic_agent import Agent, attempt_base
 
-        cause = exc.__cause__ or exc.__context__
-        cause = str(cause or exc).strip().splitlines()[0]  # not torch's C++ frames
+        inner = exc.__cause__ or exc.__context__
+        cause = (str(inner or exc).strip().splitlines() or [""])[0]  # not torch's C++ frames
         if Agent.met:  # it served this node's rendezvous, then went: retried (EXIT_STORE_LOST)
             why, code = (f"the rendezvous store was lost ({cause}): its process, pod "
                          "or node went away; not the job's fault: exit "

@@ -9,6 +9,7 @@ change, regenerate them with one flag (or ``python -m k8s.manifests``) and revie
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import os
 import subprocess
@@ -32,6 +33,7 @@ from k8s.store import render_store
 from k8s.trainjob import render_trainjob
 from k8s.validate import validate, validate_text
 from tests.k8s.kubelet import Everything, expand
+from tests.k8s.pods import as_mutated, forbidden
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = ["a'; touch /tmp/pwned", 'b"; x; "', "$(touch /tmp/pwned)", "`id`", "two words",
@@ -306,3 +308,31 @@ def test_render_manifest_validates_before_it_prints() -> None:
         render_manifest(loads("name: job\nenv: {HF_TOKEN: hf_abcdefghijkl}"))
     with pytest.raises(UserError, match=r"valid: pytorchjob, trainjob"):
         render_manifest(spec, "mpijob")
+
+
+@pytest.mark.parametrize("text", ["nnodes: 1", "nnodes: 2", "nnodes: 3", "nnodes: 1:2",
+                                  "nnodes: 2\nresources: {gpus: 4}"])
+def test_every_pod_passes_restricted_as_the_operator_mutates_it(text: str) -> None:
+    """Pod Security "restricted" on the pods as the operator creates them (its init container
+    added, exactly when release-1.9 adds one: a Worker pod of a job with a Master), and on the
+    store's. The renderer's jobs get none; a hand-written Master + Worker job's Workers do,
+    and a namespace enforcing "restricted" refuses them."""
+    objs = render_objects(loads(f"name: job\n{text}\nk8s: {{pvc: runs}}"))
+    assert all("initContainers" not in pod for pod in pod_templates(as_mutated(objs[0])))
+    assert forbidden(objs) == []
+    legacy = copy.deepcopy(objs[0])
+    worker = replicas(legacy).get("Worker") or replicas(legacy)["Master"]
+    legacy["spec"]["pytorchReplicaSpecs"] = {"Master": {**copy.deepcopy(worker), "replicas": 1},
+                                             "Worker": worker}
+    legacy["spec"].pop("elasticPolicy", None)
+    assert validate(legacy) == []  # as submitted: fine
+    (init,) = as_mutated(legacy)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+        "initContainers"]
+    assert init["image"] == "alpine:3.10" and "job-master-0" in init["command"][2]
+    problems = forbidden([legacy])
+    assert problems and all("Worker.template.spec.initContainers[0]" in p for p in problems)
+    assert any("allowPrivilegeEscalation" in p for p in problems)
+
+
+def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return [rs["template"]["spec"] for rs in replicas(obj).values()]
