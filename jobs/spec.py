@@ -424,8 +424,8 @@ class K8s(Section):
     fs_group: int | None = spec_field("pod fsGroup, so the pvc is writable by run_as_user",
                                       1000, check=_optional(between(1, 2**31 - 1)))
     rdzv_wait_seconds: int = spec_field(
-        "jobs of several pods: how long a pod waits for the rendezvous store's Service "
-        "<job>-rdzv to resolve before it starts the agent", 600, check=at_least(1))
+        "jobs of several pods: how long a pod waits for the rendezvous store to answer at "
+        "<job>-rdzv:<rdzv.port> before it starts the agent", 600, check=at_least(1))
 
 
 @dataclass(frozen=True, kw_only=True)

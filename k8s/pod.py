@@ -23,18 +23,21 @@ GPU = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
 RUN_VOLUME = "run"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-# Waits until a host name resolves, then execs the rest of argv: no shell, values stay argv.
+# Waits until HOST:PORT accepts a connection (its name resolves and a store serves there: a
+# Service publishes a pod only once it is ready), then execs the rest of argv: no shell,
+# values stay argv. A recreated store pod may take minutes (a new node, an image pull).
 WAIT_FOR_HOST = (
     "import os, socket, sys, time\n"
-    "host, limit = sys.argv[1], time.monotonic() + float(sys.argv[2])\n"
+    "host, _, port = sys.argv[1].rpartition(':')\n"
+    "limit = time.monotonic() + float(sys.argv[2])\n"
     "while True:\n"
     "    try:\n"
-    "        socket.getaddrinfo(host, None)\n"
+    "        socket.create_connection((host, int(port)), timeout=5).close()\n"
     "        break\n"
-    "    except OSError:\n"
+    "    except OSError as exc:\n"
     "        if time.monotonic() > limit:\n"
-    "            sys.exit(f'{host} did not resolve in {sys.argv[2]} s')\n"
-    "        print(f'waiting for {host} to resolve', flush=True)\n"
+    "            sys.exit(f'{sys.argv[1]} did not answer in {sys.argv[2]} s: {exc}')\n"
+    "        print(f'waiting for {sys.argv[1]}: {exc}', flush=True)\n"
     "        time.sleep(2)\n"
     "os.execvp(sys.argv[3], sys.argv[3:])\n"
 )

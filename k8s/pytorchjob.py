@@ -16,8 +16,9 @@ fields are set so that its ``PET_*`` agree anyway (``nprocPerNode``, ``elasticPo
   v1 operator adds one (alpine, waiting for ``<job>-master-0`` to resolve, with no
   securityContext) to every Worker pod of a job that has a Master, and a namespace enforcing
   Pod Security "restricted" rejects those pods. Instead the command first waits, as the pod's
-  own restricted process, until ``<job>-rdzv`` resolves (the Service is created with the job,
-  but not necessarily before it), so pods do not crash-loop on DNS. Every agent is a client
+  own restricted process, until the store answers at ``<job>-rdzv:<rdzv.port>`` (the Service
+  is created with the job, but not necessarily before it, and a recreated store pod may take
+  minutes), so pods neither crash-loop on DNS nor give up on a store that is coming back. Every agent is a client
   of the store (``is_host=false``); for an elastic job the operator's ``PET_RDZV_ENDPOINT``
   names it too (``rdzvHost``, ``rdzvPort``).
 - Checkpoints: a job of several pods needs them on a claim every pod mounts
@@ -49,7 +50,8 @@ def command(spec: JobSpec, python: str = "python") -> list[str]:
                           run_id=spec.name, store_client=has_store(spec))
     if not has_store(spec):
         return list(agent)
-    return [python, "-c", WAIT_FOR_HOST, host, str(spec.k8s.rdzv_wait_seconds), *agent]
+    return [python, "-c", WAIT_FOR_HOST, f"{host}:{spec.rdzv.port}",
+            str(spec.k8s.rdzv_wait_seconds), *agent]
 
 
 def replica(spec: JobSpec, replicas: int) -> Obj:

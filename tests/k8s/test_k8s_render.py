@@ -12,6 +12,7 @@ import ast
 import copy
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,7 @@ from k8s.trainjob import render_trainjob
 from k8s.validate import validate, validate_text
 from tests.k8s.kubelet import Everything, expand
 from tests.k8s.pods import as_mutated, forbidden
+from tests.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = ["a'; touch /tmp/pwned", 'b"; x; "', "$(touch /tmp/pwned)", "`id`", "two words",
@@ -86,7 +88,7 @@ def test_one_node_is_a_master_and_several_are_workers_meeting_at_the_store() -> 
     assert rs["Worker"]["restartPolicy"] == "ExitCode"
     assert obj["spec"]["nprocPerNode"] == "2" and "elasticPolicy" not in obj["spec"]
     (container,) = containers(obj)
-    assert container["command"][:5] == ["python", "-c", WAIT_FOR_HOST, "job-rdzv", "600"]
+    assert container["command"][:5] == ["python", "-c", WAIT_FOR_HOST, "job-rdzv:29400", "600"]
     assert container["command"][5:] == list(agent_command(
         on_cluster(spec), python="python", rdzv_endpoint="job-rdzv:29400", run_id="job",
         store_client=True))  # the one agent command every backend runs
@@ -144,7 +146,7 @@ def test_elastic_is_worker_only_meeting_at_its_own_store_service() -> None:
     assert obj["spec"]["nprocPerNode"] == "3"
     (container,) = containers(obj)
     command = container["command"]
-    assert command[:5] == ["python", "-c", WAIT_FOR_HOST, "job-rdzv", "600"]
+    assert command[:5] == ["python", "-c", WAIT_FOR_HOST, "job-rdzv:29999", "600"]
     assert command[5:] == list(agent_command(on_cluster(spec), python="python",
                                              rdzv_endpoint="job-rdzv:29999", run_id="job",
                                              store_client=True))
@@ -193,14 +195,21 @@ def test_an_elastic_name_leaves_room_for_the_store_service() -> None:
     assert render_objects(loads(f"name: {fits}x\nnnodes: 1"))  # one pod: no store
 
 
-def test_wait_for_host_waits_then_execs_with_argv_intact(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-c", WAIT_FOR_HOST, "localhost", "5",
-                          sys.executable, "-c", "import sys; print(sys.argv[1:])", "a b", "$x"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == "['a b', '$x']"
-    out = subprocess.run([sys.executable, "-c", WAIT_FOR_HOST, "no-such-host.invalid", "0",
+def test_wait_for_host_waits_for_the_store_then_execs_with_argv_intact(tmp_path: Path) -> None:
+    """It waits until HOST:PORT accepts a connection (not only resolves), then runs argv."""
+    port = free_port()
+    wait = subprocess.Popen([sys.executable, "-c", WAIT_FOR_HOST, f"localhost:{port}", "60",
+                             sys.executable, "-c", "import sys; print(sys.argv[1:])", "a b",
+                             "$x"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait.stdout is not None
+    line = wait.stdout.readline()  # it said it waits: nothing listens yet
+    assert line.startswith(f"waiting for localhost:{port}: "), line
+    with socket.create_server(("localhost", port)):
+        out, err = wait.communicate(timeout=60)
+    assert wait.returncode == 0 and out.strip() == "['a b', '$x']", (out, err)
+    out = subprocess.run([sys.executable, "-c", WAIT_FOR_HOST, "no-such-host.invalid:1", "0",
                           "true"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "did not resolve" in out.stderr
+    assert out.returncode == 1 and "no-such-host.invalid:1 did not answer in 0 s" in out.stderr
 
 
 def test_pod_contents_resources_shm_pvc_secrets_and_security() -> None:
