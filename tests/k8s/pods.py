@@ -7,7 +7,10 @@ image, command, env, user and volumes plus exactly the env the operator injects.
 PersistentVolumeClaim is a host directory (``claims``: name -> directory), mounted where the
 pod mounts it, its group set to the pod's ``fsGroup`` as the kubelet does (read-only claims
 are left alone). The Master's pod starts first: the operator's init container makes Workers
-wait until it resolves. The job's fate follows the operator's rules: ``restartPolicy``
+wait until it resolves (that container is not run, its image is not here; but the pods are
+checked as the operator mutates them, ``as_mutated``: a namespace enforcing Pod Security
+"restricted", the default here, refuses pods that break it, ``forbidden``, and nothing
+starts). The job's fate follows the operator's rules: ``restartPolicy``
 (ExitCode: a pod whose container ended with 128 or more is created again, 1-127 fail the job
 for good; OnFailure: any failure; Never: none), ``runPolicy.backoffLimit`` (pods created
 again in all), success (the Master's, else every Worker's, or for an elastic job any
@@ -27,7 +30,6 @@ again), as a node loss the operator cannot reschedule would.
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import secrets
@@ -43,11 +45,9 @@ from typing import Any
 from jobs.backend import Closings
 from jobs.values import UserError
 from k8s.follow import Run, follow_runs
-from k8s.validate import validate
+from tests.k8s.pods_operator import forbidden, injected
 from trainer.contract import EXIT_OK, EXIT_STOPPED
 
-OPERATOR_PORT = 23456  # pytorchjob-port, unless the container names a port so
-INIT_IMAGE, INIT_TRIES = "alpine:3.10", 100  # the operator's defaults for its init container
 GRACE_S = 30.0  # terminationGracePeriodSeconds' default
 JOB_LABEL = "io.torchjob.pods.job"  # every container of one emulated job
 POD_LABEL = "io.torchjob.pods.pod"  # the pod a container is (an incarnation of)
@@ -62,74 +62,6 @@ Obj = dict[str, Any]
 def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, check=False, start_new_session=True)
-
-
-def injected(job: Obj, replica: str, index: int) -> dict[str, str]:
-    """The env the operator appends to a replica's container (K8S-CONTRACT.md)."""
-    name, spec = job["metadata"]["name"], job["spec"]
-    specs = spec["pytorchReplicaSpecs"]
-    nproc = spec.get("nprocPerNode", "auto")
-    env = {"PYTHONUNBUFFERED": "1", "PET_NPROC_PER_NODE": nproc}
-    if "elasticPolicy" in spec:
-        policy = spec["elasticPolicy"]
-        env.update({
-            "PET_RDZV_ENDPOINT": f"{policy.get('rdzvHost', f'{name}-worker-0')}:"
-                                 f"{policy.get('rdzvPort', OPERATOR_PORT)}",
-            "PET_RDZV_BACKEND": policy.get("rdzvBackend", "c10d"),
-            "PET_NNODES": f"{policy['minReplicas']}:{policy['maxReplicas']}"})
-        if "maxRestarts" in policy:
-            env["PET_MAX_RESTARTS"] = str(policy["maxRestarts"])
-        if "rdzvId" in policy:
-            env["PET_RDZV_ID"] = policy["rdzvId"]
-        return env
-    pods = sum(r["replicas"] for r in specs.values())
-    env["PET_NNODES"] = str(pods)
-    if "Master" not in specs:  # Worker-only: no MASTER_*, RANK, WORLD_SIZE, PET_NODE_RANK
-        return env
-    rank = index if replica == "Master" else index + 1
-    world = pods * int(nproc) if str(nproc).isdigit() else pods
-    master = f"{name}-master-0"
-    env.update({"MASTER_ADDR": master, "PET_MASTER_ADDR": master,
-                "MASTER_PORT": str(OPERATOR_PORT), "PET_MASTER_PORT": str(OPERATOR_PORT),
-                "RANK": str(rank), "PET_NODE_RANK": str(rank), "WORLD_SIZE": str(world)})
-    return env
-
-
-def init_containers(job: Obj, replica: str) -> list[Obj]:
-    """The init containers the operator appends to a replica's pods: with a Master, every
-    Worker pod gets its default one (release-1.9 pkg/controller.v1/pytorch/initcontainer.go:
-    image alpine:3.10, 100 tries; its ``--pytorch-init-container-template-file`` is the
-    operator's, cluster-wide, so a job cannot count on another), which has no
-    securityContext."""
-    if replica != "Worker" or "Master" not in job["spec"]["pytorchReplicaSpecs"]:
-        return []
-    master = f"{job['metadata']['name']}-master-0"
-    return [{"name": "init-pytorch", "image": INIT_IMAGE, "imagePullPolicy": "IfNotPresent",
-             "resources": {"limits": {"cpu": "100m", "memory": "20Mi"},
-                           "requests": {"cpu": "50m", "memory": "10Mi"}},
-             "command": ["sh", "-c", f"err=1;for i in $(seq {INIT_TRIES}); do if nslookup "
-                         f"{master}; then err=0 && break; fi;echo waiting for master; sleep 2; "
-                         "done; exit $err"]}]
-
-
-def as_mutated(job: Obj) -> Obj:
-    """The job with each replica's pod template as the operator creates its pods (its init
-    containers appended): what a namespace's Pod Security admission sees."""
-    out = copy.deepcopy(job)
-    for replica, rspec in out["spec"]["pytorchReplicaSpecs"].items():
-        pod = rspec["template"]["spec"]
-        pod["initContainers"] = [*pod.get("initContainers", []), *init_containers(job, replica)]
-        if not pod["initContainers"]:
-            del pod["initContainers"]
-    return out
-
-
-def forbidden(objs: list[Obj]) -> list[str]:
-    """Why a namespace enforcing Pod Security "restricted" refuses the pods of ``objs`` (the
-    job's as the operator mutates them, the Deployments'); [] when it admits them all."""
-    return [str(p) for obj in objs
-            for p in validate(as_mutated(obj) if obj["kind"] == "PyTorchJob" else obj)
-            if p.rule == "pod-security"]
 
 
 def quantity(text: str) -> int:

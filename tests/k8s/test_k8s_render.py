@@ -34,7 +34,7 @@ from k8s.store import render_store
 from k8s.trainjob import render_trainjob
 from k8s.validate import validate, validate_text
 from tests.k8s.kubelet import Everything, expand
-from tests.k8s.pods import as_mutated, forbidden
+from tests.k8s.pods_operator import as_mutated, forbidden
 from tests.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
