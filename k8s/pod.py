@@ -98,8 +98,8 @@ def shared_checkpoints(spec: JobSpec, pods: int) -> str | None:
     placed by ``on_cluster``; ``pods``: the job's node pods at most): on a claim every pod
     mounts, or in each pod when ``k8s.checkpoints: pod-local`` says so. A job of several pods
     (or an elastic one) without a claim is refused: each pod would keep its own files, a
-    resume would look for a state file only another pod has (FileNotFoundError), and a
-    recreated pod would start over. One pod may keep them locally (lost with the pod only).
+    resume would look for a state file only another pod has (FileNotFoundError) or, when the
+    new rank 0 is on a pod that has none, silently start over from step 0. One pod may keep them locally (lost with the pod only).
     The claim's name, or None when they are pod-local."""
     claim = checkpoint_claim(spec)
     if spec.k8s.checkpoints == "pod-local":
@@ -111,8 +111,9 @@ def shared_checkpoints(spec: JobSpec, pods: int) -> str | None:
     if claim is None and (pods > 1 or spec.nnodes.is_elastic):
         raise SpecError("k8s.pvc", f"is not set, but this job runs {pods} pods (nnodes "
                         f"{spec.nnodes}): each pod would keep its checkpoints to itself, so a "
-                        "resume fails (a state file only another pod wrote: FileNotFoundError) "
-                        "and a recreated pod starts over. Set k8s.pvc to a ReadWriteMany "
+                        "resume misses the files another pod wrote (FileNotFoundError, or "
+                        "training silently starts over from step 0) and a recreated pod keeps "
+                        "nothing. Set k8s.pvc to a ReadWriteMany "
                         "PersistentVolumeClaim that every pod mounts (a relative "
                         "checkpoint_dir goes under k8s.pvc_mount_path), or set "
                         "k8s.checkpoints: pod-local to run without resuming across pods")
