@@ -409,6 +409,11 @@ class K8s(Section):
     pvc_mount_path: str = spec_field("where the pvc is mounted; a relative run_dir and "
                                      "checkpoint_dir are placed under it", "/mnt/torchjob",
                                      check=_mount_target)
+    checkpoints: Literal["pvc", "pod-local"] = spec_field(
+        "where checkpoints live: pvc (on a PersistentVolumeClaim every pod mounts: k8s.pvc, "
+        "ReadWriteMany for several pods, or a writable mounts entry holding checkpoint_dir; a "
+        "job of several pods or an elastic one is refused without one) or pod-local (in each "
+        "pod, lost with it: no resume across pods, acknowledged)", "pvc")
     restart_policy: Literal["ExitCode", "OnFailure", "Never"] = spec_field(
         "PyTorchJob replica restartPolicy; ExitCode recreates a pod only for exit codes >= 128 "
         "(143: preempted, checkpoint written), never for 1 (failure) or 2 (bad config)",
@@ -433,8 +438,8 @@ class K8s(Section):
     fs_group: int | None = spec_field("pod fsGroup, so the pvc is writable by run_as_user",
                                       1000, check=_optional(between(1, 2**31 - 1)))
     rdzv_wait_seconds: int = spec_field(
-        "elastic PyTorchJobs and TrainJobs: how long a pod waits for the rendezvous host "
-        "(the store's Service <job>-rdzv; a TrainJob's node 0) to resolve before it starts "
+        "jobs of several pods: how long a pod waits for the rendezvous store to answer (a "
+        "PyTorchJob's <job>-rdzv:<rdzv.port>; a TrainJob's node 0 to resolve) before it starts "
         "the agent", 600, check=at_least(1))
     topology: Topology | None = spec_field(
         "Kueue topology-aware scheduling (needs queue): the pods' placement, {level: NODE "

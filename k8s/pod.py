@@ -23,18 +23,26 @@ GPU = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
 RUN_VOLUME = "run"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-# Waits until a host name resolves, then execs the rest of argv: no shell, values stay argv.
+# Waits until HOST:PORT accepts a connection (its name resolves and a store serves there: a
+# Service publishes a pod only once it is ready), or, given HOST alone, until HOST resolves
+# (a TrainJob's node 0, whose own agent will serve the store: it cannot wait for itself),
+# then execs the rest of argv: no shell, values stay argv. A recreated store pod may take
+# minutes (a new node, an image pull).
 WAIT_FOR_HOST = (
     "import os, socket, sys, time\n"
-    "host, limit = sys.argv[1], time.monotonic() + float(sys.argv[2])\n"
+    "host, _, port = sys.argv[1].partition(':')\n"
+    "limit = time.monotonic() + float(sys.argv[2])\n"
     "while True:\n"
     "    try:\n"
-    "        socket.getaddrinfo(host, None)\n"
+    "        if port:\n"
+    "            socket.create_connection((host, int(port)), timeout=5).close()\n"
+    "        else:\n"
+    "            socket.getaddrinfo(host, None)\n"
     "        break\n"
-    "    except OSError:\n"
+    "    except OSError as exc:\n"
     "        if time.monotonic() > limit:\n"
-    "            sys.exit(f'{host} did not resolve in {sys.argv[2]} s')\n"
-    "        print(f'waiting for {host} to resolve', flush=True)\n"
+    "            sys.exit(f'{sys.argv[1]} did not answer in {sys.argv[2]} s: {exc}')\n"
+    "        print(f'waiting for {sys.argv[1]}: {exc}', flush=True)\n"
     "        time.sleep(2)\n"
     "os.execvp(sys.argv[3], sys.argv[3:])\n"
 )
@@ -56,11 +64,43 @@ def on_cluster(spec: JobSpec) -> JobSpec:
                                checkpoint_dir=posixpath.join(root, spec.checkpoint_dir))
 
 
-def needs_shared_storage(spec: JobSpec) -> bool:
-    """Whether ``spec`` is a multi-node or elastic job with no storage every node sees
-    (``k8s.pvc``): each pod would checkpoint to its own disk, and a restarted or other node
-    could not resume from it."""
-    return (spec.nnodes.max > 1 or spec.nnodes.is_elastic) and not spec.k8s.pvc
+def checkpoint_claim(spec: JobSpec) -> str | None:
+    """The PersistentVolumeClaim that holds ``checkpoint_dir`` (spec placed by ``on_cluster``):
+    ``k8s.pvc``, or a writable ``mounts`` entry whose target holds it; None: in the pod."""
+    mounted = [(spec.k8s.pvc_mount_path, spec.k8s.pvc)] if spec.k8s.pvc else []
+    mounted += [(m.target, m.source) for m in spec.mounts if not m.read_only]
+    where = posixpath.normpath(spec.checkpoint_dir)
+    for target, claim in mounted:
+        if where.startswith("/") and posixpath.commonpath([target, where]) == target:
+            return claim
+    return None
+
+
+def shared_checkpoints(spec: JobSpec, pods: int) -> str | None:
+    """The one rule of where a Kubernetes job's checkpoints live, for every renderer (spec
+    placed by ``on_cluster``; ``pods``: the job's node pods at most): on a claim every pod
+    mounts, or in each pod when ``k8s.checkpoints: pod-local`` says so. A job of several pods
+    (or an elastic one) without a claim is refused: each pod would keep its own files, a
+    resume would look for a state file only another pod has (FileNotFoundError) or, when the
+    new rank 0 is on a pod that has none, silently start over from step 0. One pod may keep them locally (lost with the pod only).
+    The claim's name, or None when they are pod-local."""
+    claim = checkpoint_claim(spec)
+    if spec.k8s.checkpoints == "pod-local":
+        if claim is not None:
+            raise bad("k8s.checkpoints", "pod-local", f"contradicts checkpoint_dir "
+                      f"{spec.checkpoint_dir!r}, which is on the PersistentVolumeClaim "
+                      f"{claim!r}: drop k8s.checkpoints (pvc is the default) or the claim")
+        return None
+    if claim is None and (pods > 1 or spec.nnodes.is_elastic):
+        raise SpecError("k8s.pvc", f"is not set, but this job runs {pods} pods (nnodes "
+                        f"{spec.nnodes}): each pod would keep its checkpoints to itself, so a "
+                        "resume misses the files another pod wrote (FileNotFoundError, or "
+                        "training silently starts over from step 0) and a recreated pod keeps "
+                        "nothing. Set k8s.pvc to a ReadWriteMany "
+                        "PersistentVolumeClaim that every pod mounts (a relative "
+                        "checkpoint_dir goes under k8s.pvc_mount_path), or set "
+                        "k8s.checkpoints: pod-local to run without resuming across pods")
+    return claim
 
 
 def labels(spec: JobSpec) -> Obj:

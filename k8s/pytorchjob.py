@@ -5,27 +5,33 @@ Every pod runs, in the container ``pytorch``, the same agent command every backe
 the topology, and a flag wins over the ``PET_*`` variable the operator injects. The operator
 fields are set so that its ``PET_*`` agree anyway (``nprocPerNode``, ``elasticPolicy``).
 
-- Fixed size: Master (node of the c10d store, ``<job>-master-0:<rdzv.port>``) + Worker;
-  the operator's init container makes Workers wait until the Master resolves. c10d rather
-  than the operator's ``static`` PET_MASTER_ADDR/PET_NODE_RANK: with c10d a failure on one
-  node restarts the whole worker group (``max_restarts``), and torchrun ignores
-  ``PET_MASTER_ADDR``/``PET_NODE_RANK`` for it (its workers get rank 0's address from the
-  rendezvous).
-- Elastic (``nnodes: MIN:MAX``): Worker-only with ``elasticPolicy``; c10d at
-  ``<job>-rdzv:<rdzv.port>``, the job's own store in a pod of its own behind that Service
-  (``k8s.store``: no Worker hosts it, so losing any one Worker pod leaves the rendezvous
-  alive), the endpoint the operator also puts in ``PET_RDZV_ENDPOINT`` (``rdzvHost`` and
-  ``rdzvPort`` are set to it); every agent is a client (``is_host=false``). The command first
-  waits until ``<job>-rdzv`` resolves (the Service is created with the job, but not
-  necessarily before it), so pods do not crash-loop on DNS.
+- One node: a Master of one pod, whose agent serves the c10d store itself
+  (``<job>-master-0:<rdzv.port>``), as torchrun does.
+- Several nodes, fixed (``nnodes: N``) or elastic (``nnodes: MIN:MAX``): Worker-only (with
+  ``elasticPolicy`` when elastic), c10d at ``<job>-rdzv:<rdzv.port>``, the job's own store in a
+  pod of its own behind that Service (``k8s.store``): no pod hosts the rendezvous, so losing
+  any one pod leaves it alive, and a lost store pod is recreated by its Deployment while the
+  agents exit ``EXIT_STORE_LOST`` (>= 128: the ExitCode policy recreates their pods, which
+  resume from the shared checkpoint). No Master also means no operator init container: the
+  v1 operator adds one (alpine, waiting for ``<job>-master-0`` to resolve, with no
+  securityContext) to every Worker pod of a job that has a Master, and a namespace enforcing
+  Pod Security "restricted" rejects those pods. Instead the command first waits, as the pod's
+  own restricted process, until the store answers at ``<job>-rdzv:<rdzv.port>`` (the Service
+  is created with the job, but not necessarily before it, and a recreated store pod may take
+  minutes), so pods neither crash-loop on DNS nor give up on a store that is coming back. Every agent is a client
+  of the store (``is_host=false``); for an elastic job the operator's ``PET_RDZV_ENDPOINT``
+  names it too (``rdzvHost``, ``rdzvPort``).
+- Checkpoints: a job of several pods needs them on a claim every pod mounts
+  (``k8s.pod.shared_checkpoints``).
 """
 
 from __future__ import annotations
 
-from jobs.command import agent_command, own_store
+from jobs.command import agent_command
 from jobs.spec import JobSpec
-from k8s.pod import WAIT_FOR_HOST, Obj, command_words, metadata, on_cluster, pod_spec
-from k8s.store import store_name
+from k8s.pod import (WAIT_FOR_HOST, Obj, command_words, metadata, on_cluster, pod_spec,
+                     shared_checkpoints)
+from k8s.store import has_store, store_name
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -33,24 +39,25 @@ CONTAINER = "pytorch"
 
 
 def rdzv_host(spec: JobSpec) -> str:
-    """The c10d store's host: the Master's agent, or an elastic job's own store Service."""
-    return store_name(spec) if own_store(spec) else f"{spec.name}-master-0"
+    """The c10d store's host: the Master's agent (one node), or the job's own store Service."""
+    return store_name(spec) if has_store(spec) else f"{spec.name}-master-0"
 
 
 def command(spec: JobSpec, python: str = "python") -> list[str]:
     """The ``pytorch`` container's command (spec already placed on the cluster)."""
     host = rdzv_host(spec)
     agent = agent_command(spec, python=python, rdzv_endpoint=f"{host}:{spec.rdzv.port}",
-                          run_id=spec.name, store_client=own_store(spec))
-    if not spec.nnodes.is_elastic:
+                          run_id=spec.name, store_client=has_store(spec))
+    if not has_store(spec):
         return list(agent)
-    return [python, "-c", WAIT_FOR_HOST, host, str(spec.k8s.rdzv_wait_seconds), *agent]
+    return [python, "-c", WAIT_FOR_HOST, f"{host}:{spec.rdzv.port}",
+            str(spec.k8s.rdzv_wait_seconds), *agent]
 
 
 def replica(spec: JobSpec, replicas: int) -> Obj:
     container: Obj = {"name": CONTAINER, "image": spec.image,
                       "command": command_words(command(spec))}
-    if not own_store(spec):  # the Master's agent serves the store
+    if not has_store(spec):  # the Master's agent serves the store
         container["ports"] = [{"name": "c10d", "containerPort": spec.rdzv.port}]
     return {"replicas": replicas, "restartPolicy": spec.k8s.restart_policy,
             "template": {"metadata": {"labels": {"app.kubernetes.io/name": spec.name}},
@@ -75,9 +82,11 @@ def run_policy(spec: JobSpec) -> Obj:
 
 
 def render_pytorchjob(spec: JobSpec) -> Obj:
-    """The PyTorchJob for ``spec``: Master + Worker, or Worker-only with elasticPolicy."""
+    """The PyTorchJob for ``spec``: a Master (one node), or Workers (with elasticPolicy when
+    elastic) beside the store of ``k8s.store``."""
     spec = on_cluster(spec)
     nnodes = spec.nnodes
+    shared_checkpoints(spec, nnodes.max)
     body: Obj = {"nprocPerNode": str(spec.nproc_per_node)}
     if nnodes.is_elastic:
         body["elasticPolicy"] = {"minReplicas": nnodes.min, "maxReplicas": nnodes.max,
@@ -85,10 +94,10 @@ def render_pytorchjob(spec: JobSpec) -> Obj:
                                  "rdzvHost": store_name(spec), "rdzvPort": spec.rdzv.port,
                                  "rdzvId": spec.name, "maxRestarts": spec.max_restarts}
         replicas = {"Worker": replica(spec, nnodes.max)}
+    elif has_store(spec):  # no Master: no operator init container (see the docstring)
+        replicas = {"Worker": replica(spec, nnodes.max)}
     else:
         replicas = {"Master": replica(spec, 1)}
-        if nnodes.max > 1:
-            replicas["Worker"] = replica(spec, nnodes.max - 1)
     body["pytorchReplicaSpecs"] = replicas
     body["runPolicy"] = run_policy(spec)
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(spec), "spec": body}

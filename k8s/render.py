@@ -16,7 +16,7 @@ from typing import Any, Callable
 from jobs.spec import JobSpec
 from jobs.values import SpecError, UserError, bad, secret_like_name
 from k8s.pytorchjob import render_pytorchjob
-from k8s.store import render_store
+from k8s.store import has_store, render_store
 from k8s.trainjob import render_trainjob
 from k8s.validate import SECRET_VALUE, validate
 from k8s.yaml import manifests_text
@@ -49,12 +49,9 @@ def longest_names(spec: JobSpec, target: str) -> list[tuple[str, str]]:
     if target == "trainjob":
         return [(f"{name}-{TRAINJOB_NODE}-0-{nnodes.max - 1}{POD_SUFFIX}",
                  "the longest pod name JobSet checks (with the 5-character random suffix)")]
-    if nnodes.is_elastic:
+    if nnodes.is_elastic or has_store(spec):  # Worker-only (k8s.pytorchjob)
         return [(f"{name}-worker-{nnodes.max - 1}", "the last Worker's pod and Service")]
-    out = [(f"{name}-master-0", "the Master's pod and Service")]
-    if nnodes.max > 1:
-        out.append((f"{name}-worker-{nnodes.max - 2}", "the last Worker's pod and Service"))
-    return out
+    return [(f"{name}-master-0", "the Master's pod and Service")]
 
 
 def check_names(spec: JobSpec, target: str) -> None:

@@ -1,9 +1,13 @@
-"""The rendezvous store of an elastic PyTorchJob: a Deployment and a Service beside the job. Pure.
+"""The rendezvous store of a PyTorchJob of several pods (fixed or elastic): a Deployment and a
+Service beside the job. Pure.
 
 torch's c10d rendezvous keeps its state in a TCPStore; by default the agent of the endpoint's
-pod (``<job>-worker-0``) serves it, and losing that pod killed every survivor (exit 1, which
-the ExitCode restart policy treats as permanent). Here the store is ``python -m trainer.store``
-(``jobs.command.store_command``) in a pod of its own, from the job's image: a Deployment of one
+pod (``<job>-worker-0``, or the Master) serves it, and losing that pod killed every survivor
+(exit 1, which the ExitCode restart policy treats as permanent). A lost store pod is recreated
+here by its Deployment; the agents, which cannot reconnect to a new store, exit
+``EXIT_STORE_LOST`` (200, >= 128: retried), their pods are recreated by the ExitCode policy and
+meet at the new store, resuming from the shared checkpoint. Here the store is
+``python -m trainer.store`` (``jobs.command.store_command``) in a pod of its own, from the job's image: a Deployment of one
 replica (recreated by Kubernetes on any node when its pod or node goes; ``Recreate``: never two
 stores at once, which would split the rendezvous), with small cpu/memory requests, no GPU, and
 the same Pod Security "restricted" context as the job's pods. The Service ``<job>-rdzv``
@@ -14,7 +18,7 @@ agent is its client (``is_host=false``).
 
 from __future__ import annotations
 
-from jobs.command import own_store, store_command
+from jobs.command import store_command
 from jobs.spec import JobSpec
 from jobs.values import bad
 from k8s.pod import Obj, command_words, container_security, pod_security
@@ -29,12 +33,20 @@ REQUESTS = {"cpu": "100m", "memory": "256Mi"}
 LIMITS = {"memory": "512Mi"}
 
 
+def has_store(spec: JobSpec) -> bool:
+    """Whether the job runs this store: every job of several pods (a one-pod job's agent
+    serves its own). Wider than ``jobs.command.own_store`` (elastic jobs, on every backend): a
+    fixed-size PyTorchJob with a store needs no Master, hence no operator init container."""
+    return spec.nnodes.max > 1
+
+
 def store_name(spec: JobSpec) -> str:
     """The Deployment's and the Service's name (the rendezvous host): ``<job>-rdzv``."""
     if len(spec.name) + len(SUFFIX) > NAME_MAX:
-        raise bad("name", spec.name, f"is {len(spec.name)} characters: an elastic Kubernetes "
-                  f"job's rendezvous Service is <name>{SUFFIX}, and a Service name has at most "
-                  f"{NAME_MAX}; use at most {NAME_MAX - len(SUFFIX)} characters")
+        raise bad("name", spec.name, f"is {len(spec.name)} characters: the rendezvous "
+                  f"Service of a Kubernetes job of several pods is <name>{SUFFIX}, and a "
+                  f"Service name has at most {NAME_MAX}; use at most {NAME_MAX - len(SUFFIX)} "
+                  "characters")
     return spec.name + SUFFIX
 
 
@@ -82,5 +94,5 @@ def render_service(spec: JobSpec) -> Obj:
 
 
 def render_store(spec: JobSpec) -> list[Obj]:
-    """[Deployment, Service] of an elastic job's store; [] for a fixed-size job."""
-    return [render_deployment(spec), render_service(spec)] if own_store(spec) else []
+    """[Deployment, Service] of a job of several pods' store; [] for a one-pod job."""
+    return [render_deployment(spec), render_service(spec)] if has_store(spec) else []

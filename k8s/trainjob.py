@@ -32,7 +32,7 @@ from __future__ import annotations
 from jobs.command import agent_command
 from jobs.spec import JobSpec
 from jobs.values import SpecError
-from k8s.pod import (WAIT_FOR_HOST, Obj, command_words, metadata, needs_shared_storage,
+from k8s.pod import (WAIT_FOR_HOST, Obj, command_words, metadata, shared_checkpoints,
                      on_cluster, pod_spec)
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -75,10 +75,6 @@ def refuse_unsupported(spec: JobSpec) -> None:
         raise SpecError("k8s.volcano_queue", "the torch-distributed runtime has no Volcano "
                         "podGroupPolicy, so its TrainJobs are not gang-scheduled by Volcano: "
                         "use --to k8s (runPolicy.schedulingPolicy), or k8s.queue (Kueue)")
-    if needs_shared_storage(spec):
-        raise SpecError("k8s.pvc", f"is unset, but the {spec.nnodes.max} nodes of this "
-                        "TrainJob must write their checkpoints where every node reads them: "
-                        "set k8s.pvc to a ReadWriteMany PersistentVolumeClaim")
 
 
 def runtime_patch(pod: Obj) -> Obj:
@@ -96,6 +92,7 @@ def render_trainjob(spec: JobSpec) -> Obj:
     """The TrainJob for a fixed-size ``spec``; what v2.3 cannot honour is a SpecError."""
     refuse_unsupported(spec)
     spec = on_cluster(spec)
+    shared_checkpoints(spec, spec.nnodes.max)  # the same rule as a PyTorchJob's
     pod = pod_spec(spec, {"name": NODE, "image": spec.image,
                           "command": command_words(command(spec))})
     node = pod["containers"][0]

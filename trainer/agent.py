@@ -49,7 +49,7 @@ from typing import Any, NoReturn, Sequence
 
 from trainer import progress
 from trainer.contract import (AGENT_ENV_OPTIONS, EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED,
-                              HANG_TIMEOUT_ENV, HANG_TIMEOUT_OPTION, HANG_TIMEOUT_S,
+                              EXIT_STORE_LOST, HANG_TIMEOUT_ENV, HANG_TIMEOUT_OPTION, HANG_TIMEOUT_S,
                               MAX_STALLED_OPTION, MIN_HANG_TIMEOUT_S, PROGRESS_DIR_ENV,
                               RUN_DIR_ENV, STOP_SIGNALS, closing_line,
                               job_exit_code)
@@ -257,17 +257,26 @@ if __name__ == "__main__":
     try:
         main()
     except RendezvousConnectionError as exc:  # the store is gone (or never came): say so
-        from trainer.elastic_agent import attempt_base
+        from trainer.elastic_agent import Agent, attempt_base
 
-        cause = exc.__cause__ or exc.__context__
-        print(closing_line(f"the rendezvous store is unreachable ({cause or exc}): it was "
-                           "stopped or lost, or never started; the nodes cannot meet without it",
-                           attempt_base(os.environ), EXIT_FAILED), file=sys.stderr, flush=True)
-        sys.exit(EXIT_FAILED)
+        inner = exc.__cause__ or exc.__context__
+        cause = (str(inner or exc).strip().splitlines() or [""])[0]  # not torch's C++ frames
+        if Agent.met:  # it served this node's rendezvous, then went: retried (EXIT_STORE_LOST)
+            why, code = (f"the rendezvous store was lost ({cause}): its process, pod "
+                         "or node went away; not the job's fault: exit "
+                         f"{EXIT_STORE_LOST} is retried, and the next attempt resumes from the "
+                         "last checkpoint"), EXIT_STORE_LOST
+        else:
+            why, code = (f"the rendezvous store is unreachable ({cause}): it was "
+                         "never reached (not started, or a wrong endpoint); the nodes cannot "
+                         "meet without it"), EXIT_FAILED
+        print(closing_line(why, attempt_base(os.environ), code), file=sys.stderr, flush=True)
+        sys.exit(code)
     except ChildFailedError as exc:
         from trainer.elastic_agent import Agent
 
-        code = job_exit_code({failure.exitcode for failure in exc.failures.values()})
+        code = EXIT_STORE_LOST if Agent.store_lost else job_exit_code(
+            {failure.exitcode for failure in exc.failures.values()})
         print(closing_line(*Agent.closing, code) if Agent.closing else exc, file=sys.stderr,
               flush=True)
         sys.exit(code)

@@ -14,6 +14,13 @@ EXIT_OK = 0  # done
 EXIT_FAILED = 1  # the job failed: user code raised, or workers kept dying past max_restarts
 EXIT_CONFIG = 2  # bad configuration: spec, options or environment; never retried
 EXIT_STOPPED = 143  # 128 + SIGTERM: stopped or preempted after a checkpoint; run again
+# An agent lost the job's rendezvous store after it had met the other nodes there (its pod,
+# process or node gone): not the job's fault, so retried like a lost node. >= 128 so that
+# PyTorchJob's ExitCode policy recreates the pods (and docker's exit-code restart restarts the
+# node) while the store comes back (a Deployment recreates it); the next attempt resumes from
+# the last checkpoint. No signal gives it (128 + 1..64 ends at 192). A store never reached is
+# a configuration problem, EXIT_FAILED.
+EXIT_STORE_LOST = 200
 # What asks a worker to checkpoint and stop (Slurm's --signal and cancel, pod deletion, torchrun)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 # Between a worker and its agent only, never a job's exit code: the worker lost a peer (a
@@ -24,7 +31,8 @@ EXIT_RETRY = 75
 
 def job_exit_code(codes: set[int]) -> int:
     """One exit code in the table from several (workers', nodes'): 0 when all are 0, 2 if
-    any is a configuration error, 143 if all that failed stopped after a checkpoint, else 1."""
+    any is a configuration error, 143 if all that failed stopped after a checkpoint, 200 if
+    they lost the rendezvous store (some may have stopped after a checkpoint), else 1."""
     failed = codes - {EXIT_OK}
     if not failed:
         return EXIT_OK
@@ -32,6 +40,8 @@ def job_exit_code(codes: set[int]) -> int:
         return EXIT_CONFIG
     if failed == {EXIT_STOPPED}:
         return EXIT_STOPPED
+    if EXIT_STORE_LOST in failed and failed <= {EXIT_STORE_LOST, EXIT_STOPPED}:
+        return EXIT_STORE_LOST
     return EXIT_FAILED
 
 def nodes_exit_code(codes: list[int], min_nodes: int) -> int:

@@ -102,6 +102,10 @@ class Agent(LocalElasticAgent):
     # its workers report progress in (trainer.progress)
     hang_timeout = 0.0
     progress_dir: str | None = None
+    # whether this node met the others at the rendezvous store (a store lost after that is
+    # EXIT_STORE_LOST, retried; one never reached is a failure), and whether it lost it
+    met = False
+    store_lost = False
 
     def __init__(self, spec: agent_api.WorkerSpec, *args: Any, **kwargs: Any) -> None:
         spec.rdzv_handler = MembershipWatch(spec.rdzv_handler)  # type: ignore[assignment]
@@ -284,9 +288,10 @@ class Agent(LocalElasticAgent):
                 time.sleep(BARRIER_SLICE_S / 4)
             text = store.get(VERDICT_KEY).decode()
             store.add(VERDICT_READ_KEY, 1)
-        except DistError:  # the store's host left: it failed the job or is lost
-            return Verdict(False, None, "the rendezvous store is gone (its node left): "
-                           "stopping")
+        except DistError:  # the store is lost (or its host left): a retryable end
+            Agent.store_lost = True
+            return Verdict(False, None, "the rendezvous store is gone (lost, or its node "
+                           "left): stopping")
         heard = Verdict.decode(text)
         return Verdict(heard.restart, None, (HEARD_RESTART if heard.restart else HEARD_FAIL)
                        + heard.why)
@@ -313,6 +318,7 @@ class Agent(LocalElasticAgent):
     def _start_workers(self, worker_group: agent_api.WorkerGroup) -> dict[int, Any]:
         # torch substitutes ${rank} (and ${local_rank}, ${role_name}) per worker
         node = worker_group.group_rank  # set by the rendezvous that precedes every start
+        Agent.met = True
         self._log_line_prefix_template = log_prefix("?" if node is None else node, "${rank}",
                                                     self.attempt())
         watch = self._rdzv_watch()

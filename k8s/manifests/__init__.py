@@ -34,7 +34,7 @@ def trainjob(spec: JobSpec) -> list[dict[str, Any]]:
 GPU = ["nnodes=2", "nproc_per_node=4", "resources.gpus=4", "resources.cpu=16",
        "resources.memory=64Gi", "resources.shm=16Gi", "env.NCCL_DEBUG=WARN",
        'secrets=[{env: HF_TOKEN, secret: hf, key: token}]', "k8s.namespace=team-a",
-       "k8s.queue=team-a-gpus", "k8s.priority_class=training"]
+       "k8s.queue=team-a-gpus", "k8s.priority_class=training", "k8s.pvc=team-a-runs"]
 PVC = ["nnodes=2", "k8s.pvc=digits-runs", "k8s.ttl_seconds_after_finished=86400",
        "k8s.active_deadline_seconds=86400", "k8s.volcano_queue=research",
        "k8s.clean_pod_policy=All"]
@@ -45,7 +45,9 @@ VARIANTS: dict[str, tuple[str, list[str], Renderer]] = {
     "pytorchjob-gpu.yaml": ("default", GPU, pytorchjob),
     "pytorchjob-pvc.yaml": ("default", PVC, pytorchjob),
     "trainjob.yaml": ("default", ["nnodes=2", "k8s.pvc=digits-runs"], trainjob),
-    "trainjob-full.yaml": ("default", [*GPU[:-1], "k8s.pvc=digits-runs", "k8s.service_account="
+    "trainjob-full.yaml": ("default", [*(o for o in GPU if not o.startswith(  # TJ: no priority
+                                           ("k8s.priority_class=", "k8s.pvc="))),
+                                       "k8s.pvc=digits-runs", "k8s.service_account="
                                        "trainer", "k8s.active_deadline_seconds=86400",
                                        "mounts=[{source: datasets, target: /data, "
                                        "read_only: true}]", "retry_on_error=true",

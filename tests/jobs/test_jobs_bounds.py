@@ -86,7 +86,7 @@ def test_nproc_per_node_is_bounded(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("to", ["docker", "local", "torchx:local_cwd"])
 def test_one_host_holds_at_most_max_host_nodes(tmp_path: Path, to: str) -> None:
-    spec = f"name: x\nnnodes: {MAX_HOST_NODES + 1}\n"
+    spec = f"name: x\nnnodes: {MAX_HOST_NODES + 1}\nk8s: {{pvc: runs}}\n"
     refused(tmp_path, spec, f"nnodes: {MAX_HOST_NODES + 1} nodes on one host", "MAX_HOST_NODES",
             "--to slurm", to=to)
     with time_limit(10):  # a cluster takes it

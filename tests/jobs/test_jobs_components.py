@@ -44,8 +44,10 @@ def test_appdef_shape() -> None:
                 mounts=["type=bind", "src=/data", "dst=/data", "readonly"])
     role = app.roles[0]
     assert (role.min_replicas, role.num_replicas) == (1, 2)
-    assert role.env["A"] == "b" and role.mounts[0].read_only
+    assert role.mounts[0].read_only
     script = role.args[1]
+    # the user's env as words of the script, quoted against the kubelet's $(VAR) expansion
+    assert script.startswith("env A=b python ") and "A" not in role.env
     assert "-m trainer.agent --run-dir runs/torchjob --checkpoint-dir runs/torchjob/checkpoints " \
         "--hang-timeout 180 " \
         "--nnodes 1:2 --nproc-per-node 2" in script

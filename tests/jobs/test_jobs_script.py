@@ -93,8 +93,8 @@ RENDERS: dict[str, Callable[[JobSpec], list[str]]] = {
     "docker": lambda s: render_compose(s)["services"]["node0"]["command"],
     "torchx": lambda s: shlex.split(render_appdef(s).roles[0].args[1]),
     "slurm": lambda s: shell_words(render_sbatch(s, python="py", workdir="/w"), "py -m", "&"),
-    "k8s": lambda s: render_pytorchjob(s)["spec"]["pytorchReplicaSpecs"]["Master"]["template"][
-        "spec"]["containers"][0]["command"],
+    "k8s": lambda s: next(iter(render_pytorchjob(s)["spec"]["pytorchReplicaSpecs"].values()))[
+        "template"]["spec"]["containers"][0]["command"],
     # one node: a TrainJob of more needs k8s.pvc, which moves the directories under it
     "k8s:trainjob": lambda s: render_trainjob(replace(s, nnodes=Nnodes(1, 1), local=replace(
         s.local, nodes=1)))["spec"][
@@ -105,7 +105,8 @@ RENDERS: dict[str, Callable[[JobSpec], list[str]]] = {
 @pytest.mark.parametrize("backend", sorted(RENDERS))
 def test_every_backend_runs_the_script_with_exactly_its_args(backend: str) -> None:
     job = build({"name": "s", "nnodes": 2, "trainer": {"script": "/app/train.py",
-                                                      "args": WORDS}}, source="test")
+                                                      "args": WORDS},
+                 "k8s": {"checkpoints": "pod-local"}}, source="test")
     command = RENDERS[backend](job)
     assert script_argv(command) == WORDS
     assert "--run-dir" not in script_argv(command)

@@ -7,7 +7,10 @@ image, command, env, user and volumes plus exactly the env the operator injects.
 PersistentVolumeClaim is a host directory (``claims``: name -> directory), mounted where the
 pod mounts it, its group set to the pod's ``fsGroup`` as the kubelet does (read-only claims
 are left alone). The Master's pod starts first: the operator's init container makes Workers
-wait until it resolves. The job's fate follows the operator's rules: ``restartPolicy``
+wait until it resolves (that container is not run, its image is not here; but the pods are
+checked as the operator mutates them, ``as_mutated``: a namespace enforcing Pod Security
+"restricted", the default here, refuses pods that break it, ``forbidden``, and nothing
+starts). The job's fate follows the operator's rules: ``restartPolicy``
 (ExitCode: a pod whose container ended with 128 or more is created again, 1-127 fail the job
 for good; OnFailure: any failure; Never: none), ``runPolicy.backoffLimit`` (pods created
 again in all), success (the Master's, else every Worker's, or for an elastic job any
@@ -42,9 +45,9 @@ from typing import Any
 from jobs.backend import Closings
 from jobs.values import UserError
 from k8s.follow import Run, follow_runs, node_rank
+from tests.k8s.pods_operator import forbidden, injected
 from trainer.contract import EXIT_OK, EXIT_STOPPED
 
-OPERATOR_PORT = 23456  # pytorchjob-port, unless the container names a port so
 GRACE_S = 30.0  # terminationGracePeriodSeconds' default
 JOB_LABEL = "io.torchjob.pods.job"  # every container of one emulated job
 POD_LABEL = "io.torchjob.pods.pod"  # the pod a container is (an incarnation of)
@@ -59,35 +62,6 @@ Obj = dict[str, Any]
 def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, check=False, start_new_session=True)
-
-
-def injected(job: Obj, replica: str, index: int) -> dict[str, str]:
-    """The env the operator appends to a replica's container (K8S-CONTRACT.md)."""
-    name, spec = job["metadata"]["name"], job["spec"]
-    specs = spec["pytorchReplicaSpecs"]
-    nproc = spec.get("nprocPerNode", "auto")
-    env = {"PYTHONUNBUFFERED": "1", "PET_NPROC_PER_NODE": nproc}
-    if "elasticPolicy" in spec:
-        policy = spec["elasticPolicy"]
-        env.update({
-            "PET_RDZV_ENDPOINT": f"{policy.get('rdzvHost', f'{name}-worker-0')}:"
-                                 f"{policy.get('rdzvPort', OPERATOR_PORT)}",
-            "PET_RDZV_BACKEND": policy.get("rdzvBackend", "c10d"),
-            "PET_NNODES": f"{policy['minReplicas']}:{policy['maxReplicas']}"})
-        if "maxRestarts" in policy:
-            env["PET_MAX_RESTARTS"] = str(policy["maxRestarts"])
-        if "rdzvId" in policy:
-            env["PET_RDZV_ID"] = policy["rdzvId"]
-        return env
-    pods = sum(r["replicas"] for r in specs.values())
-    rank = index if replica == "Master" else index + ("Master" in specs)
-    world = pods * int(nproc) if str(nproc).isdigit() else pods
-    master = f"{name}-master-0"
-    env.update({"MASTER_ADDR": master, "PET_MASTER_ADDR": master,
-                "MASTER_PORT": str(OPERATOR_PORT), "PET_MASTER_PORT": str(OPERATOR_PORT),
-                "RANK": str(rank), "PET_NODE_RANK": str(rank), "WORLD_SIZE": str(world),
-                "PET_NNODES": str(pods)})
-    return env
 
 
 def quantity(text: str) -> int:
@@ -139,6 +113,7 @@ class PodJob:
     claims: dict[str, Path]
     grace: float = GRACE_S
     beside: list[Obj] = field(default_factory=list)
+    restricted: bool = True  # the namespace enforces Pod Security "restricted"
     stores: list[Pod] = field(default_factory=list)  # the Deployments' pods
     token: str = field(default_factory=lambda: f"tjpods-{secrets.token_hex(4)}")
     pods: list[Pod] = field(default_factory=list)
@@ -158,7 +133,12 @@ class PodJob:
         return self.token
 
     def start(self) -> None:
-        """The network, then each replica's pod (the Master's first)."""
+        """The network, then each replica's pod (the Master's first). With ``restricted``
+        (a namespace enforcing Pod Security "restricted"), pods that break it, as the
+        operator mutates them, are refused as the API server would: nothing starts."""
+        if self.restricted and (problems := forbidden([self.job, *self.beside])):
+            raise UserError(f"{self.name}: pods forbidden: violates PodSecurity "
+                            f"\"restricted:latest\": {'; '.join(problems)}")
         made = podman("network", "create", "--label", f"{JOB_LABEL}={self.token}",
                       self.network)
         if made.returncode != 0:
@@ -338,6 +318,11 @@ class PodJob:
     def lose(self, pod: Pod) -> None:
         """``pod`` gone for good, as with its node: SIGKILL, never created again."""
         pod.lost = True
+        self.kill(pod)
+
+    def kill(self, pod: Pod) -> None:
+        """``pod`` killed (SIGKILL, exit 137), as when its node dies; its controller decides
+        what follows (a Deployment's pod is created again, a job's per its restartPolicy)."""
         killed = podman("kill", pod.container)
         if killed.returncode != 0:
             raise RuntimeError(f"podman kill {pod.container}: {killed.stderr}")

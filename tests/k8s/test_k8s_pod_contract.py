@@ -1,12 +1,15 @@
 """The pod contract for real: one podman container per replica, named and resolvable as the
 operator names its pods, with the pod's image, command and env plus exactly the env the
 PyTorchJob operator injects (shared/K8S-CONTRACT.md), the run directory a PVC (a host
-directory) shared by the pods. Training must complete with the right world size, and the job
-succeed as the operator judges it. An elastic job's rendezvous store (its Deployment's pod,
-reachable by its Service's name) runs too, and losing the Worker pod the endpoint pointed at
-before the store had a pod of its own (worker-0) does not end the job. (The operator itself
-cannot run here: tests/k8s/pods.py emulates what it does with the pods; the conformance
-matrix's pod column runs on it too.)"""
+directory bind-mounted into every pod, standing in for a ReadWriteMany claim). Every pod, as
+the operator mutates it, passes Pod Security "restricted" (the emulator refuses it otherwise).
+Training must complete with the right world size, and the job succeed as the operator judges
+it. A job of several pods has its rendezvous store (its Deployment's pod, reachable by its
+Service's name); losing a pod (a node), or the store's pod, does not end the job: a fixed-size
+job killed mid-run and one whose store was killed resume from the shared checkpoint and end
+bitwise where an uninterrupted run ends, and an elastic job goes on without worker-0. (The
+operator itself cannot run here: tests/k8s/pods.py emulates what it does with the pods; the
+conformance matrix's pod column runs on it too.)"""
 
 from __future__ import annotations
 
@@ -22,31 +25,122 @@ import pytest
 
 from jobs.load import load
 from k8s.render import render_objects
-from tests.k8s.pods import PodJob, leftovers, run
-from tests.procs import ROOT, last_step, wait_for
+from jobs.spec import JobSpec
+from tests.k8s.pods import Pod, PodJob, leftovers, run
+from tests.procs import ROOT, assert_bitwise_equal, final_params, last_step, wait_for
+from trainer.contract import EXIT_STORE_LOST
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 
 
-@pytest.mark.parametrize("job_file, sets, pod_names, world", [
-    ("default.yaml", ["nnodes=2"], ["master-0", "worker-0"], 4),
-    # the first round waits for both pods (podman may start them seconds apart)
-    ("elastic.yaml", ["rdzv.last_call_timeout=20"], ["worker-0", "worker-1"], 4),
-])
-def test_rendered_pods_train_with_the_operators_env(container_image: str, tmp_path: Path,
-                                                   job_file: str, sets: list[str],
-                                                   pod_names: list[str], world: int) -> None:
+def test_an_elastic_job_trains_in_its_pods_with_the_operators_env(container_image: str,
+                                                                  tmp_path: Path) -> None:
     name = f"pc-{secrets.token_hex(2)}"
-    spec = load(ROOT / "jobs" / "examples" / job_file,
-                [*sets, f"name={name}", "trainer.args.epochs=2", "image=" + container_image,
-                 "k8s.pvc=runs", "k8s.pvc_mount_path=/workspace"])
+    spec = load(ROOT / "jobs" / "examples" / "elastic.yaml",
+                # the first round waits for both pods (podman may start them seconds apart)
+                ["rdzv.last_call_timeout=20", f"name={name}", "trainer.args.epochs=2",
+                 "image=" + container_image, "k8s.pvc=runs", "k8s.pvc_mount_path=/workspace"])
     code, pods = run(render_objects(spec, "pytorchjob"), {"runs": tmp_path})
     logs = "\n".join(pods.logs_of(pod)[-3000:] for pod in pods.pods)
-    assert [pod.name for pod in pods.pods] == [f"{name}-{p}" for p in pod_names], logs
+    assert [pod.name for pod in pods.pods] == [f"{name}-worker-0", f"{name}-worker-1"], logs
     assert code == 0 and pods.why == "Succeeded", logs
     assert not leftovers(pods.token)
     summary = json.loads((tmp_path / "runs" / name / "summary.json").read_text())
-    assert summary["world_size"] == world and summary["accuracy"] >= 0.9, summary
+    assert summary["world_size"] == 4 and summary["accuracy"] >= 0.9, summary
+
+
+# A fixed-size job of 2 pods x 2 processes, short, checkpointing often: the runs below lose a
+# pod or the store mid-run and must end where the uninterrupted one ends, bit for bit.
+FIXED = ["nnodes=2", "trainer.args.epochs=2", "trainer.args.batch_size=8",
+         "trainer.args.checkpoint_every=10", "trainer.args.log_every=1",
+         "trainer.args.pg_timeout=30", "k8s.pvc=runs", "k8s.pvc_mount_path=/workspace"]
+
+
+def fixed_job(image: str, *sets: str) -> JobSpec:
+    return load(ROOT / "jobs" / "examples" / "default.yaml",
+                [*FIXED, f"name=pf-{secrets.token_hex(2)}", "image=" + image, *sets])
+
+
+def checkpointed(run_dir: Path) -> bool:
+    """A checkpoint is finished on the claim (its manifest is written last)."""
+    return any((run_dir / "checkpoints").glob("step_*/manifest.json"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(container_image: str, tmp_path_factory: pytest.TempPathFactory
+                  ) -> dict[str, object]:
+    """The fixed-size job run to the end untouched: Worker-only pods (no Master, so no operator
+    init container), the operator's env, world size 4; its final parameters."""
+    claim = tmp_path_factory.mktemp("uninterrupted")
+    spec = fixed_job(container_image)
+    code, pods = run(render_objects(spec, "pytorchjob"), {"runs": claim})
+    logs = "\n".join(pods.logs_of(pod)[-3000:] for pod in pods.pods)
+    assert [pod.name for pod in pods.pods] == [f"{spec.name}-worker-{i}" for i in (0, 1)], logs
+    assert code == 0 and pods.why == "Succeeded", logs
+    assert not leftovers(pods.token)
+    summary = json.loads((claim / "runs" / spec.name / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["accuracy"] >= 0.9, summary
+    return dict(final_params(claim / "runs" / spec.name / "checkpoints"))
+
+
+def interrupted(image: str, claim: Path, victim: str, lose: str) -> tuple[int, PodJob, str,
+                                                                           Path]:
+    """The fixed-size job with ``victim`` (``worker-0`` or ``store``) killed (SIGKILL: its
+    node gone) once a checkpoint is on the claim and step 25 is reached; (exit code, the job,
+    the pods' lines, the run directory). ``lose`` is what the deadline's message calls it."""
+    spec = fixed_job(image)
+    run_dir = claim / "runs" / spec.name
+    out = io.StringIO()
+    killed: list[str] = []
+
+    def chaos(pods: PodJob) -> None:
+        wait_for(lambda: (checkpointed(run_dir) and last_step(run_dir) >= 25)
+                 or pods.outcome is not None, 300,
+                 f"a checkpoint and step 25 before {lose} (seen: step {last_step(run_dir)}, "
+                 f"checkpoints {sorted(p.name for p in (run_dir / 'checkpoints').glob('*'))})")
+        if pods.outcome is None:
+            pod: Pod = pods.stores[0] if victim == "store" else next(
+                p for p in pods.pods if p.name == f"{spec.name}-{victim}")
+            pods.kill(pod)
+            killed.append(pod.name)
+
+    code, pods = run(render_objects(spec, "pytorchjob"), {"runs": claim}, out=out,
+                     during=chaos)
+    logs = out.getvalue()
+    assert killed, f"{lose} did not happen mid-run (exit {code}, {pods.why})\n{logs[-6000:]}"
+    return code, pods, logs, run_dir
+
+
+def test_a_pod_killed_mid_run_comes_back_and_resumes_from_the_shared_claim(
+        container_image: str, tmp_path: Path, uninterrupted: dict[str, object]) -> None:
+    """worker-0's pod killed (exit 137): the ExitCode policy creates it again, with an empty
+    disk of its own; it resumes with worker-1 from the checkpoint on the claim, and the job
+    ends bitwise where the uninterrupted run ended."""
+    code, pods, logs, run_dir = interrupted(container_image, tmp_path, "worker-0",
+                                            "killing worker-0")
+    assert code == 0 and pods.why == "Succeeded", logs[-6000:]
+    assert [p.incarnation for p in pods.pods] == [1, 0], logs[-6000:]
+    assert "resumed from step_" in logs, logs[-6000:]
+    assert_bitwise_equal(final_params(run_dir / "checkpoints"), uninterrupted)  # type: ignore
+    assert not leftovers(pods.token)
+
+
+def test_the_store_pod_killed_mid_run_the_job_resumes_and_finishes(
+        container_image: str, tmp_path: Path, uninterrupted: dict[str, object]) -> None:
+    """The rendezvous store's pod killed: its Deployment creates it again; the agents, which
+    cannot reconnect to a new store, end with EXIT_STORE_LOST (>= 128), the ExitCode policy
+    creates their pods again, they meet at the new store and resume from the claim, and the
+    job ends bitwise where the uninterrupted run ended."""
+    code, pods, logs, run_dir = interrupted(container_image, tmp_path, "store",
+                                            "killing the store")
+    assert code == 0 and pods.why == "Succeeded", logs[-6000:]
+    assert pods.stores[0].incarnation == 1, logs[-6000:]  # created again by its Deployment
+    lost = f"the rendezvous store was lost"
+    assert lost in logs and f"exit {EXIT_STORE_LOST})" in logs, logs[-6000:]
+    assert all(p.incarnation >= 1 for p in pods.pods), logs[-6000:]  # ExitCode: recreated
+    assert "resumed from step_" in logs, logs[-6000:]
+    assert_bitwise_equal(final_params(run_dir / "checkpoints"), uninterrupted)  # type: ignore
+    assert not leftovers(pods.token)
 
 
 def world_sizes(out: str) -> list[int]:

@@ -9,9 +9,11 @@ change, regenerate them with one flag (or ``python -m k8s.manifests``) and revie
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,13 +27,16 @@ from jobs.load import loads
 from jobs.values import SpecError, UserError
 from k8s.manifests import HERE as MANIFESTS
 from k8s.manifests import VARIANTS, render_variant, variant_spec
-from k8s.pod import QUEUE_LABEL, WAIT_FOR_HOST, manifest_text, manifests_text, on_cluster
+from k8s.pod import (QUEUE_LABEL, WAIT_FOR_HOST, manifest_text, manifests_text, on_cluster,
+                     shared_checkpoints)
 from k8s.pytorchjob import render_pytorchjob
 from k8s.render import render_manifest, render_objects
 from k8s.store import render_store
 from k8s.trainjob import render_trainjob
 from k8s.validate import validate, validate_text
 from tests.k8s.kubelet import Everything, expand
+from tests.k8s.pods_operator import as_mutated, forbidden
+from tests.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = ["a'; touch /tmp/pwned", 'b"; x; "', "$(touch /tmp/pwned)", "`id`", "two words",
@@ -72,26 +77,68 @@ def test_every_variant_validates_and_round_trips(name: str) -> None:
     assert validate_text(manifests_text(objs)) == []
 
 
-def test_fixed_size_is_master_plus_workers_meeting_at_the_master() -> None:
-    spec = loads("name: job\nnnodes: 3\nnproc_per_node: 2")
+def test_one_node_is_a_master_and_several_are_workers_meeting_at_the_store() -> None:
+    """A fixed size of several nodes is Worker-only, as an elastic job: no Master, so the
+    operator adds no init container (which would break Pod Security "restricted"), and the
+    agents are clients of the job's own store ``<job>-rdzv``. One node: a Master whose agent
+    serves its own store."""
+    spec = loads("name: job\nnnodes: 3\nnproc_per_node: 2\nk8s: {pvc: runs}")
     obj = render_pytorchjob(spec)
     rs = replicas(obj)
-    assert list(rs) == ["Master", "Worker"]
-    assert rs["Master"]["replicas"] == 1 and rs["Worker"]["replicas"] == 2
-    assert {r["restartPolicy"] for r in rs.values()} == {"ExitCode"}
+    assert list(rs) == ["Worker"] and rs["Worker"]["replicas"] == 3
+    assert rs["Worker"]["restartPolicy"] == "ExitCode"
     assert obj["spec"]["nprocPerNode"] == "2" and "elasticPolicy" not in obj["spec"]
-    for r in rs.values():  # the one agent command every backend runs, unchanged
-        assert r["template"]["spec"]["containers"][0]["command"] == list(agent_command(
-            spec, python="python", rdzv_endpoint="job-master-0:29400", run_id="job"))
-    one = render_pytorchjob(loads("name: job"))
-    assert list(replicas(one)) == ["Master"]
+    (container,) = containers(obj)
+    assert container["command"][:5] == ["python", "-c", WAIT_FOR_HOST, "job-rdzv:29400", "600"]
+    assert container["command"][5:] == list(agent_command(
+        on_cluster(spec), python="python", rdzv_endpoint="job-rdzv:29400", run_id="job",
+        store_client=True))  # the one agent command every backend runs
+    assert [o["kind"] for o in render_objects(spec)] == ["PyTorchJob", "Deployment", "Service"]
+    one = loads("name: job")
+    assert list(replicas(render_pytorchjob(one))) == ["Master"] and render_store(one) == []
+    (master,) = containers(render_pytorchjob(one))
+    assert master["command"] == list(agent_command(one, python="python",
+                                                   rdzv_endpoint="job-master-0:29400",
+                                                   run_id="job"))
+
+
+@pytest.mark.parametrize("text", ["nnodes: 2", "nnodes: 1:2", "nnodes: 2:4"])
+def test_several_pods_need_a_shared_claim_for_checkpoints_or_say_pod_local(text: str) -> None:
+    """Each pod's own disk would hold only its own files: a resume looks for another pod's
+    (FileNotFoundError), and a recreated pod starts over. Refused, naming the field and both
+    fixes; a ReadWriteMany claim (k8s.pvc, or a writable mount holding checkpoint_dir) or the
+    acknowledged pod-local choice passes."""
+    with pytest.raises(SpecError, match=r"^k8s\.pvc: is not set, but this job runs \d pods.*"
+                       r"FileNotFoundError.*ReadWriteMany.*k8s\.checkpoints: pod-local"):
+        render_objects(loads(f"name: job\n{text}"))
+    assert render_objects(loads(f"name: job\n{text}\nk8s: {{pvc: runs}}"))
+    assert render_objects(loads(f"name: job\n{text}\nk8s: {{checkpoints: pod-local}}"))
+    mounted = f"name: job\n{text}\nmounts: [{{source: ckpt, target: /ckpt}}]\n"
+    assert render_objects(loads(mounted + "checkpoint_dir: /ckpt/job"))
+    with pytest.raises(SpecError, match=r"^k8s\.pvc: is not set"):  # not where it writes
+        render_objects(loads(mounted + "checkpoint_dir: /ckptx/job"))
+    with pytest.raises(SpecError, match=r"^k8s\.pvc: is not set"):  # read-only: not a home
+        render_objects(loads(f"name: job\n{text}\ncheckpoint_dir: /ckpt/job\n"
+                             "mounts: [{source: ckpt, target: /ckpt, read_only: true}]"))
+    with pytest.raises(SpecError, match=r"^k8s\.checkpoints: 'pod-local' contradicts "
+                       r"checkpoint_dir '/mnt/torchjob/runs/job/checkpoints'.*'runs'"):
+        render_objects(loads(f"name: job\n{text}\nk8s: {{pvc: runs, checkpoints: pod-local}}"))
+    assert shared_checkpoints(on_cluster(loads("name: job")), 1) is None  # one pod may
+
+
+def test_the_refusal_exits_2_before_anything_is_rendered_or_submitted() -> None:
+    out = subprocess.run([sys.executable, "-m", "jobs", "render", "--to", "k8s",
+                          str(ROOT / "jobs" / "examples" / "default.yaml"), "--set", "nnodes=2"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr.startswith("torchjob: k8s.pvc: is not set") and "Traceback" not in out.stderr
 
 
 def test_elastic_is_worker_only_meeting_at_its_own_store_service() -> None:
     """No Worker hosts the store: the agents are clients of ``<job>-rdzv`` (the Service of the
     store's Deployment), which the operator's PET_RDZV_ENDPOINT names too, and wait for it."""
     spec = loads("name: job\nnnodes: 2:4\nnproc_per_node: 3\nmax_restarts: 5\n"
-                 "rdzv: {port: 29999}")
+                 "rdzv: {port: 29999}\nk8s: {pvc: runs}")
     obj = render_pytorchjob(spec)
     assert list(replicas(obj)) == ["Worker"] and replicas(obj)["Worker"]["replicas"] == 4
     assert obj["spec"]["elasticPolicy"] == {
@@ -100,15 +147,15 @@ def test_elastic_is_worker_only_meeting_at_its_own_store_service() -> None:
     assert obj["spec"]["nprocPerNode"] == "3"
     (container,) = containers(obj)
     command = container["command"]
-    assert command[:5] == ["python", "-c", WAIT_FOR_HOST, "job-rdzv", "600"]
-    assert command[5:] == list(agent_command(spec, python="python",
+    assert command[:5] == ["python", "-c", WAIT_FOR_HOST, "job-rdzv:29999", "600"]
+    assert command[5:] == list(agent_command(on_cluster(spec), python="python",
                                              rdzv_endpoint="job-rdzv:29999", run_id="job",
                                              store_client=True))
     assert command[command.index("--rdzv-conf") + 1].endswith(",is_host=false")
     assert "ports" not in container  # no Worker serves the store
     assert render_objects(spec)[0] == obj
     assert [o["kind"] for o in render_objects(spec)] == ["PyTorchJob", "Deployment", "Service"]
-    assert render_store(loads("name: job\nnnodes: 2")) == []  # fixed size: the Master's agent
+    assert render_store(loads("name: job\nnnodes: 1")) == []  # one pod: the Master's agent
 
 
 def test_the_store_deployment_and_service() -> None:
@@ -144,27 +191,36 @@ def test_an_elastic_name_leaves_room_for_the_store_service() -> None:
     fits = "j" + "x" * 57
     assert render_store(loads(f"name: {fits}\nnnodes: 1:2"))[1]["metadata"]["name"] \
         == fits + "-rdzv"
-    with pytest.raises(SpecError, match="at most 58"):
-        render_store(loads(f"name: {fits}x\nnnodes: 1:2"))
-    # through render_objects the Workers' <name>-worker-<i> is the tighter limit (54)
-    with pytest.raises(SpecError, match="at most 54"):
-        render_objects(loads(f"name: {fits}\nnnodes: 1:2"))
+    for nnodes in ("1:2", "2"):  # every job of several pods has the store
+        with pytest.raises(SpecError, match="at most 58"):
+            render_store(loads(f"name: {fits}x\nnnodes: {nnodes}"))
+        # through render_objects the Workers' <name>-worker-<i> is the tighter limit (54)
+        with pytest.raises(SpecError, match="at most 54"):
+            render_objects(loads(f"name: {fits}\nnnodes: {nnodes}\nk8s: {{pvc: runs}}"))
+    assert render_store(loads(f"name: {fits}x\nnnodes: 1")) == []  # one pod: no store
 
 
-def test_wait_for_host_waits_then_execs_with_argv_intact(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-c", WAIT_FOR_HOST, "localhost", "5",
-                          sys.executable, "-c", "import sys; print(sys.argv[1:])", "a b", "$x"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == "['a b', '$x']"
-    out = subprocess.run([sys.executable, "-c", WAIT_FOR_HOST, "no-such-host.invalid", "0",
+def test_wait_for_host_waits_for_the_store_then_execs_with_argv_intact(tmp_path: Path) -> None:
+    """It waits until HOST:PORT accepts a connection (not only resolves), then runs argv."""
+    port = free_port()
+    wait = subprocess.Popen([sys.executable, "-c", WAIT_FOR_HOST, f"localhost:{port}", "60",
+                             sys.executable, "-c", "import sys; print(sys.argv[1:])", "a b",
+                             "$x"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait.stdout is not None
+    line = wait.stdout.readline()  # it said it waits: nothing listens yet
+    assert line.startswith(f"waiting for localhost:{port}: "), line
+    with socket.create_server(("localhost", port)):
+        out, err = wait.communicate(timeout=60)
+    assert wait.returncode == 0 and out.strip() == "['a b', '$x']", (out, err)
+    out = subprocess.run([sys.executable, "-c", WAIT_FOR_HOST, "no-such-host.invalid:1", "0",
                           "true"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "did not resolve" in out.stderr
+    assert out.returncode == 1 and "no-such-host.invalid:1 did not answer in 0 s" in out.stderr
 
 
 def test_pod_contents_resources_shm_pvc_secrets_and_security() -> None:
     spec = variant_spec("pytorchjob-gpu.yaml")
     obj = render_pytorchjob(spec)
-    pod = replicas(obj)["Master"]["template"]["spec"]
+    pod = replicas(obj)["Worker"]["template"]["spec"]
     c = pod["containers"][0]
     assert c["name"] == "pytorch" and c["image"] == spec.image
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
@@ -179,7 +235,7 @@ def test_pod_contents_resources_shm_pvc_secrets_and_security() -> None:
         assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
         assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 0
     pvc = render_pytorchjob(variant_spec("pytorchjob-pvc.yaml"))
-    pod = replicas(pvc)["Master"]["template"]["spec"]
+    pod = replicas(pvc)["Worker"]["template"]["spec"]
     assert {"name": "run", "persistentVolumeClaim": {"claimName": "digits-runs"}} in pod["volumes"]
     command = pod["containers"][0]["command"]
     assert command[command.index("--run-dir") + 1] == "/mnt/torchjob/runs/digits"
@@ -265,7 +321,7 @@ def test_a_one_node_trainjob_needs_no_pvc() -> None:
 @pytest.mark.parametrize("text, path, message", [
     ("nnodes: 1:2", "nnodes", r"'1:2' is elastic, .*no elastic training.*--to k8s.*nnodes such "
      r"as 2"),
-    ("nnodes: 2", "k8s.pvc", r"unset, but the 2 nodes .* ReadWriteMany PersistentVolumeClaim"),
+    ("nnodes: 2", "k8s.pvc", r"is not set, but this job runs 2 pods .* ReadWriteMany PersistentVolumeClaim"),
     ("k8s: {priority_class: high}", "k8s.priority_class",
      r"cannot set the pods' priorityClassName .*TrainingRuntime of your own, or use --to k8s"),
     ("k8s: {volcano_queue: research}", "k8s.volcano_queue",
@@ -297,7 +353,7 @@ def test_hostile_names_are_rejected_at_the_spec(field: str, value: object) -> No
 
 def test_hostile_values_are_escaped_and_survive_yaml_exactly() -> None:
     quoted = [json.dumps(v, ensure_ascii=False) for v in HOSTILE]
-    spec = loads("name: job\nnnodes: 1:2\ntrainer: {module: tool}",
+    spec = loads("name: job\nnnodes: 1:2\ntrainer: {module: tool}\nk8s: {pvc: runs}",
                  [f"env.V{i}={q}" for i, q in enumerate(quoted)]
                  + [f"trainer.args.a{i}={q}" for i, q in enumerate(quoted)])
     for obj in (render_pytorchjob(spec), render_trainjob(loads(
@@ -331,7 +387,8 @@ def test_renderers_do_no_io() -> None:
 def test_render_manifest_validates_before_it_prints() -> None:
     spec = loads("name: job\nnnodes: 2\nk8s: {pvc: runs}")
     assert yaml.safe_load(render_manifest(spec, "trainjob"))["kind"] == "TrainJob"
-    assert render_manifest(spec) == manifest_text(render_pytorchjob(spec))
+    one = loads("name: job")
+    assert render_manifest(one) == manifest_text(render_pytorchjob(one))
     with pytest.raises(SpecError, match=r"^env.HF_TOKEN: .*credential.*secrets: "):
         render_manifest(loads("name: job\nenv: {HF_TOKEN: hf_abcdefghijkl}"))
     with pytest.raises(UserError, match=r"valid: pytorchjob, trainjob"):
@@ -340,8 +397,8 @@ def test_render_manifest_validates_before_it_prints() -> None:
 
 # (target, nnodes, the longest name that fits): 63 minus what the operator appends
 NAME_LIMITS = [("pytorchjob", "1", 54),        # <name>-master-0
-               ("pytorchjob", "11", 54),       # <name>-worker-9
-               ("pytorchjob", "12", 53),       # <name>-worker-10
+               ("pytorchjob", "10", 54),       # <name>-worker-9 (Worker-only: no Master)
+               ("pytorchjob", "11", 53),       # <name>-worker-10
                ("pytorchjob", "1:10", 54),     # <name>-worker-9 (and <name>-rdzv: 58)
                ("pytorchjob", "1:11", 53),     # <name>-worker-10
                ("trainjob", "10", 48),         # <name>-node-0-9-abcde
@@ -361,7 +418,7 @@ def test_names_fit_the_pods_and_services_the_operators_derive(target: str, nnode
 
 
 def test_kueue_needs_requests_and_places_by_topology() -> None:
-    base = "name: job\nnnodes: 3\nk8s: {queue: q, topology: {level: x.io/rack}}\n"
+    base = "name: job\nnnodes: 3\nk8s: {queue: q, topology: {level: x.io/rack}, pvc: runs}\n"
     with pytest.raises(SpecError, match=r"^resources.cpu: is unset, but k8s.queue 'q' .*"
                                         r"set resources.cpu"):
         render_objects(loads(base))
@@ -369,14 +426,13 @@ def test_kueue_needs_requests_and_places_by_topology() -> None:
         render_objects(loads(base + "resources: {cpu: 2}"))
     job = render_objects(loads(base + "resources: {cpu: 2, memory: 4Gi}"))[0]
     for rs in replicas(job).values():
-        assert rs["template"]["metadata"]["annotations"] == {
-            "kueue.x-k8s.io/podset-required-topology": "x.io/rack",
-            "kueue.x-k8s.io/podset-group-name": "job"}  # Master and Workers: one domain
+        assert rs["template"]["metadata"]["annotations"] == {  # Worker-only: one PodSet
+            "kueue.x-k8s.io/podset-required-topology": "x.io/rack"}
         assert rs["template"]["spec"]["containers"][0]["resources"]["requests"] == {
             "cpu": "2", "memory": "4Gi"}
     elastic = render_objects(loads(
         "name: job\nnnodes: 1:3\nresources: {cpu: 2, memory: 4Gi}\n"
-        "k8s: {queue: q, topology: {level: rack, mode: preferred}}"))[0]
+        "k8s: {queue: q, topology: {level: rack, mode: preferred}, pvc: runs}"))[0]
     assert replicas(elastic)["Worker"]["template"]["metadata"]["annotations"] == {
         "kueue.x-k8s.io/podset-preferred-topology": "rack"}
     with pytest.raises(SpecError, match=r"^<string>: k8s.topology: needs k8s.queue"):
@@ -401,3 +457,31 @@ def test_literal_secrets_by_an_explicit_rule_with_an_opt_out() -> None:
     ok = loads("name: job\nenv: {SORT_KEY: abc}\nk8s: {allow_literal_env: [SORT_KEY]}")
     assert {"name": "SORT_KEY", "value": "abc"} in containers(render_objects(ok)[0])[0]["env"]
     render_objects(loads("name: job\nenv: {HF_TOKEN: ''}"))  # empty: nothing to hide
+
+
+@pytest.mark.parametrize("text", ["nnodes: 1", "nnodes: 2", "nnodes: 3", "nnodes: 1:2",
+                                  "nnodes: 2\nnproc_per_node: 4\nresources: {gpus: 4}"])
+def test_every_pod_passes_restricted_as_the_operator_mutates_it(text: str) -> None:
+    """Pod Security "restricted" on the pods as the operator creates them (its init container
+    added, exactly when release-1.9 adds one: a Worker pod of a job with a Master), and on the
+    store's. The renderer's jobs get none; a hand-written Master + Worker job's Workers do,
+    and a namespace enforcing "restricted" refuses them."""
+    objs = render_objects(loads(f"name: job\n{text}\nk8s: {{pvc: runs}}"))
+    assert all("initContainers" not in pod for pod in pod_templates(as_mutated(objs[0])))
+    assert forbidden(objs) == []
+    legacy = copy.deepcopy(objs[0])
+    worker = replicas(legacy).get("Worker") or replicas(legacy)["Master"]
+    legacy["spec"]["pytorchReplicaSpecs"] = {"Master": {**copy.deepcopy(worker), "replicas": 1},
+                                             "Worker": worker}
+    legacy["spec"].pop("elasticPolicy", None)
+    assert validate(legacy) == []  # as submitted: fine
+    (init,) = as_mutated(legacy)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+        "initContainers"]
+    assert init["image"] == "alpine:3.10" and "job-master-0" in init["command"][2]
+    problems = forbidden([legacy])
+    assert problems and all("Worker.template.spec.initContainers[0]" in p for p in problems)
+    assert any("allowPrivilegeEscalation" in p for p in problems)
+
+
+def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return [rs["template"]["spec"] for rs in replicas(obj).values()]

@@ -19,7 +19,9 @@ from trainer.contract import job_exit_code
 
 
 @pytest.mark.parametrize("codes, expected", [({2}, 2), ({2, 1}, 2), ({143}, 143),
-                                             ({143, 1}, 1), ({1}, 1), ({-9}, 1)])
+                                             ({143, 1}, 1), ({1}, 1), ({-9}, 1),
+                                             ({200}, 200), ({200, 143}, 200), ({200, 1}, 1),
+                                             ({200, 2}, 2)])
 def test_exit_code_keeps_the_trainers_meaning(codes: set[int], expected: int) -> None:
     assert job_exit_code(codes) == expected
 

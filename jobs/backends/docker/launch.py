@@ -38,7 +38,8 @@ from jobs.launcher import NodeOutput, Stops
 from jobs.runs import Record
 from jobs.spec import JobSpec
 from jobs.values import UserError
-from trainer.contract import EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, nodes_exit_code
+from trainer.contract import (EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, EXIT_STORE_LOST,
+                              nodes_exit_code)
 from trainer.runlock import clear as clear_lock
 
 RECIPE = "jobs.backends.docker"  # the package whose data is the Dockerfile and container-setup
@@ -244,8 +245,11 @@ class _Run:
 
 def killed(code: int) -> bool:
     """A container's exit code that says its first process died of a signal other than
-    SIGTERM (a stop: the agent then checkpointed and exited 143 itself)."""
-    return code > 128 and code != EXIT_STOPPED
+    SIGTERM (a stop: the agent then checkpointed and exited 143 itself). Not
+    ``EXIT_STORE_LOST``: the store's service is not started again here (``restart: no``), so a
+    node started again could not meet the others; the job ends with that code (run it again:
+    it resumes from the last checkpoint), as a local run does."""
+    return code > 128 and code not in (EXIT_STOPPED, EXIT_STORE_LOST)
 
 
 def _follow(run: _Run, index: int, node: _Node, output: NodeOutput) -> None:

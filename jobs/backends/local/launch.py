@@ -242,7 +242,8 @@ def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
             if store is not None and store[0].poll() is not None and not store_gone:
                 store_gone = True
                 print(f"torchjob: the rendezvous store ended (exit {store[0].returncode}) while "
-                      "nodes run: they lose their rendezvous and fail", file=err, flush=True)
+                      "nodes run: they lose their rendezvous and stop (run the job again: it "
+                      "resumes from its last checkpoint)", file=err, flush=True)
             time.sleep(_POLL)
     finally:
         nodes.kill()
