@@ -37,7 +37,7 @@ def baseline() -> float:
 
 
 def run(quick: bool = False) -> list[dict]:
-    rounds = 2 if quick else 5
+    rounds = 3 if quick else 5
     mine: list[float] = []
     base: list[float] = []
     for r in range(rounds):
