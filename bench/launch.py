@@ -11,12 +11,14 @@ Two figures per N, each a ratio of medians over rounds that alternate which side
 - the rendezvous: from the last agent's "Rendezvous'ing worker group" (it joined) to the last
   agent's "Rendezvous complete" (the group formed), from the agents' own logs (LOGLEVEL=INFO,
   torchrun's agent log, on both sides).
-On two cores, N agents each import torch (and each worker imports it again): both sides grow
-with N, the ratio is what counts.
+TORCHJOB_BENCH_AGENTS=1,2 chooses the sizes (default 1,2,4,8,16). On two cores, N agents
+each import torch (and each worker imports it again): both sides grow with N, the ratio is
+what counts.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -102,7 +104,7 @@ def bare(agents: int) -> tuple[float, float]:
 
 
 def run(quick: bool = False) -> list[dict]:
-    sizes = (1, 2, 4, 8, 16)
+    sizes = [int(n) for n in os.environ.get("TORCHJOB_BENCH_AGENTS", "1,2,4,8,16").split(",")]
     rounds = 1 if quick else 3
     rows = []
     for n in sizes:

@@ -32,6 +32,26 @@ BENCHES = {"throughput": "throughput", "launch": "launch", "restart": "restart",
 LATEST = RESULTS / "latest.json"
 DOC = ROOT / "docs" / "benchmarks.md"
 COLUMNS = ("benchmark", "measure", "ours", "baseline", "ratio", "goal", "unit")
+NOTES = """
+What each compares (details and raw samples: bench/results/latest.json):
+- throughput: the trainer under `torchjob run` vs bench/minimal_ddp.py under bare torchrun,
+  the same model, data order, fused AdamW, DDP options (gradient_as_bucket_view), clipping,
+  schedule and precision; samples/s from step 5 to the last step.
+- launch: N agents, one worker each, c10d rendezvous, `torchjob run` (nnodes = N) vs N bare
+  torchrun agents with the same arguments. "last join to group formed" is from the agents'
+  logs; ours overlaps each agent's rendezvous with its workers' preload (the forkserver imports
+  torch and the trainer meanwhile), so on 2 cores that window is longer while the first step
+  comes sooner.
+- restart: SIGKILL of a worker to the next finished step, ours vs plain torchrun.
+- checkpoint: the training loop's stall of an asynchronous save vs a synchronous one, same
+  state, trainer/checkpoint.py's Checkpointer driven as the trainer drives it.
+- accuracy: the default job as is vs the minimal loop with the same recipe, to 95% test
+  accuracy, from the command's start.
+- containers: `torchjob run --to docker` vs local, 2 nodes x 2, start to first step; on the
+  test host every container shares one CPU cgroup against the host's processes, so the ratio
+  grows with the machine's load (host_load in the JSON).
+- fail_fast: a script that raises, start to exit 1, `torchjob run` vs bare torchrun.
+"""
 
 
 def available() -> list[str]:
@@ -83,7 +103,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     shown = [r for r in rows if r.get("ratio") is not None]
-    fig, ax = plt.subplots(figsize=(10, 0.4 * len(shown) + 1.5))
+    fig, ax = plt.subplots(figsize=(13, 0.4 * len(shown) + 1.5))
     labels = [f"{r['benchmark']}: {r['measure']}" for r in shown]
     ax.barh(range(len(shown)), [r["ratio"] for r in shown], color="tab:blue")
     for i, r in enumerate(shown):
@@ -93,6 +113,8 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("ratio ours / baseline (log scale)")
+    low, high = min(r["ratio"] for r in shown), max(r["ratio"] for r in shown)
+    ax.set_xlim(min(low, 1.0) / 2, max(high, 1.0) * 8)  # room for the labels
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)
@@ -105,7 +127,7 @@ def document(data: dict[str, Any]) -> str:
             "baseline, both measured side by side in one run on the 2-core test host, shared "
             "with other jobs: absolute times are noisy, ratios are the point. How each is "
             "measured is in its module's docstring (bench/*.py).\n\n"
-            f"Runs: {when}.\n\n" + table(data["rows"], markdown=True))
+            f"Runs: {when}.\n\n" + table(data["rows"], markdown=True) + NOTES)
 
 
 def main(argv: list[str]) -> int:
@@ -127,7 +149,8 @@ def main(argv: list[str]) -> int:
             continue
         print(table(rows) + f"   ({time.monotonic() - began:.0f} s)", flush=True)
         data["rows"] = [r for r in data["rows"] if r["benchmark"] != name] + rows
-        data["when"][name] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        data["when"][name] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()) + \
+            (" (--quick)" if quick else "")
         RESULTS.mkdir(parents=True, exist_ok=True)
         LATEST.write_text(json.dumps(data, indent=1) + "\n")
     order = {n: i for i, n in enumerate(BENCHES)}
