@@ -148,7 +148,10 @@ def main(argv: list[str]) -> int:
             print(f"   {name} failed: {type(exc).__name__}: {exc}", flush=True)
             continue
         print(table(rows) + f"   ({time.monotonic() - began:.0f} s)", flush=True)
-        data["rows"] = [r for r in data["rows"] if r["benchmark"] != name] + rows
+        # a row replaces the last run's row of the same measure (a run of some sizes, say)
+        fresh = {(r["benchmark"], r["measure"]) for r in rows}
+        data["rows"] = [r for r in data["rows"]
+                        if (r["benchmark"], r["measure"]) not in fresh] + rows
         data["when"][name] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()) + \
             (" (--quick)" if quick else "")
         RESULTS.mkdir(parents=True, exist_ok=True)
