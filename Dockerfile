@@ -41,6 +41,16 @@ RUN (getent passwd 1000 >/dev/null || useradd --uid 1000 --create-home --shell /
     && mkdir -p /workspace && chown 1000:0 /workspace && chmod 0775 /workspace
 # --system-site-packages: a torch that the base image carries (the CUDA images) stays visible.
 RUN python3 -m venv --system-site-packages /opt/venv
+# `slim`, run in the same layer as each install (a later layer cannot shrink an earlier one):
+# what a training run never loads leaves the venv: torch's C++ test binaries (torch/test,
+# torch/bin but its shm manager), its C++ headers (for building extensions; the image has no
+# compiler) and every package's own test suite (*/tests). About 250 MB.
+RUN printf '%s\n' '#!/bin/sh' 'set -eu' \
+        'site=$(python -c "import sysconfig; print(sysconfig.get_path(\"purelib\"))")' \
+        'rm -rf "$site/torch/test" "$site/torch/include"' \
+        '[ ! -d "$site/torch/bin" ] || find "$site/torch/bin" -mindepth 1 -maxdepth 1 ! -name torch_shm_manager -exec rm -rf {} +' \
+        'find "$site" -depth -type d -name tests -prune -exec rm -rf {} +' \
+        > /usr/local/bin/slim && chmod 0755 /usr/local/bin/slim
 # torch, in order: the wheel from build/wheels, the base image's own torch, or PyTorch's CPU
 # index (PyPI's Linux torch is the multi-GB CUDA build).
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
@@ -51,7 +61,8 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     else \
         pip install --index-url https://download.pytorch.org/whl/cpu \
             --extra-index-url https://pypi.org/simple "$TORCH_PIN"; \
-    fi
+    fi \
+    && slim
 # What trainer/ imports besides torch (pyproject.toml lists the same), and pyyaml, small and
 # kept for users' scripts that read a YAML config. py-spy: the hang watchdog's stacks (it reads
 # a stopped worker's memory as the same uid 1000, without ptrace-attaching: trainer/hang.py).
@@ -59,7 +70,7 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
 # file the wheel carries (trainer/tasks.py), so scipy & co. (~150 MB) stay out of the image.
 # A task of your own that imports sklearn: add `pip install scipy joblib threadpoolctl`.
 RUN pip install "numpy>=1.24" "matplotlib>=3.7" "tqdm>=4.60" "pyyaml>=6" "py-spy>=0.3" \
-    && pip install --no-deps "scikit-learn>=1.3"
+    && pip install --no-deps "scikit-learn>=1.3" && slim
 # The trainer, where an install puts it (the venv's site-packages), compiled there since the
 # image's user cannot write __pycache__. The launchers (jobs/, k8s/, slurm/) run on the host.
 COPY trainer /src/trainer

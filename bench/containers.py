@@ -2,16 +2,28 @@
 training step as a ratio to a local ``torchjob run`` of the same job, measured side by side.
 
     .venv/bin/python bench/containers.py            # writes bench/results/containers.json
+    .venv/bin/python bench/run.py containers        # its rows in the table (no cold build)
 
-Needs podman and the base image (``scripts/container-setup``; run as root). The cold build
-uses ``--no-cache`` under a scratch tag that is removed afterwards; the warm build is the one
-``scripts/container-setup image`` does (the layer cache makes it take seconds). Nothing here is
-a pass/fail test: it reports.
+Needs podman and the base image (``scripts/container-setup``; run as root). The image is built
+from this checkout under a tag of the benchmark's own, ``TORCHJOB_BENCH_IMAGE`` (default
+localhost/torchjob-bench:latest), never over localhost/torchjob:latest, which other runs on
+the machine may be using; every container run here names it (``--set image=...``). The cold
+build uses ``--no-cache`` under a scratch tag that is removed afterwards; the warm build is the
+one ``scripts/container-setup image`` does (the layer cache makes it take seconds). Nothing
+here is a pass/fail test: it reports.
+
+Start to first step: ``torchjob run --to docker`` vs ``torchjob run`` (local agents) of the
+default job at 2 nodes x 2 processes, from the command's start to the first training step in
+metrics.jsonl, alternating. On the test host, every container shares one CPU cgroup
+(``libpod_parent``, cpu.shares 1024) against the host's processes one by one (cgroup v1): when
+the machine is busy, a container's processes get a fraction of the CPU a local process gets,
+and the ratio grows with the load. ``host_load`` in the detail says how busy it was.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -21,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import ENV, PY, RESULTS, ROOT, stop, wait_metric  # noqa: E402
+from common import ENV, PY, RESULTS, ROOT, row, stop, wait_metric  # noqa: E402
 
-IMAGE = "localhost/torchjob:latest"
-SCRATCH = "localhost/torchjob:bench-cold"
+IMAGE = os.environ.get("TORCHJOB_BENCH_IMAGE") or "localhost/torchjob-bench:latest"
+SCRATCH = "localhost/torchjob-bench:cold"
 SETUP = ROOT / "scripts" / "container-setup"
 JOB = ROOT / "jobs" / "examples" / "default.yaml"
 
@@ -53,21 +65,25 @@ def timed(argv: list[str], timeout: float = 3600) -> float:
     return time.monotonic() - start
 
 
-def image() -> dict[str, Any]:
+def image(cold_build: bool = True) -> dict[str, Any]:
     """Warm build (cache), then a cold one (--no-cache, scratch tag removed after)."""
-    subprocess.run(["bash", str(SETUP), "all"], check=True, capture_output=True)  # up to date
+    subprocess.run(["bash", str(SETUP), "all"], check=True, capture_output=True,
+                   env={**os.environ, "IMAGE": IMAGE})  # up to date
     warm = [timed(["podman", "build", *build_args(), "-t", IMAGE, "."]) for _ in range(2)]
-    try:
-        cold = timed(["podman", "build", "--no-cache", *build_args(), "-t", SCRATCH, "."])
-        cold_size = int(podman("image", "inspect", "--format", "{{.Size}}", SCRATCH).stdout)
-    finally:
-        podman("rmi", "-f", SCRATCH)
+    out: dict[str, Any] = {}
+    if cold_build:
+        try:
+            out["build_cold_s"] = round(timed(["podman", "build", "--no-cache", *build_args(),
+                                               "-t", SCRATCH, "."]), 1)
+            out["cold_build_image_mb"] = round(int(podman(
+                "image", "inspect", "--format", "{{.Size}}", SCRATCH).stdout) / 1e6)
+        finally:
+            podman("rmi", "-f", SCRATCH)
     size = int(podman("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout)
     base = build_args()[1].split("=", 1)[1]
     base_size = int(podman("image", "inspect", "--format", "{{.Size}}", base).stdout)
-    return {"image_mb": round(size / 1e6), "cold_build_image_mb": round(cold_size / 1e6),
-            "base_image_mb": round(base_size / 1e6), "build_cold_s": round(cold, 1),
-            "build_warm_s": [round(x, 1) for x in warm]}
+    return {"image": IMAGE, "image_mb": round(size / 1e6), "base_image_mb": round(base_size / 1e6),
+            "build_warm_s": [round(x, 1) for x in warm], **out}
 
 
 def first_step(to: str) -> float:
@@ -76,6 +92,7 @@ def first_step(to: str) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "runs" / "digits"
         argv = [PY, "-m", "jobs", "run", "--to", to, str(JOB), "--set", "nnodes=2",
+                "--set", f"image={IMAGE}", "--set", "trainer.args.max_steps=2",
                 "--set", "trainer.args.log_every=1", "--set", "trainer.args.progress=lines"]
         start = time.time()
         proc = subprocess.Popen(argv, env=ENV, cwd=tmp, stdout=subprocess.DEVNULL,
@@ -89,15 +106,32 @@ def first_step(to: str) -> float:
 
 
 def startup(rounds: int = 3) -> dict[str, Any]:
-    """Alternating rounds, so both sides see the same machine load."""
-    docker, local = [], []
-    for _ in range(rounds):
-        docker.append(first_step("docker"))
-        local.append(first_step("local"))
+    """Alternating rounds (which side first, too), so both sides see the same machine load."""
+    docker: list[float] = []
+    local: list[float] = []
+    load = [os.getloadavg()[0]]
+    for r in range(rounds):
+        for to in (("docker", "local") if r % 2 == 0 else ("local", "docker")):
+            (docker if to == "docker" else local).append(first_step(to))
+        load.append(os.getloadavg()[0])
+        print(f"  round {r + 1}: docker {docker[-1]:.1f} s, local {local[-1]:.1f} s",
+              flush=True)
     return {"docker_first_step_s": [round(x, 2) for x in docker],
             "local_first_step_s": [round(x, 2) for x in local],
             "ratio": round(statistics.median(docker) / statistics.median(local), 2),
+            "host_load": [round(x, 1) for x in load],
             "job": "default.yaml, nnodes=2 x nproc_per_node=2 (containers vs local agents)"}
+
+
+def run(quick: bool = False) -> list[dict]:
+    """bench/run.py's rows: start to first step (docker vs local) and the image's size."""
+    built = image(cold_build=False)
+    got = startup(rounds=2 if quick else 3)
+    return [row("containers", "start to first step, 2 nodes x 2 (docker vs local, median)",
+                statistics.median(got["docker_first_step_s"]),
+                statistics.median(got["local_first_step_s"]), "<= 1.2", "s", **got),
+            row("containers", f"image size ({IMAGE})", built["image_mb"], None, "report",
+                "MB", **built)]
 
 
 def main() -> None:

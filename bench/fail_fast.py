@@ -15,7 +15,6 @@ and ratios to ``torchrun``; writes bench/results/fail_fast.json. Not pass/fail.
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import ENV, PY, RESULTS  # noqa: E402  (bench/run.py's helpers)
+from common import ENV, PY, RESULTS, TORCHRUN, median, row  # noqa: E402
 
 SCRIPT = """
 import argparse, torch, torch.distributed as dist
@@ -38,7 +37,6 @@ for step in range(args.steps):
     dist.all_reduce(t)
 dist.destroy_process_group()
 """
-TORCHRUN = str(Path(PY).parent / "torchrun")
 
 
 def timed(argv: list[str], cwd: Path) -> float:
@@ -51,8 +49,7 @@ def timed(argv: list[str], cwd: Path) -> float:
     return took
 
 
-def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+def measure(rounds: int) -> dict[str, dict[str, float]]:
     work = Path(tempfile.mkdtemp(prefix="bench-fail-"))
     script = work / "fail.py"
     script.write_text(SCRIPT)
@@ -68,13 +65,31 @@ def main() -> None:
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             times[name].append(timed(paths[name], work))
-    medians = {name: statistics.median(ts) for name, ts in times.items()}
-    result = {"rounds": rounds, "seconds": times, "median_s": medians,
-              "ratio_to_torchrun": {name: medians[name] / medians["torchrun"] for name in paths}}
+    return {"seconds": times, "median_s": {name: median(ts) for name, ts in times.items()}}
+
+
+def run(quick: bool = False) -> list[dict]:
+    """bench/run.py's row: median seconds to exit, torchjob vs torchrun."""
+    rounds = 3 if quick else 5
+    got = measure(rounds)
+    med = got["median_s"]
+    return [row("fail_fast", "a raising script: start to exit 1 (median)",
+                med["torchjob"], med["torchrun"], "<= 1.2", "s", rounds=rounds,
+                torchjob_s=[round(t, 2) for t in got["seconds"]["torchjob"]],
+                torchrun_s=[round(t, 2) for t in got["seconds"]["torchrun"]])]
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    got = measure(rounds)
+    medians = got["median_s"]
+    result = {"rounds": rounds, "seconds": got["seconds"], "median_s": medians,
+              "ratio_to_torchrun": {name: medians[name] / medians["torchrun"]
+                                    for name in medians}}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "fail_fast.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"{'path':<18}{'median s':>10}{'x torchrun':>12}")
-    for name in paths:
+    for name in medians:
         print(f"{name:<18}{medians[name]:>10.2f}{result['ratio_to_torchrun'][name]:>12.2f}")
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import ENV, PY, RESULTS, ROOT, metrics  # noqa: E402  (bench/run.py's helpers)
+from common import ENV, PY, RESULTS, ROOT, metrics  # noqa: E402  (bench/common.py)
 
 TORCHX = str(Path(PY).parent / "torchx")
 ARGS = {"batch_size": "16", "max_steps": "20", "log_every": "1", "progress": "lines"}

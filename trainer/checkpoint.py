@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -117,6 +118,10 @@ class Checkpointer:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "checkpoint")
         self._group: Any = None
         self._staging: list[Any] | None = None  # reused host buffers for background saves
+        self._staged = threading.Event()  # the background save's copy of the state is made
+        self._staged.set()
+        self._hooked: set[int] = set()  # optimizers whose step waits for that copy
+        self.held_s = 0.0  # seconds optimizer steps waited for background copies (bench/)
         if async_save and sharded and dist.is_initialized():
             # background shard writes must not share a group with the loop's collectives
             self._group = dist.new_group(backend="gloo")
@@ -242,37 +247,78 @@ class Checkpointer:
         if self.rank != 0:
             return
         state = {"model": unwrap(model).state_dict(), "optim": optimizer.state_dict()}
-        if background:  # copy now (cheap), serialise and hash while training goes on
-            state = self._stage(state)
-            self._pending = self._pool.submit(self._write_and_finish, state, tmp, name, pos)
-        else:
+        if not background:
             self._write_and_finish(state, tmp, name, pos)
+            return
+        # The loop goes on at once. What only the optimizer's step changes (parameters and
+        # optimizer state: nearly all of it) is copied in the background, and the next
+        # optimizer step waits for that copy; the rest (buffers such as batch-norm statistics,
+        # which the next forward changes) is copied here. Then serialise, hash and rename, still
+        # in the background: the file holds the state of this moment, as a synchronous save.
+        leaves, spec = tree_flatten(state)
+        later = stepped_storages(optimizer)
+        deferred = [torch.is_tensor(v) and storage_key(v) in later for v in leaves]
+        staging = self._buffers(leaves)
+        for buf, leaf, defer in zip(staging, leaves, deferred):
+            if torch.is_tensor(leaf) and not defer:
+                buf.copy_(leaf.detach())
+        if id(optimizer) not in self._hooked:  # kept: removing it inside a step is unsafe
+            optimizer.register_step_pre_hook(lambda *_: self._wait_staged())
+            self._hooked.add(id(optimizer))
+        self._staged.clear()
+        self._pending = self._pool.submit(self._stage_write_finish, staging, leaves, deferred,
+                                          spec, tmp, name, pos)
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is complete and renamed."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            pending.result()
+            try:
+                pending.result()
+            finally:
+                self._wait_staged()
+
+    def _wait_staged(self) -> None:
+        """Block until the background save has its copy of the state (the optimizer step
+        pre-hook: the step must not change what is being copied)."""
+        if not self._staged.is_set():
+            began = time.perf_counter()
+            self._staged.wait()
+            self.held_s += time.perf_counter() - began
 
     def close(self) -> None:
         self.wait()
         self._pool.shutdown()
 
-    def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A host copy of ``state`` in buffers kept from the last save: no allocation, so the
-        loop stalls only for a memory copy. Safe because one save is in flight at a time."""
-        leaves, spec = tree_flatten(state)
+    def _buffers(self, leaves: list[Any]) -> list[Any]:
+        """Host buffers for ``leaves``' tensors, kept from the last save when the shapes
+        match (one save is in flight at a time), so a save allocates nothing after the first;
+        pinned when CUDA is there, for fast copies from the device."""
         staging = self._staging
         if staging is None or len(staging) != len(leaves) or any(
                 torch.is_tensor(v) and (not torch.is_tensor(b) or b.shape != v.shape
                                         or b.dtype != v.dtype) for b, v in zip(staging, leaves)):
-            staging = [v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v
-                       for v in leaves]
+            pin = torch.cuda.is_available()
+            staging = [torch.empty(v.shape, dtype=v.dtype, pin_memory=pin)
+                       if torch.is_tensor(v) else v for v in leaves]
         else:
-            staging = [b.copy_(v.detach()) if torch.is_tensor(v) else v
-                       for b, v in zip(staging, leaves)]
+            staging = [b if torch.is_tensor(v) else v for b, v in zip(staging, leaves)]
         self._staging = staging
-        return tree_unflatten(staging, spec)
+        return staging
+
+    def _stage_write_finish(self, staging: list[Any], leaves: list[Any], deferred: list[bool],
+                            spec: Any, tmp: Path, name: str, pos: Position) -> None:
+        """In the background: copy the deferred tensors (the next optimizer step waits for
+        it), then write and finish as a synchronous save does."""
+        try:
+            for buf, leaf, defer in zip(staging, leaves, deferred):
+                if defer:
+                    buf.copy_(leaf.detach(), non_blocking=buf.is_pinned())
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        finally:
+            self._staged.set()
+        self._write_and_finish(tree_unflatten(staging, spec), tmp, name, pos)
 
     def _shared_token(self) -> str:
         return str(from_rank0(uuid.uuid4().hex[:8]))
@@ -319,6 +365,19 @@ class Checkpointer:
         mine = [p for p in self.root.glob("step_*") if p.name <= name]
         for old in sorted(mine, reverse=True)[self.keep:]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def storage_key(t: torch.Tensor) -> tuple[str, int]:
+    """Which memory a tensor views (a state dict's entries are views of the live tensors)."""
+    return str(t.device), t.untyped_storage().data_ptr()
+
+
+def stepped_storages(optimizer: torch.optim.Optimizer) -> set[tuple[str, int]]:
+    """The memory that only ``optimizer.step`` changes: its parameters and its state."""
+    tensors = [p for group in optimizer.param_groups for p in group["params"]]
+    tensors += [v for state in optimizer.state.values() for v in state.values()
+                if torch.is_tensor(v)]
+    return {storage_key(t) for t in tensors}
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -8,13 +8,16 @@ would hide a broken image.
 
 from __future__ import annotations
 
+import os
 
 import pytest
 
 from tests.procs import ROOT, require_setup
 
 SETUP = ROOT / "scripts" / "container-setup"
-IMAGE = "localhost/torchjob:latest"
+# TORCHJOB_TEST_IMAGE: build and test an image under a tag of your own (a shared machine's
+# localhost/torchjob:latest may be someone else's)
+IMAGE = os.environ.get("TORCHJOB_TEST_IMAGE") or "localhost/torchjob:latest"
 SETUP_TIMEOUT_S = 1800  # first run: apt-get, debootstrap (~45 s), the image build (~1-2 min)
 
 
@@ -22,5 +25,5 @@ SETUP_TIMEOUT_S = 1800  # first run: apt-get, debootstrap (~45 s), the image bui
 def container_image() -> str:
     """Run ``scripts/container-setup`` once per session (seconds when up to date); the image."""
     require_setup(["bash", str(SETUP), "all"], timeout=SETUP_TIMEOUT_S,
-                  what="scripts/container-setup")
+                  what="scripts/container-setup", env={**os.environ, "IMAGE": IMAGE})
     return IMAGE

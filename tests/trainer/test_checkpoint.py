@@ -51,14 +51,23 @@ def test_save_then_restore_is_exact(tmp_path: Path) -> None:
 def test_async_save_writes_the_state_of_the_moment(tmp_path: Path) -> None:
     model, opt = model_and_optimizer(0)
     expected = {k: v.clone() for k, v in model.state_dict().items()}
+    expected_opt = [s["exp_avg"].clone() for s in opt.state_dict()["state"].values()]
     ck = make(tmp_path, async_save=True)
-    ck.save(Position(1, 0, 1), model, opt)
-    with torch.no_grad():  # training goes on while the save runs
-        for p in model.parameters():
-            p.add_(1.0)
+    for step in (1, 2):  # the second save reuses the first one's host buffers
+        ck.save(Position(step, 0, step), model, opt)
+        for _ in range(3):  # training goes on: buffers change in forward, the rest in step
+            model(torch.randn(4, 1, 8, 8)).sum().backward()
+            opt.step()
+        if step == 1:
+            expected_2 = {k: v.clone() for k, v in model.state_dict().items()}
     ck.close()
-    saved = torch.load(tmp_path / "ck/step_00000001/state.pt", weights_only=True)["model"]
-    assert all(torch.equal(saved[k], expected[k]) for k in expected)
+    saved = torch.load(tmp_path / "ck/step_00000001/state.pt", weights_only=True)
+    assert all(torch.equal(saved["model"][k], expected[k]) for k in expected)
+    assert all(torch.equal(s["exp_avg"], e)
+               for s, e in zip(saved["optim"]["state"].values(), expected_opt))
+    saved = torch.load(tmp_path / "ck/step_00000002/state.pt", weights_only=True)["model"]
+    assert all(torch.equal(saved[k], expected_2[k]) for k in expected_2)
+    assert not all(torch.equal(saved[k], expected[k]) for k in expected)
 
 
 def test_keeps_the_newest_n(tmp_path: Path) -> None:
