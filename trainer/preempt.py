@@ -2,11 +2,8 @@
 exit 143 (Slurm's --signal, Kubernetes' pod deletion and torchrun all send one of them).
 
 Ranks may receive the signal at slightly different moments, so the decision to stop is agreed
-with a small all-reduce that runs in the background of the next steps: every rank stops after
-the same step. A vote is a collective of its own (~1 ms of a worker's time here, a few per
-cent of a small model's step), so it is held every few steps, about every ``VOTE_EVERY_S``:
-rank 0 measures its steps and the vote itself tells every rank when the next one is, so all
-ranks vote, and stop, at the same step.
+with a one-element all-reduce that runs in the background of the next step: every rank stops
+after the same step.
 """
 
 from __future__ import annotations
@@ -26,8 +23,6 @@ from trainer.contract import STOP_SIGNALS
 # A second signal this soon after the first is the same stop delivered twice: to the whole
 # process group (TorchX's local scheduler, scancel of a step) and forwarded by the agent.
 SAME_STOP_S = 1.0
-VOTE_EVERY_S = 0.25  # time between stop votes: a stop waits for at most two of them
-MAX_VOTE_STEPS = 100  # steps between votes, at most (tiny steps)
 
 
 class StopRequest:
@@ -41,9 +36,7 @@ class StopRequest:
         self.grace_s = grace_s
         self._vote: dist.Work | None = None
         self._timer: threading.Timer | None = None
-        self._flag = torch.zeros(2, dtype=torch.int32)  # (stop, steps to the next vote)
-        self._countdown = self._interval = 1  # steps to the next vote; between the last two
-        self._voted_at = time.perf_counter()
+        self._flag = torch.zeros(1, dtype=torch.int32)
         self._previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
         for s in STOP_SIGNALS:
             signal.signal(s, self._handle)
@@ -73,28 +66,16 @@ class StopRequest:
     def agreed(self) -> bool:
         """Call once per optimizer step on every rank: True when any rank was told to stop.
 
-        Every few steps, collects the vote started at the previous vote and starts the next
-        one, so the all-reduce overlaps with the steps between them instead of stalling one.
+        Collects the vote started at the previous step and starts the next one, so the
+        all-reduce overlaps with a whole step of work instead of stalling it.
         """
         if not dist.is_initialized():
             return self.signum is not None
-        self._countdown -= 1
-        if self._countdown > 0:
-            return False
-        stop, every = False, 1
+        stop = False
         if self._vote is not None:
             self._vote.wait()
-            stop, every = bool(self._flag[0].item()), max(int(self._flag[1].item()), 1)
-        now = time.perf_counter()
-        mine = 0
-        if dist.get_rank() == 0:  # how many of its steps take VOTE_EVERY_S; MAX: rank 0's
-            per_step = (now - self._voted_at) / self._interval
-            mine = min(max(int(VOTE_EVERY_S / per_step) if per_step > 0 else 1, 1),
-                       MAX_VOTE_STEPS)
-        self._voted_at = now
-        self._countdown = self._interval = every
-        self._flag = torch.tensor([1 if self.signum is not None else 0, mine],
-                                  dtype=torch.int32)
+            stop = bool(self._flag.item())
+        self._flag = torch.tensor([1 if self.signum is not None else 0], dtype=torch.int32)
         self._vote = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True)
         return stop
 
