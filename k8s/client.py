@@ -5,7 +5,8 @@ labels, and each log line is labelled as on every backend: a worker's line keeps
 ``[node N rank R attempt A] ``, the pod's other lines get ``[node N] `` with the pod's node rank
 (``follow.node_rank``: Master 0, Worker i i+1; Worker-only or TrainJob i). An elastic
 PyTorchJob's rendezvous store (a Deployment and a Service, ``k8s.store``) is created right
-after its job, owned by it, and deleted with it by ``cancel``. ``logs(follow=True)`` streams
+after its job, a TrainJob's own TrainingRuntime (``k8s.trainjob``) right before it; both are
+owned by the job and deleted with it by ``cancel``. ``logs(follow=True)`` streams
 them while the job runs (``follow.py``). API errors become one-line ``K8sError``s that say
 what to do (exit 2).
 """
@@ -300,7 +301,9 @@ class Cluster:
             found = self._call(f"read {what}", self.custom.get_namespaced_custom_object,
                                group, version, ref.namespace, plural, name)
         except K8sError as exc:
-            if exc.http_status != 404:  # the stock runtime's job has none; or already gone
+            # 404: the stock runtime's job has none, or it is gone; 403: an account that may
+            # not read runtimes could not have made one
+            if exc.http_status not in (403, 404):
                 raise
             return []
         labels = (found.get("metadata") or {}).get("labels") or {}
