@@ -429,7 +429,8 @@ class K8s(Section):
     clean_pod_policy: Literal["None", "Running", "All"] = spec_field(
         "runPolicy.cleanPodPolicy: which pods are deleted when the job finishes", "Running")
     volcano_queue: str | None = spec_field(
-        "Volcano queue: adds runPolicy.schedulingPolicy (gang of nnodes MIN pods)", None,
+        "Volcano queue: a PyTorchJob's runPolicy.schedulingPolicy (gang of nnodes MIN pods); "
+        "a TrainJob's own TrainingRuntime with a Volcano podGroupPolicy", None,
         check=_dns_name)
     priority_class: str | None = spec_field("PriorityClass of the pods (and of the Volcano "
                                             "gang)", None, check=_dns_name)

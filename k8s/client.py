@@ -5,7 +5,8 @@ labels, and each log line is labelled as on every backend: a worker's line keeps
 ``[node N rank R attempt A] ``, the pod's other lines get ``[node N] `` with the pod's node rank
 (``follow.node_rank``: Master 0, Worker i i+1; Worker-only or TrainJob i). An elastic
 PyTorchJob's rendezvous store (a Deployment and a Service, ``k8s.store``) is created right
-after its job, owned by it, and deleted with it by ``cancel``. ``logs(follow=True)`` streams
+after its job, a TrainJob's own TrainingRuntime (``k8s.trainjob``) right before it; both are
+owned by the job and deleted with it by ``cancel``. ``logs(follow=True)`` streams
 them while the job runs (``follow.py``). API errors become one-line ``K8sError``s that say
 what to do (exit 2).
 """
@@ -18,6 +19,8 @@ from typing import Any, Iterator
 
 from jobs.values import UserError
 from k8s.follow import Run, follow_runs, labelled, node_rank, split_lines
+from k8s.pod import MANAGED_BY, MANAGED_LABEL, NAME_LABEL
+from k8s.trainjob import OWN_RUNTIME_KIND, OWN_RUNTIME_SUFFIX
 
 KINDS = {  # kind -> (group, version, plural, pod label naming the job, replica labels)
     "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs", "training.kubeflow.org/job-name",
@@ -26,10 +29,12 @@ KINDS = {  # kind -> (group, version, plural, pod label naming the job, replica 
                  "jobset.sigs.k8s.io/jobset-name", ("jobset.sigs.k8s.io/replicatedjob-name",
                                                     "batch.kubernetes.io/job-completion-index")),
 }
+# A job's own runtime (a TrainJob's, k8s.trainjob), created before it and named after it.
+RUNTIME_KINDS = {"TrainingRuntime": ("trainer.kubeflow.org", "v1alpha1", "trainingruntimes")}
 # The objects beside a job (an elastic PyTorchJob's rendezvous store), by kind: the label that
 # names their component, and the one that names their job.
 STORE_KINDS = ("Service", "Deployment")
-COMPONENT_LABEL, JOB_NAME_LABEL = "app.kubernetes.io/component", "app.kubernetes.io/name"
+COMPONENT_LABEL, JOB_NAME_LABEL = "app.kubernetes.io/component", NAME_LABEL
 STORE_COMPONENT, STORE_SUFFIX = "rendezvous", "-rdzv"
 CONTAINER = {"PyTorchJob": "pytorch", "TrainJob": "node"}  # the container whose log is the job's
 # The conditions after which no pod of the job runs (the backend's terminal states).
@@ -90,21 +95,42 @@ class Cluster:
                            "check KUBECONFIG and the cluster") from None
 
     def submit(self, objs: list[dict[str, Any]]) -> JobRef:
-        """The job (``objs[0]``), then the objects beside it (an elastic PyTorchJob's store
-        Deployment and Service), exactly as rendered but for one field the cluster alone knows:
-        each gets an ``ownerReference`` to the job just created (its uid), so that deleting
-        the job by any means (``torchjob cancel``, kubectl, ``ttlSecondsAfterFinished``) lets
-        Kubernetes delete them too. A job that cannot be created leaves nothing behind."""
-        job, *rest = objs
+        """The job's own runtime (a TrainJob's, before it: the TrainJob webhook refuses a
+        runtime that does not exist yet), the job, then the objects beside it (an elastic
+        PyTorchJob's store Deployment and Service), exactly as rendered but for one field the
+        cluster alone knows: each gets an ``ownerReference`` to the job just created (its
+        uid), so that deleting the job by any means (``torchjob cancel``, kubectl,
+        ``ttlSecondsAfterFinished``) lets Kubernetes delete them too. A job that cannot be
+        created leaves nothing behind (its runtime is deleted again)."""
+        at = next(i for i, obj in enumerate(objs) if obj["kind"] in KINDS)
+        before, job, rest = objs[:at], objs[at], objs[at + 1:]
         ref = JobRef(job["kind"], job["metadata"].get("namespace", "default"),
                      job["metadata"]["name"])
+        for obj in before:
+            group, version, plural = RUNTIME_KINDS[obj["kind"]]
+            self._call(f"create {obj['kind']} {ref.namespace}/{obj['metadata']['name']}",
+                       self.custom.create_namespaced_custom_object, group, version,
+                       ref.namespace, plural, obj)
         group, version, plural, *_ = KINDS[ref.kind]
-        made = self._call(f"create {ref.kind} {ref.namespace}/{ref.name}",
-                          self.custom.create_namespaced_custom_object, group, version,
-                          ref.namespace, plural, job)
+        try:
+            made = self._call(f"create {ref.kind} {ref.namespace}/{ref.name}",
+                              self.custom.create_namespaced_custom_object, group, version,
+                              ref.namespace, plural, job)
+        except K8sError:
+            for obj in before:
+                self._delete_runtime(ref.namespace, obj["kind"], obj["metadata"]["name"])
+            raise
         uid = (made or {}).get("metadata", {}).get("uid") if isinstance(made, dict) else None
         owner = [{"apiVersion": job["apiVersion"], "kind": ref.kind, "name": ref.name,
                   "uid": uid}] if uid else []
+        for obj in before if owner else []:
+            group, version, plural = RUNTIME_KINDS[obj["kind"]]
+            name = obj["metadata"]["name"]
+            self._call(f"set the owner of {obj['kind']} {ref.namespace}/{name} (the job "
+                       f"{ref.name} was created: torchjob cancel deletes it)",
+                       self.custom.patch_namespaced_custom_object, group, version,
+                       ref.namespace, plural, name, {"metadata": {"ownerReferences": owner}},
+                       _content_type="application/merge-patch+json")
         for obj in rest:
             meta = {**obj["metadata"], **({"ownerReferences": owner} if owner else {})}
             create = {"Service": self.core.create_namespaced_service,
@@ -113,6 +139,19 @@ class Cluster:
                        f"{ref.name} was created: torchjob cancel deletes it)", create,
                        ref.namespace, {**obj, "metadata": meta})
         return ref
+
+    def _delete_runtime(self, namespace: str, kind: str, name: str) -> bool:
+        """Delete a job's own runtime; False when there is none."""
+        group, version, plural = RUNTIME_KINDS[kind]
+        try:
+            self._call(f"delete {kind} {namespace}/{name}",
+                       self.custom.delete_namespaced_custom_object, group, version, namespace,
+                       plural, name)
+        except K8sError as exc:
+            if exc.http_status != 404:
+                raise
+            return False
+        return True
 
     def get(self, ref: JobRef) -> dict[str, Any]:
         group, version, plural, *_ = KINDS[ref.kind]
@@ -220,14 +259,16 @@ class Cluster:
         return out
 
     def cancel(self, ref: JobRef) -> "builtins.list[str]":
-        """Delete the job, then its rendezvous store's Service and Deployment (an elastic
-        PyTorchJob's; each only when its labels say it is this job's store). The names of
-        what was deleted."""
+        """Delete the job, then what was made for it: a TrainJob's own TrainingRuntime, an
+        elastic PyTorchJob's rendezvous store's Service and Deployment (each only when its
+        labels say it is this job's). The names of what was deleted."""
         group, version, plural, *_ = KINDS[ref.kind]
         self._call(f"delete {ref.kind} {ref.namespace}/{ref.name}",
                    self.custom.delete_namespaced_custom_object, group, version, ref.namespace,
                    plural, ref.name)
         gone = [f"{ref.kind} {ref.namespace}/{ref.name}"]
+        if ref.kind == "TrainJob":
+            return gone + self._cancel_runtime(ref)
         if ref.kind != "PyTorchJob":
             return gone
         name = ref.name + STORE_SUFFIX
@@ -249,6 +290,26 @@ class Cluster:
                 if exc.http_status != 404:  # a fixed-size job has none; or already gone
                     raise
         return gone
+
+    def _cancel_runtime(self, ref: JobRef) -> "builtins.list[str]":
+        """A TrainJob's own runtime, deleted when its labels say it is this job's (the
+        ownerReference lets Kubernetes delete it too; an emulator or a slow GC may not)."""
+        kind, name = OWN_RUNTIME_KIND, ref.name + OWN_RUNTIME_SUFFIX
+        group, version, plural = RUNTIME_KINDS[kind]
+        what = f"{kind} {ref.namespace}/{name}"
+        try:
+            found = self._call(f"read {what}", self.custom.get_namespaced_custom_object,
+                               group, version, ref.namespace, plural, name)
+        except K8sError as exc:
+            # 404: the stock runtime's job has none, or it is gone; 403: an account that may
+            # not read runtimes could not have made one
+            if exc.http_status not in (403, 404):
+                raise
+            return []
+        labels = (found.get("metadata") or {}).get("labels") or {}
+        if labels.get(JOB_NAME_LABEL) != ref.name or labels.get(MANAGED_LABEL) != MANAGED_BY:
+            return []
+        return [what] if self._delete_runtime(ref.namespace, kind, name) else []
 
 
 def readable_run(pod: Any, container: str, node: int) -> Run | None:

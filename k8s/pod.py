@@ -23,6 +23,9 @@ GPU = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
 RUN_VOLUME = "run"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Every object torchjob renders: its job's name, and who made it (what cancel may delete).
+NAME_LABEL, MANAGED_LABEL, MANAGED_BY = ("app.kubernetes.io/name",
+                                         "app.kubernetes.io/managed-by", "torchjob")
 # Waits until HOST:PORT accepts a connection (its name resolves and a store serves there: a
 # Service publishes a pod only once it is ready), or, given HOST alone, until HOST resolves
 # (a TrainJob's node 0, whose own agent will serve the store: it cannot wait for itself),
@@ -104,7 +107,7 @@ def shared_checkpoints(spec: JobSpec, pods: int) -> str | None:
 
 
 def labels(spec: JobSpec) -> Obj:
-    out: Obj = {"app.kubernetes.io/name": spec.name, "app.kubernetes.io/managed-by": "torchjob"}
+    out: Obj = {NAME_LABEL: spec.name, MANAGED_LABEL: MANAGED_BY}
     if spec.k8s.queue:
         out[QUEUE_LABEL] = spec.k8s.queue
     return out

@@ -17,7 +17,8 @@ from jobs.spec import JobSpec
 from jobs.values import SpecError, UserError, bad, secret_like_name
 from k8s.pytorchjob import render_pytorchjob
 from k8s.store import has_store, render_store
-from k8s.trainjob import render_trainjob
+from k8s.runtimes import default_runtimes, runtime_key
+from k8s.trainjob import render_runtime, render_trainjob
 from k8s.validate import SECRET_VALUE, validate
 from k8s.yaml import manifests_text
 
@@ -122,18 +123,25 @@ def place(spec: JobSpec, job: dict[str, Any]) -> None:
 
 
 def render_objects(spec: JobSpec, target: str = "pytorchjob") -> list[dict[str, Any]]:
-    """The validated objects of ``spec`` (``target``: pytorchjob or trainjob): the job first,
-    then, for an elastic PyTorchJob, its rendezvous store's Deployment and Service."""
+    """The validated objects of ``spec`` (``target``: pytorchjob or trainjob): the job, then,
+    for an elastic PyTorchJob, its rendezvous store's Deployment and Service; a TrainJob with a
+    Volcano queue or a priority class comes after its own TrainingRuntime (``k8s.trainjob``)."""
     if target not in TARGETS:
         raise UserError(f"unknown Kubernetes target {target!r}; valid: {', '.join(TARGETS)}")
     check(spec, target)
-    objs = [TARGETS[target](spec)]
-    place(spec, objs[0])
+    job = TARGETS[target](spec)
+    place(spec, job)
+    objs = [job]
     if target == "pytorchjob":
         objs += render_store(spec)
+    runtimes = default_runtimes()
+    if target == "trainjob" and (runtime := render_runtime(spec)) is not None:
+        objs.insert(0, runtime)
+        runtimes[runtime_key(runtime)] = runtime
     for obj in objs:
         # secret-literal: check_env's explicit rule (with k8s.allow_literal_env) decided
-        problems = [p for p in validate(obj, runtime_pods=True) if p.rule != "secret-literal"]
+        problems = [p for p in validate(obj, runtimes=runtimes, runtime_pods=True)
+                    if p.rule != "secret-literal"]
         if problems:
             raise UserError(f"the rendered {obj['kind']} breaks {len(problems)} rule(s): "
                             + "; ".join(str(p) for p in problems))

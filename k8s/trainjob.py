@@ -22,22 +22,41 @@ What v2.3.0 does with a TrainJob (kubeflow/trainer tag v2.3.0, ``pkg/``):
   ``schedulingGates`` and ``terminationGracePeriodSeconds`` (``PodSpecPatch``). So the pod of
   a PyTorchJob (``k8s.pod.pod_spec``) is split: env and resources into ``trainer``, the rest
   into one patch owned by ``PATCH_MANAGER``. There is no ``priorityClassName`` in it, nor
-  ``automountServiceAccountToken`` (the runtime's default stays); Volcano gang scheduling
-  works only with a runtime whose ``podGroupPolicy`` names Volcano (``plugins/volcano``),
-  which ``torch-distributed`` has not (``manifests/base/runtimes/torch_distributed.yaml``).
+  ``automountServiceAccountToken`` (the runtime's default stays).
+- Volcano acts only for a runtime with ``spec.podGroupPolicy.volcano``
+  (``runtime/framework/plugins/volcano/volcano.go``), which ``torch-distributed`` has not
+  (``manifests/base/runtimes/torch_distributed.yaml``). Its PodGroup takes the queue from the
+  ``scheduling.volcano.sh/queue-name`` annotation of the runtime's ``spec.template.metadata``
+  (runtimePatches may override it; ``core/trainingruntime.go`` ``newRuntimeInfo``) and the
+  priority class from the pod template's ``priorityClassName``; no plugin sets the pods'
+  ``schedulerName`` (the Volcano proposal, ``proposals/2437-volcano-scheduler``, writes
+  ``volcano`` in the runtime). So with ``k8s.volcano_queue`` or ``k8s.priority_class`` a
+  TrainJob gets a namespaced ``TrainingRuntime`` of its own, ``<job>-runtime``: a copy of
+  the vendored ``torch-distributed`` with those set (``render_runtime``), created before the
+  job (the TrainJob webhook refuses a runtime that does not exist yet,
+  ``TrainingRuntime.ValidateObjects``). Without them, the stock runtime, as before.
 """
 
 from __future__ import annotations
+
+import copy
 
 from jobs.command import agent_command
 from jobs.spec import JobSpec
 from jobs.values import SpecError
 from k8s.pod import (WAIT_FOR_HOST, Obj, command_words, metadata, shared_checkpoints,
-                     on_cluster, pod_spec)
+                     QUEUE_LABEL, container_security, labels, on_cluster, pod_security,
+                     pod_spec)
+from k8s.runtimes import default_runtimes
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"
 RUNTIME = "torch-distributed"
+RUNTIME_KIND = "ClusterTrainingRuntime"  # the CRD's default runtimeRef kind: RUNTIME's
+OWN_RUNTIME_KIND, OWN_RUNTIME_SUFFIX = "TrainingRuntime", "-runtime"  # a job's own runtime
+GROUP = API_VERSION.split("/")[0]
+VOLCANO_QUEUE = "scheduling.volcano.sh/queue-name"  # volcanov1beta1.QueueNameAnnotationKey
+VOLCANO_SCHEDULER = "volcano"  # the pods' schedulerName, for Volcano to schedule them
 NODE = "node"  # the runtime's trainer replicatedJob and its container (constants.Node)
 PATCH_MANAGER = "torchjob.io/render"  # owner of our runtimePatches entry (domain/path)
 # What v2.3's runtimePatches may set in the pod (PodSpecPatch) and in a container
@@ -67,14 +86,52 @@ def refuse_unsupported(spec: JobSpec) -> None:
         raise SpecError("nnodes", f"{str(spec.nnodes)!r} is elastic, but a TrainJob (Kubeflow "
                         "Trainer v2.3) has no elastic training (one numNodes): use --to k8s (a PyTorchJob with "
                         f"elasticPolicy) or a fixed nnodes such as {spec.nnodes.max}")
-    if spec.k8s.priority_class:
-        raise SpecError("k8s.priority_class", "a TrainJob (Kubeflow Trainer v2.3) cannot set "
-                        "the pods' priorityClassName (runtimePatches have no such field): set "
-                        "it in a TrainingRuntime of your own, or use --to k8s")
+
+
+def own_runtime_name(spec: JobSpec) -> str | None:
+    """The name of the TrainingRuntime ``spec`` needs of its own (module docstring), or None
+    when the stock one serves. Never the longest name: the pods' are longer (k8s.render)."""
+    if spec.k8s.volcano_queue or spec.k8s.priority_class:
+        return spec.name + OWN_RUNTIME_SUFFIX
+    return None
+
+
+def render_runtime(spec: JobSpec) -> Obj | None:
+    """The job's own TrainingRuntime, or None: the vendored torch-distributed with the Volcano
+    policy and queue (``k8s.volcano_queue``) and the pods' priorityClassName
+    (``k8s.priority_class``); labelled as the job, so ``torchjob cancel`` finds it. Its pod
+    template is Pod Security "restricted" by itself (the job's runtimePatches say so again)."""
+    name = own_runtime_name(spec)
+    if name is None:
+        return None
+    stock = default_runtimes()[(RUNTIME_KIND, "", RUNTIME)]
+    body: Obj = copy.deepcopy(stock["spec"])
+    pod = [job for job in body["template"]["spec"]["replicatedJobs"]
+           if job["name"] == NODE][0]["template"]["spec"]["template"].setdefault("spec", {})
+    pod["securityContext"] = pod_security(spec)
+    for container in pod["containers"]:
+        container["securityContext"] = container_security(spec)
     if spec.k8s.volcano_queue:
-        raise SpecError("k8s.volcano_queue", "the torch-distributed runtime has no Volcano "
-                        "podGroupPolicy, so its TrainJobs are not gang-scheduled by Volcano: "
-                        "use --to k8s (runPolicy.schedulingPolicy), or k8s.queue (Kueue)")
+        body["podGroupPolicy"] = {"volcano": {}}
+        meta = body["template"].get("metadata", {})
+        annotations = {**meta.get("annotations", {}), VOLCANO_QUEUE: spec.k8s.volcano_queue}
+        body["template"] = {"metadata": {**meta, "annotations": annotations},
+                            **{k: v for k, v in body["template"].items() if k != "metadata"}}
+        pod["schedulerName"] = VOLCANO_SCHEDULER
+    if spec.k8s.priority_class:
+        pod["priorityClassName"] = spec.k8s.priority_class
+    ours = {key: value for key, value in labels(spec).items() if key != QUEUE_LABEL}
+    meta = {"name": name, "namespace": spec.k8s.namespace,
+            "labels": {**stock["metadata"].get("labels", {}), **ours}}
+    return {"apiVersion": API_VERSION, "kind": OWN_RUNTIME_KIND, "metadata": meta,
+            "spec": body}
+
+
+def runtime_ref(spec: JobSpec) -> Obj:
+    own = own_runtime_name(spec)
+    if own is None:
+        return {"name": RUNTIME}
+    return {"apiGroup": GROUP, "kind": OWN_RUNTIME_KIND, "name": own}
 
 
 def runtime_patch(pod: Obj) -> Obj:
@@ -101,7 +158,7 @@ def render_trainjob(spec: JobSpec) -> Obj:
     for ours, theirs in (("env", "env"), ("resources", "resourcesPerNode")):
         if ours in node:
             trainer[theirs] = node[ours]
-    body: Obj = {"runtimeRef": {"name": RUNTIME}, "trainer": trainer,
+    body: Obj = {"runtimeRef": runtime_ref(spec), "trainer": trainer,
                  "runtimePatches": [runtime_patch(pod)]}
     if spec.k8s.active_deadline_seconds is not None:
         body["activeDeadlineSeconds"] = spec.k8s.active_deadline_seconds

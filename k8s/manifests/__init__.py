@@ -17,7 +17,7 @@ from jobs.spec import JobSpec
 from k8s.pod import manifests_text
 from k8s.pytorchjob import render_pytorchjob
 from k8s.store import render_store
-from k8s.trainjob import render_trainjob
+from k8s.trainjob import render_runtime, render_trainjob
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = Path(jobs.examples.__file__).resolve().parent  # package data, also when installed
@@ -30,7 +30,9 @@ def pytorchjob(spec: JobSpec) -> list[dict[str, Any]]:
 
 
 def trainjob(spec: JobSpec) -> list[dict[str, Any]]:
-    return [render_trainjob(spec)]
+    """The TrainJob, after its own TrainingRuntime when it needs one (Volcano, a priority)."""
+    runtime = render_runtime(spec)
+    return [*([runtime] if runtime is not None else []), render_trainjob(spec)]
 GPU = ["nnodes=2", "nproc_per_node=4", "resources.gpus=4", "resources.cpu=16",
        "resources.memory=64Gi", "resources.shm=16Gi", "env.NCCL_DEBUG=WARN",
        'secrets=[{env: HF_TOKEN, secret: hf, key: token}]', "k8s.namespace=team-a",
@@ -45,7 +47,10 @@ VARIANTS: dict[str, tuple[str, list[str], Renderer]] = {
     "pytorchjob-gpu.yaml": ("default", GPU, pytorchjob),
     "pytorchjob-pvc.yaml": ("default", PVC, pytorchjob),
     "trainjob.yaml": ("default", ["nnodes=2", "k8s.pvc=digits-runs"], trainjob),
-    "trainjob-full.yaml": ("default", [*(o for o in GPU if not o.startswith(  # TJ: no priority
+    "trainjob-volcano.yaml": ("default", ["nnodes=2", "k8s.pvc=digits-runs",
+                                          "k8s.volcano_queue=research",
+                                          "k8s.priority_class=training"], trainjob),
+    "trainjob-full.yaml": ("default", [*(o for o in GPU if not o.startswith(  # stock runtime
                                            ("k8s.priority_class=", "k8s.pvc="))),
                                        "k8s.pvc=digits-runs", "k8s.service_account="
                                        "trainer", "k8s.active_deadline_seconds=86400",

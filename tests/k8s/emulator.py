@@ -35,6 +35,19 @@ def _flag(query: dict[str, list[str]], name: str) -> bool:
     return query.get(name, [""])[0] in ("1", "t", "T", "true", "TRUE", "True")
 
 
+def _merge_patch(obj: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, as the API server applies application/merge-patch+json."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(obj) if isinstance(obj, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge_patch(out.get(key), value)
+    return out
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -92,6 +105,9 @@ class Emulator:
             def do_DELETE(self) -> None:
                 self.handle_any("DELETE")
 
+            def do_PATCH(self) -> None:
+                self.handle_any("PATCH")
+
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -141,6 +157,11 @@ class Emulator:
             if method == "DELETE":
                 self.objects.pop(key)
                 return http.reply(200, {"kind": "Status", "status": "Success"})
+            if method == "PATCH":
+                if http.headers.get("Content-Type") != "application/merge-patch+json":
+                    return http.status(415, "UnsupportedMediaType")
+                self.objects[key] = _merge_patch(self.objects[key], json.loads(body))
+                return http.reply(200, self.objects[key])
             return http.reply(200, self.objects[key])
         if (m := CLUSTER_LIST.match(url.path)) and method == "GET":
             items = [obj for (plural, _, _), obj in sorted(self.objects.items())

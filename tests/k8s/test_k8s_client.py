@@ -99,6 +99,36 @@ def test_an_elastic_job_is_submitted_and_cancelled_with_its_rendezvous_store(
     assert list(emulator.objects) == [("services", "default", "digits-rdzv")]
 
 
+def test_a_volcano_trainjob_is_submitted_after_its_runtime_and_cancelled_with_it(
+        emulator: Emulator) -> None:
+    """The job's own TrainingRuntime first (the TrainJob webhook wants it to exist), then the
+    TrainJob, as rendered; the runtime is then owned by the job. Cancel deletes both; a job
+    the server refuses leaves no runtime behind."""
+    config = emulator.config  # type: ignore[attr-defined]
+    argv = ["--to", "k8s:trainjob", "--set", "k8s.volcano_queue=research",
+            "jobs/examples/default.yaml"]
+    rendered = torchjob(config, "render", *argv)
+    assert rendered.returncode == 0, rendered.stderr
+    sub = torchjob(config, "submit", *argv)
+    assert sub.returncode == 0 and sub.stdout.strip() == "k8s:trainjob:default/digits", sub.stderr
+    runtime = emulator.objects[("trainingruntimes", "default", "digits-runtime")]
+    job = emulator.objects[("trainjobs", "default", "digits")]
+    assert runtime["metadata"].pop("ownerReferences") == [
+        {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "digits",
+         "uid": job["metadata"]["uid"]}]
+    for obj in (runtime, job):
+        obj["metadata"].pop("uid")
+    assert [runtime, job] == list(yaml.safe_load_all(rendered.stdout))
+    cancel = torchjob(config, "cancel", "k8s:trainjob:default/digits")
+    assert cancel.returncode == 0, cancel.stderr
+    assert "TrainingRuntime default/digits-runtime" in cancel.stdout and not emulator.objects
+
+    emulator.objects[("trainjobs", "default", "digits")] = job  # someone else's, by that name
+    again = torchjob(config, "submit", *argv)
+    assert again.returncode == 2 and "HTTP 409" in again.stderr, again.stderr
+    assert list(emulator.objects) == [("trainjobs", "default", "digits")]
+
+
 def test_api_errors_are_one_clear_line_and_exit_2(emulator: Emulator, tmp_path: Path) -> None:
     config = emulator.config  # type: ignore[attr-defined]
     assert torchjob(config, "submit", "--to", "k8s", "jobs/examples/default.yaml").returncode == 0

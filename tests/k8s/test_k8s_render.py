@@ -322,15 +322,65 @@ def test_a_one_node_trainjob_needs_no_pvc() -> None:
     ("nnodes: 1:2", "nnodes", r"'1:2' is elastic, .*no elastic training.*--to k8s.*nnodes such "
      r"as 2"),
     ("nnodes: 2", "k8s.pvc", r"is not set, but this job runs 2 pods .* ReadWriteMany PersistentVolumeClaim"),
-    ("k8s: {priority_class: high}", "k8s.priority_class",
-     r"cannot set the pods' priorityClassName .*TrainingRuntime of your own, or use --to k8s"),
-    ("k8s: {volcano_queue: research}", "k8s.volcano_queue",
-     r"torch-distributed runtime has no Volcano podGroupPolicy.*--to k8s"),
 ])
 def test_trainjob_refuses_what_v2_3_cannot_honour(text: str, path: str, message: str) -> None:
     with pytest.raises(SpecError, match=message) as caught:
         render_trainjob(loads(f"name: job\n{text}"))
     assert caught.value.path == path
+
+
+STOCK_RUNTIME = ROOT / "k8s" / "schemas" / "runtime_torch_distributed.yaml"
+
+
+def test_a_volcano_trainjob_comes_after_a_runtime_of_its_own() -> None:
+    """v2.3's Volcano plugin acts only for a runtime with podGroupPolicy.volcano and reads the
+    queue from its template's annotation, the priority from its pod template: the job gets
+    the vendored torch-distributed with those, namespaced, labelled as the job, and refers
+    to it; the two documents pass everything, the job's pods Pod Security "restricted"."""
+    spec = loads("name: job\nk8s: {namespace: team-a, volcano_queue: research, "
+                 "priority_class: high}")
+    runtime, job = render_objects(spec, "trainjob")
+    assert runtime["metadata"] == {
+        "name": "job-runtime", "namespace": "team-a",
+        "labels": {"trainer.kubeflow.org/framework": "torch", "app.kubernetes.io/name": "job",
+                   "app.kubernetes.io/managed-by": "torchjob"}}
+    assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org",
+                                         "kind": "TrainingRuntime", "name": "job-runtime"}
+    body = copy.deepcopy(runtime["spec"])
+    assert body.pop("podGroupPolicy") == {"volcano": {}}
+    assert body["template"].pop("metadata") == {
+        "annotations": {"scheduling.volcano.sh/queue-name": "research"}}
+    pod = body["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert (pod.pop("schedulerName"), pod.pop("priorityClassName")) == ("volcano", "high")
+    assert pod.pop("securityContext")["runAsNonRoot"] is True
+    assert pod["containers"][0].pop("securityContext")["allowPrivilegeEscalation"] is False
+    assert body == yaml.safe_load(STOCK_RUNTIME.read_text())["spec"]  # the rest: the stock one
+    text = manifests_text([runtime, job])
+    assert validate_text(text, runtime_pods=True) == []
+    assert render_manifest(spec, "trainjob") == text
+
+
+def test_a_priority_alone_needs_no_volcano_and_neither_the_stock_runtime() -> None:
+    runtime, job = render_objects(loads("name: job\nk8s: {priority_class: high}"), "trainjob")
+    assert "podGroupPolicy" not in runtime["spec"] and "metadata" not in runtime["spec"][
+        "template"]
+    pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"][
+        "template"]["spec"]
+    assert pod["priorityClassName"] == "high" and "schedulerName" not in pod
+    assert job["spec"]["runtimeRef"]["name"] == "job-runtime"
+    [plain] = render_objects(loads("name: job\nk8s: {queue: q}\nresources: {cpu: 1, "
+                                   "memory: 1Gi}"), "trainjob")
+    assert plain["spec"]["runtimeRef"] == {"name": "torch-distributed"}
+
+
+def test_the_longest_trainjob_name_leaves_room_for_its_runtime() -> None:
+    """The pods' names bind first (k8s.render.check_names): <job>-runtime is a DNS label."""
+    longest = "a" * 48
+    runtime, _ = render_objects(loads(f"name: {longest}\nk8s: {{volcano_queue: q}}"),
+                                "trainjob")
+    assert len(runtime["metadata"]["name"]) <= 63
+    with pytest.raises(SpecError, match="at most 48 characters"):
+        render_objects(loads(f"name: {longest}a\nk8s: {{volcano_queue: q}}"), "trainjob")
 
 
 def test_host_path_mounts_are_refused_on_kubernetes() -> None:
