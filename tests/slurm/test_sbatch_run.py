@@ -180,14 +180,14 @@ def test_a_failing_job_names_its_first_failing_rank(slurm_cluster: SlurmCluster,
     assert not any(of_rank(line, r, 1) for line in lines for r in range(4)), lines[-20:]
     failing = next(filter(None, (re.fullmatch(
         r"torchjob: attempt 0: first failing rank: ([0-3]) \(node [01]\): stopped on a "
-        r"configuration error \(exit 2\) \(ConfigError: .*one optimizer step needs 1000 "
-        r"samples per rank.*\): a configuration error is never retried; fix it and "
+        r"configuration error \(exit 2\) \(ConfigError: .*one optimizer step takes \d+ "
+        r"samples \(batch size 1000 .*\): a configuration error is never retried; fix it and "
         r"run again; full log: \S+/slurm-\d+\.out and \S+/slurm-\d+\.err", line)
         for line in lines)), None)
     assert failing, lines[-20:]
     for r in range(4):
         assert any(of_rank(line, r, 0) and f"trainer [rank {r}]: one "
-                   "optimizer step needs 1000 samples per rank" in line
+                   "optimizer step takes " in line and "samples (batch size 1000 x" in line
                    for line in lines), (r, lines[-50:])
     assert backend_status(job_id) == ("FAILED", 2)
 
