@@ -23,6 +23,10 @@ GPU = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
 RUN_VOLUME = "run"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Kueue's topology-aware scheduling annotations on a pod template (kueue.sigs.k8s.io, "Run
+# Workloads with Topology-Aware Scheduling"): k8s.topology's mode -> the annotation.
+TOPOLOGY_ANNOTATION = {"required": "kueue.x-k8s.io/podset-required-topology",
+                       "preferred": "kueue.x-k8s.io/podset-preferred-topology"}
 # Every object torchjob renders: its job's name, and who made it (what cancel may delete).
 NAME_LABEL, MANAGED_LABEL, MANAGED_BY = ("app.kubernetes.io/name",
                                          "app.kubernetes.io/managed-by", "torchjob")

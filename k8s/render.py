@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from jobs.spec import JobSpec
 from jobs.values import SpecError, UserError, bad, secret_like_name
+from k8s.pod import TOPOLOGY_ANNOTATION
 from k8s.pytorchjob import render_pytorchjob
 from k8s.store import has_store, render_store
 from k8s.runtimes import default_runtimes, runtime_key
@@ -39,8 +40,6 @@ TRAINJOB_NODE = "node"
 # Kueue's topology-aware scheduling annotations on a pod template (kueue.sigs.k8s.io, "Run
 # Workloads with Topology-Aware Scheduling"); the group name puts a Master and its Workers
 # (two PodSets) in one domain.
-TOPOLOGY_ANNOTATION = {"required": "kueue.x-k8s.io/podset-required-topology",
-                       "preferred": "kueue.x-k8s.io/podset-preferred-topology"}
 PODSET_GROUP = "kueue.x-k8s.io/podset-group-name"
 
 
@@ -102,10 +101,6 @@ def check(spec: JobSpec, target: str) -> None:
     check_names(spec, target)
     check_queue(spec)
     check_env(spec)
-    if target == "trainjob" and spec.k8s.topology is not None:
-        raise SpecError("k8s.topology", "is not rendered for TrainJob yet (its pods come from "
-                        "the ClusterTrainingRuntime): set the Kueue topology annotations there, "
-                        "or use --to k8s")
 
 
 def place(spec: JobSpec, job: dict[str, Any]) -> None:

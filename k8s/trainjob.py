@@ -34,7 +34,9 @@ What v2.3.0 does with a TrainJob (kubeflow/trainer tag v2.3.0, ``pkg/``):
   TrainJob gets a namespaced ``TrainingRuntime`` of its own, ``<job>-runtime``: a copy of
   the vendored ``torch-distributed`` with those set (``render_runtime``), created before the
   job (the TrainJob webhook refuses a runtime that does not exist yet,
-  ``TrainingRuntime.ValidateObjects``). Without them, the stock runtime, as before.
+  ``TrainingRuntime.ValidateObjects``). ``k8s.topology`` goes there too: Kueue's
+  topology-aware scheduling reads its annotation from the node pods' template, which
+  runtimePatches cannot annotate. Without any of them, the stock runtime, as before.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from jobs.spec import JobSpec
 from jobs.values import SpecError
 from k8s.pod import (WAIT_FOR_HOST, Obj, command_words, metadata, shared_checkpoints,
                      QUEUE_LABEL, container_security, labels, on_cluster, pod_security,
-                     pod_spec)
+                     TOPOLOGY_ANNOTATION, pod_spec)
 from k8s.runtimes import default_runtimes
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -91,23 +93,24 @@ def refuse_unsupported(spec: JobSpec) -> None:
 def own_runtime_name(spec: JobSpec) -> str | None:
     """The name of the TrainingRuntime ``spec`` needs of its own (module docstring), or None
     when the stock one serves. Never the longest name: the pods' are longer (k8s.render)."""
-    if spec.k8s.volcano_queue or spec.k8s.priority_class:
+    if spec.k8s.volcano_queue or spec.k8s.priority_class or spec.k8s.topology is not None:
         return spec.name + OWN_RUNTIME_SUFFIX
     return None
 
 
 def render_runtime(spec: JobSpec) -> Obj | None:
     """The job's own TrainingRuntime, or None: the vendored torch-distributed with the Volcano
-    policy and queue (``k8s.volcano_queue``) and the pods' priorityClassName
-    (``k8s.priority_class``); labelled as the job, so ``torchjob cancel`` finds it. Its pod
+    policy and queue (``k8s.volcano_queue``), the pods' priorityClassName
+    (``k8s.priority_class``) and Kueue's topology annotation (``k8s.topology``); labelled as the job, so ``torchjob cancel`` finds it. Its pod
     template is Pod Security "restricted" by itself (the job's runtimePatches say so again)."""
     name = own_runtime_name(spec)
     if name is None:
         return None
     stock = default_runtimes()[(RUNTIME_KIND, "", RUNTIME)]
     body: Obj = copy.deepcopy(stock["spec"])
-    pod = [job for job in body["template"]["spec"]["replicatedJobs"]
-           if job["name"] == NODE][0]["template"]["spec"]["template"].setdefault("spec", {})
+    template = [job for job in body["template"]["spec"]["replicatedJobs"]
+                if job["name"] == NODE][0]["template"]["spec"]["template"]
+    pod = template.setdefault("spec", {})
     pod["securityContext"] = pod_security(spec)
     for container in pod["containers"]:
         container["securityContext"] = container_security(spec)
@@ -120,6 +123,9 @@ def render_runtime(spec: JobSpec) -> Obj | None:
         pod["schedulerName"] = VOLCANO_SCHEDULER
     if spec.k8s.priority_class:
         pod["priorityClassName"] = spec.k8s.priority_class
+    if spec.k8s.topology is not None:  # Kueue's TAS reads the node pods' template
+        annotations = template.setdefault("metadata", {}).setdefault("annotations", {})
+        annotations[TOPOLOGY_ANNOTATION[spec.k8s.topology.mode]] = spec.k8s.topology.level
     ours = {key: value for key, value in labels(spec).items() if key != QUEUE_LABEL}
     meta = {"name": name, "namespace": spec.k8s.namespace,
             "labels": {**stock["metadata"].get("labels", {}), **ours}}

@@ -162,6 +162,9 @@ def _variants() -> list[tuple[str, list[str], str]]:
         ("elastic", ["k8s.pvc=runs", "resources.gpus=2"], "pytorchjob"),
         ("default", ["nnodes=2", "resources.gpus=2", "k8s.queue=team-a", "resources.cpu=2",
                      "resources.memory=4Gi", "k8s.pvc=runs"], "trainjob"),
+        ("default", ["nnodes=2", "k8s.queue=team-a", "resources.cpu=2", "resources.memory=4Gi",
+                     "k8s.pvc=runs", "k8s.topology={level: rack, mode: preferred}"],
+         "trainjob"),
         ("default", ["k8s.volcano_queue=research", "resources.gpus=2"], "trainjob"),
         ("default", ["nnodes=2", "k8s.pvc=runs", "k8s.priority_class=high"], "trainjob"),
     ]

@@ -490,9 +490,15 @@ def test_kueue_needs_requests_and_places_by_topology() -> None:
     with pytest.raises(SpecError, match=r"^<string>: k8s.volcano_queue: 'v' and k8s.queue "
                                         r"'q' are both"):
         loads("name: job\nk8s: {queue: q, volcano_queue: v}")
-    with pytest.raises(SpecError, match=r"^k8s.topology: is not rendered for TrainJob"):
-        render_objects(loads(base.replace("3", "2") + "resources: {cpu: 2, memory: 4Gi}"),
-                       "trainjob")
+    # a TrainJob: on the node pods' template of its own TrainingRuntime
+    runtime, trainjob = render_objects(loads(base.replace("3", "2") + "resources: {cpu: 2, "
+                                             "memory: 4Gi}"), "trainjob")
+    assert trainjob["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org",
+                                              "kind": "TrainingRuntime", "name": "job-runtime"}
+    (node,) = [j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+               if j["name"] == "node"]
+    assert node["template"]["spec"]["template"]["metadata"]["annotations"] == {
+        "kueue.x-k8s.io/podset-required-topology": "x.io/rack"}
 
 
 def test_literal_secrets_by_an_explicit_rule_with_an_opt_out() -> None:
