@@ -12,15 +12,10 @@ from typing import Any
 
 from jobs.values import DNS_1035
 from k8s.meta import subdomain_problem
+from k8s.tree import get_in
 
 Rule = tuple[str, str, str]
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
-
-
-def _get(obj: Any, *keys: str) -> Any:
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
 
 
 def _spec(obj: dict[str, Any]) -> Generator[Rule, None, dict[str, Any] | None]:
@@ -33,7 +28,7 @@ def _spec(obj: dict[str, Any]) -> Generator[Rule, None, dict[str, Any] | None]:
 
 def deployment(obj: dict[str, Any]) -> Iterator[Rule]:
     """The fields ``apps/v1`` Deployment validation requires, and the pod template's."""
-    name = _get(obj, "metadata", "name")
+    name = get_in(obj, "metadata", "name")
     why = subdomain_problem(name) if isinstance(name, str) else "is required"
     if why:
         yield ("name", "metadata.name", f"{name!r} {why}")
@@ -43,19 +38,19 @@ def deployment(obj: dict[str, Any]) -> Iterator[Rule]:
     count = spec.get("replicas", 1)
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         yield ("schema", "spec.replicas", f"is {count!r}: an integer >= 0")
-    strategy = _get(spec, "strategy", "type")
+    strategy = get_in(spec, "strategy", "type")
     if strategy is not None and strategy not in ("Recreate", "RollingUpdate"):
         yield ("enum", "spec.strategy.type", f"{strategy!r} is not one of Recreate, "
                "RollingUpdate")
-    selector = _get(spec, "selector", "matchLabels")
-    labels = _get(spec, "template", "metadata", "labels")
+    selector = get_in(spec, "selector", "matchLabels")
+    labels = get_in(spec, "template", "metadata", "labels")
     if not isinstance(selector, dict) or not selector:
         yield ("selector", "spec.selector.matchLabels", "is required (the labels of the pods "
                "the Deployment owns)")
     elif not isinstance(labels, dict) or any(labels.get(k) != v for k, v in selector.items()):
         yield ("selector", "spec.template.metadata.labels", "must include every label of "
                "spec.selector.matchLabels")
-    pod = _get(spec, "template", "spec")
+    pod = get_in(spec, "template", "spec")
     where = "spec.template.spec"
     if not isinstance(pod, dict):
         yield ("schema", where, "is required and must be a mapping")
@@ -85,7 +80,7 @@ def ports(where: str, items: object, key: str) -> Iterator[Rule]:
 
 def service(obj: dict[str, Any]) -> Iterator[Rule]:
     """The fields ``v1`` Service validation requires."""
-    name = _get(obj, "metadata", "name")
+    name = get_in(obj, "metadata", "name")
     if not isinstance(name, str) or len(name) > 63 or not DNS_1035.fullmatch(name):
         yield ("name", "metadata.name", f"{name!r} is not a DNS-1035 label (lower case "
                "letters, digits and '-', starting with a letter, at most 63 characters)")

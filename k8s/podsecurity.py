@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from k8s.tree import as_list
+
 PodProblem = tuple[str, str]  # (field path, message)
 CONTAINER_GROUPS = ("initContainers", "containers", "ephemeralContainers")
 BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL",
@@ -44,14 +46,10 @@ def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def containers(pod: dict[str, Any], where: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """Every container of the pod with its path, init and ephemeral ones too."""
     for group in CONTAINER_GROUPS:
-        for i, c in enumerate(_list(pod.get(group))):
+        for i, c in enumerate(as_list(pod.get(group))):
             if isinstance(c, dict):
                 yield f"{where}.{group}[{i}]", c
 
@@ -73,7 +71,7 @@ def restricted(pod: dict[str, Any], where: str, annotations: object = None,
         if pod.get(flag):
             yield f"{where}.{flag}", "(Host Namespaces) must not be true"
     # Volumes: hostPath (baseline), then the restricted allowlist
-    for i, vol in enumerate(_list(pod.get("volumes"))):
+    for i, vol in enumerate(as_list(pod.get("volumes"))):
         kinds = sorted(set(_dict(vol)) - {"name"})
         bad = [k for k in kinds if k not in RESTRICTED_VOLUMES]
         if bad:
@@ -87,7 +85,7 @@ def restricted(pod: dict[str, Any], where: str, annotations: object = None,
             yield f"{where}.metadata.annotations[{key!r}]", (
                 f"(AppArmor) is {value!r}: runtime/default or localhost/<profile>")
     # Sysctls
-    for i, sysctl in enumerate(_list(psc.get("sysctls"))):
+    for i, sysctl in enumerate(as_list(psc.get("sysctls"))):
         name = _dict(sysctl).get("name")
         if not isinstance(name, str) or name not in SAFE_SYSCTLS:
             yield f"{sc_path}.sysctls[{i}].name", (
@@ -135,7 +133,7 @@ def _container(c: dict[str, Any], where: str, pod_non_root: bool, pod_seccomp: b
         yield f"{path}.privileged", "(Privileged) must not be true"
     if sc.get("procMount", "Default") != "Default":  # compared, never hashed
         yield f"{path}.procMount", f"(/proc Mount Type) is {sc['procMount']!r}: Default"
-    for j, port in enumerate(_list(c.get("ports"))):
+    for j, port in enumerate(as_list(c.get("ports"))):
         if _dict(port).get("hostPort"):
             yield f"{where}.ports[{j}].hostPort", "(Host Ports) must be unset or 0"
     yield from _context(sc, path)
@@ -144,7 +142,7 @@ def _container(c: dict[str, Any], where: str, pod_non_root: bool, pod_seccomp: b
         yield f"{path}.runAsNonRoot", ("(Running as Non-root) must be true, here or in the "
                                        "pod's securityContext")
     caps = _dict(sc.get("capabilities"))
-    added = [str(a) for a in _list(caps.get("add"))]
+    added = [str(a) for a in as_list(caps.get("add"))]
     beyond = sorted(set(added) - BASELINE_CAPABILITIES)
     if beyond:
         yield f"{path}.capabilities.add", f"(Capabilities) {beyond} are beyond the baseline set"
@@ -156,8 +154,9 @@ def _container(c: dict[str, Any], where: str, pod_non_root: bool, pod_seccomp: b
     if _dict(sc.get("seccompProfile")).get("type") is None and not pod_seccomp:
         yield f"{path}.seccompProfile.type", ("(Seccomp) must be RuntimeDefault or Localhost, "
                                               "here or in the pod's securityContext")
-    if "ALL" not in [str(d) for d in _list(caps.get("drop"))] and complete:
+    if "ALL" not in [str(d) for d in as_list(caps.get("drop"))] and complete:
         yield f"{path}.capabilities.drop", "(Capabilities) must include ALL"
     more = sorted(set(added) - {"NET_BIND_SERVICE"} - set(beyond))
     if more:
-        yield f"{path}.capabilities.add", f"(Capabilities) may add only NET_BIND_SERVICE, not {more}"
+        yield (f"{path}.capabilities.add",
+               f"(Capabilities) may add only NET_BIND_SERVICE, not {more}")

@@ -21,25 +21,17 @@ from typing import Any
 import yaml
 
 from k8s.schema import SCHEMA_DIR
+from k8s.tree import as_list, get_in
 
 Runtimes = dict[tuple[str, str, str], dict[str, Any]]  # (kind, namespace or "", name) -> obj
 MERGE_BY_NAME = ("containers", "initContainers", "volumes", "env", "volumeMounts")
 
 
-def _get(obj: Any, *keys: str) -> Any:
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def runtime_key(obj: dict[str, Any]) -> tuple[str, str, str]:
     kind = str(obj.get("kind"))
-    namespace = str(_get(obj, "metadata", "namespace") or "default")
-    return kind, namespace if kind == "TrainingRuntime" else "", str(_get(obj, "metadata", "name"))
+    namespace = str(get_in(obj, "metadata", "namespace") or "default")
+    name = str(get_in(obj, "metadata", "name"))
+    return kind, namespace if kind == "TrainingRuntime" else "", name
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,10 +53,10 @@ def default_runtimes() -> Runtimes:
 def referenced(obj: dict[str, Any], runtimes: Runtimes) -> tuple[str, dict[str, Any] | None]:
     """The kind of a TrainJob's runtime (the CRD's default: ClusterTrainingRuntime) and the
     runtime object when it is known."""
-    ref = _get(obj, "spec", "runtimeRef")
-    kind = str(_get(ref, "kind") or "ClusterTrainingRuntime")
-    namespace = str(_get(obj, "metadata", "namespace") or "default")
-    key = (kind, namespace if kind == "TrainingRuntime" else "", str(_get(ref, "name")))
+    ref = get_in(obj, "spec", "runtimeRef")
+    kind = str(get_in(ref, "kind") or "ClusterTrainingRuntime")
+    namespace = str(get_in(obj, "metadata", "namespace") or "default")
+    key = (kind, namespace if kind == "TrainingRuntime" else "", str(get_in(ref, "name")))
     return kind, runtimes.get(key)
 
 
@@ -74,7 +66,7 @@ def merge(base: Any, patch: Any) -> Any:
         out = dict(base)
         for key, value in patch.items():
             if key in MERGE_BY_NAME and isinstance(value, list):
-                out[key] = _merge_named(_list(base.get(key)), value)
+                out[key] = _merge_named(as_list(base.get(key)), value)
             else:
                 out[key] = merge(base.get(key), value)
         return out
@@ -83,9 +75,9 @@ def merge(base: Any, patch: Any) -> Any:
 
 def _merge_named(base: list[Any], patch: list[Any]) -> list[Any]:
     out = [copy.deepcopy(item) for item in base]
-    names = [_get(item, "name") for item in out]
+    names = [get_in(item, "name") for item in out]
     for item in patch:
-        name = _get(item, "name")
+        name = get_in(item, "name")
         if name is not None and name in names:
             out[names.index(name)] = merge(out[names.index(name)], item)
         else:
@@ -97,13 +89,13 @@ def trainjob_pods(obj: dict[str, Any], runtime: dict[str, Any],
                   ) -> Iterator[tuple[str, dict[str, Any]]]:
     """(replicated job name, pod template) of each job of ``runtime`` with ``obj``'s
     runtimePatches applied, in patch order."""
-    for rjob in _list(_get(runtime, "spec", "template", "spec", "replicatedJobs")):
-        name = _get(rjob, "name")
-        template = _get(rjob, "template", "spec", "template")
+    for rjob in as_list(get_in(runtime, "spec", "template", "spec", "replicatedJobs")):
+        name = get_in(rjob, "name")
+        template = get_in(rjob, "template", "spec", "template")
         template = template if isinstance(template, dict) else {}
-        for patch in _list(_get(obj, "spec", "runtimePatches")):
-            for pjob in _list(_get(patch, "trainingRuntimeSpec", "template", "spec",
+        for patch in as_list(get_in(obj, "spec", "runtimePatches")):
+            for pjob in as_list(get_in(patch, "trainingRuntimeSpec", "template", "spec",
                                    "replicatedJobs")):
-                if _get(pjob, "name") == name:
-                    template = merge(template, _get(pjob, "template", "spec", "template") or {})
+                if get_in(pjob, "name") == name:
+                    template = merge(template, get_in(pjob, "template", "spec", "template") or {})
         yield str(name), template

@@ -32,6 +32,7 @@ from k8s import podsecurity, runtimes as known_runtimes, webhooks
 from k8s.corekinds import CORE_KINDS
 from k8s.meta import object_meta_problems, template_meta_problems
 from k8s.schema import CRDS, is_namespaced, structural_problems
+from k8s.tree import get_in
 from k8s.yamlread import YamlProblem, load_all
 
 LAYERS = ("api", "restricted", "lint")
@@ -104,12 +105,6 @@ def _webhook(obj: dict[str, Any], kind: str, runtimes: Runtimes) -> Iterable[tup
     return webhooks.runtime(obj)
 
 
-def _get(obj: Any, *keys: str) -> Any:
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
-
-
 def _items(value: object) -> Iterator[tuple[str, Any]]:
     if isinstance(value, dict):
         yield from ((str(k), v) for k, v in value.items())
@@ -122,31 +117,31 @@ def pod_templates(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any], bo
     TrainJob's runtimePatches are patches (not complete pod specs)."""
     kind = obj.get("kind")
     if kind == "PyTorchJob":
-        for key, rs in _items(_get(obj, "spec", "pytorchReplicaSpecs")):
-            yield f"spec.pytorchReplicaSpecs.{key}.template", _get(rs, "template"), True
+        for key, rs in _items(get_in(obj, "spec", "pytorchReplicaSpecs")):
+            yield f"spec.pytorchReplicaSpecs.{key}.template", get_in(rs, "template"), True
     elif kind == "Deployment":
-        yield "spec.template", _get(obj, "spec", "template"), True
+        yield "spec.template", get_in(obj, "spec", "template"), True
     elif kind in ("TrainingRuntime", "ClusterTrainingRuntime"):
-        jobs = _get(obj, "spec", "template", "spec", "replicatedJobs")
+        jobs = get_in(obj, "spec", "template", "spec", "replicatedJobs")
         for i, rjob in _items(jobs if isinstance(jobs, list) else None):
             yield (f"spec.template.spec.replicatedJobs{i}.template.spec.template",
-                   _get(rjob, "template", "spec", "template"), True)
+                   get_in(rjob, "template", "spec", "template"), True)
     elif kind == "TrainJob":
-        for i, patch in _items(_get(obj, "spec", "runtimePatches")):
+        for i, patch in _items(get_in(obj, "spec", "runtimePatches")):
             base = f"spec.runtimePatches{i}.trainingRuntimeSpec.template.spec.replicatedJobs"
-            jobs = _get(patch, "trainingRuntimeSpec", "template", "spec", "replicatedJobs")
+            jobs = get_in(patch, "trainingRuntimeSpec", "template", "spec", "replicatedJobs")
             for j, rjob in _items(jobs if isinstance(jobs, list) else None):
                 yield (f"{base}{j}.template.spec.template",
-                       _get(rjob, "template", "spec", "template"), False)
+                       get_in(rjob, "template", "spec", "template"), False)
 
 
 def _template_meta(obj: dict[str, Any]) -> Iterator[tuple[str, str]]:
     for where, template, _ in pod_templates(obj):
-        yield from template_meta_problems(_get(template, "metadata"), f"{where}.metadata")
+        yield from template_meta_problems(get_in(template, "metadata"), f"{where}.metadata")
     if obj.get("kind") in ("TrainingRuntime", "ClusterTrainingRuntime"):
-        for i, rjob in _items(_get(obj, "spec", "template", "spec", "replicatedJobs")):
+        for i, rjob in _items(get_in(obj, "spec", "template", "spec", "replicatedJobs")):
             where = f"spec.template.spec.replicatedJobs{i}.template.metadata"
-            yield from template_meta_problems(_get(rjob, "template", "metadata"), where)
+            yield from template_meta_problems(get_in(rjob, "template", "metadata"), where)
 
 
 def _restricted(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[tuple[str, str]]:
@@ -154,19 +149,19 @@ def _restricted(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[tuple[str, 
     if obj.get("kind") == "TrainJob":
         kind, runtime = known_runtimes.referenced(obj, runtimes)
         if runtime is not None:
-            name = _get(runtime, "metadata", "name")
+            name = get_in(runtime, "metadata", "name")
             for job, template in known_runtimes.trainjob_pods(obj, runtime):
                 where = (f"spec.runtimeRef({kind} {name}: replicatedJobs[{job}] with "
                          "spec.runtimePatches).template.spec")
-                pod = _get(template, "spec")
+                pod = get_in(template, "spec")
                 yield from podsecurity.restricted(pod if isinstance(pod, dict) else {}, where,
-                                                  _get(template, "metadata", "annotations"))
+                                                  get_in(template, "metadata", "annotations"))
             return
     for where, template, complete in pod_templates(obj):
-        pod = _get(template, "spec")
+        pod = get_in(template, "spec")
         if isinstance(pod, dict):
             yield from podsecurity.restricted(pod, f"{where}.spec",
-                                              _get(template, "metadata", "annotations"),
+                                              get_in(template, "metadata", "annotations"),
                                               complete)
 
 
@@ -196,11 +191,11 @@ def validate_text(text: str, *, pod_security: bool = True,
 def _lint(obj: dict[str, Any]) -> list[Problem]:
     problems = list(_secret_literals(obj))
     if obj.get("kind") == "PyTorchJob":
-        if _get(obj, "spec", "elasticPolicy", "standalone") is True:
+        if get_in(obj, "spec", "elasticPolicy", "standalone") is True:
             problems.append(Problem("elastic-standalone", "spec.elasticPolicy.standalone",
                                     "true makes the operator set PET_STANDALONE='', which "
                                     "torchrun cannot parse: leave it out", "lint"))
-        nproc = _get(obj, "spec", "nprocPerNode")
+        nproc = get_in(obj, "spec", "nprocPerNode")
         if isinstance(nproc, str) and not NPROC.fullmatch(nproc):
             problems.append(Problem("nproc-per-node", "spec.nprocPerNode", f"{nproc!r} is not "
                                     "auto, cpu, gpu or a positive integer as a string: "

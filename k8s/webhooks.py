@@ -36,6 +36,7 @@ from typing import Any
 from jobs.values import DNS_1035, DNS_1123_SUBDOMAIN
 from k8s.meta import effective_name
 from k8s.runtimes import Runtimes, referenced
+from k8s.tree import as_list, get_in
 
 Rule = tuple[str, str, str]  # (rule, field path, message)
 GROUP = "trainer.kubeflow.org"
@@ -53,23 +54,13 @@ FLUX_INSTALLER = "flux-installer"
 HTTP_PATH = re.compile(r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+")
 
 
-def _get(obj: Any, *keys: str) -> Any:
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def pytorchjob(obj: dict[str, Any]) -> Iterator[Rule]:
     name = effective_name(obj.get("metadata"))
     if name is not None and (len(name) > 63 or not DNS_1035.fullmatch(name)):
         yield ("name", "metadata.name", f"{name!r} is not a DNS-1035 label (lower case letters, "
                "digits and '-', starting with a letter, at most 63 characters)")
     spec: dict[str, Any] = obj["spec"] if isinstance(obj.get("spec"), dict) else {}
-    managed = _get(spec, "runPolicy", "managedBy")
+    managed = get_in(spec, "runPolicy", "managedBy")
     if managed is not None and managed not in MANAGED_BY:
         yield ("managed-by", "spec.runPolicy.managedBy", f"{managed!r} is not one of "
                f"{', '.join(MANAGED_BY)}")
@@ -92,7 +83,7 @@ def pytorchjob(obj: dict[str, Any]) -> Iterator[Rule]:
                 if str(key).capitalize() in REPLICA_TYPES else ""
             yield ("replica-type", where, f"{key!r} is not a replica type: only "
                    f"{' and '.join(REPLICA_TYPES)}, capitalised{fix}")
-        containers = _list(_get(rs, "template", "spec", "containers"))
+        containers = as_list(get_in(rs, "template", "spec", "containers"))
         cpath = f"{where}.template.spec.containers"
         if not containers:
             yield ("containers", cpath, "must be specified")
@@ -115,15 +106,15 @@ def pytorchjob(obj: dict[str, Any]) -> Iterator[Rule]:
 def runtime(obj: dict[str, Any]) -> Iterator[Rule]:
     """validateReplicatedJobs of the TrainingRuntime/ClusterTrainingRuntime webhook."""
     base = "spec.template.spec.replicatedJobs"
-    for i, rjob in enumerate(_list(_get(obj, "spec", "template", "spec", "replicatedJobs"))):
-        ancestor = _get(rjob, "template", "metadata", "labels", ANCESTOR_LABEL)
+    for i, rjob in enumerate(as_list(get_in(obj, "spec", "template", "spec", "replicatedJobs"))):
+        ancestor = get_in(rjob, "template", "metadata", "labels", ANCESTOR_LABEL)
         if not isinstance(ancestor, str) or ancestor not in ANCESTOR_CONTAINER:
             continue
         count = rjob.get("replicas", 1)  # the CRD's default, applied before the webhook
         if count != 1:
             yield ("ancestor-replicas", f"{base}[{i}].replicas", f"is {count!r}: the "
                    f"{ancestor} job always must be 1")
-        names = [_get(c, "name") for c in _list(_get(rjob, "template", "spec", "template",
+        names = [get_in(c, "name") for c in as_list(get_in(rjob, "template", "spec", "template",
                                                      "spec", "containers"))]
         if ANCESTOR_CONTAINER[ancestor] not in names:
             yield ("ancestor-container", f"{base}[{i}].template.spec.template.spec.containers",
@@ -132,7 +123,7 @@ def runtime(obj: dict[str, Any]) -> Iterator[Rule]:
 
 
 def trainjob(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[Rule]:
-    ref = _get(obj, "spec", "runtimeRef")
+    ref = get_in(obj, "spec", "runtimeRef")
     if not isinstance(ref, dict):
         return
     group = ref.get("apiGroup", GROUP)
@@ -141,10 +132,10 @@ def trainjob(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[Rule]:
         yield ("runtime-ref", "spec.runtimeRef", f"unsupported runtime {kind}.{group}: "
                f"{' or '.join(RUNTIME_KINDS)} of {GROUP}")
         return
-    policy = _get(known, "spec", "mlPolicy")
+    policy = get_in(known, "spec", "mlPolicy")
     framework = next((k for k in ("torch", "mpi", "jax", "xgboost", "flux")
                       if isinstance(policy, dict) and k in policy), None)
-    env = _list(_get(obj, "spec", "trainer", "env"))
+    env = as_list(get_in(obj, "spec", "trainer", "env"))
     reserved = sorted({str(e.get("name")) for e in env if isinstance(e, dict)}
                       & set(TORCH_RESERVED))
     if framework == "torch" and reserved:
@@ -152,9 +143,9 @@ def trainjob(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[Rule]:
                f"variables {reserved}: the torch runtime sets them")
     if framework == "flux" and known is not None:
         yield from _flux(obj, known)
-    patches = _list(_get(obj, "spec", "runtimePatches"))
+    patches = as_list(get_in(obj, "spec", "runtimePatches"))
     for i, patch in enumerate(patches):
-        manager = _get(patch, "manager")
+        manager = get_in(patch, "manager")
         why = domain_prefixed_path_problem(manager)
         if why:
             yield ("patch-manager", f"spec.runtimePatches[{i}].manager", why)
@@ -164,15 +155,15 @@ def trainjob(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[Rule]:
 
 def _flux(obj: dict[str, Any], known: dict[str, Any]) -> Iterator[Rule]:
     """The flux plugin's Validate (v2.3.0 pkg/runtime/framework/plugins/flux/flux.go)."""
-    nproc = _get(obj, "spec", "trainer", "numProcPerNode")
+    nproc = get_in(obj, "spec", "trainer", "numProcPerNode")
     if nproc is None:
-        nproc = _get(known, "spec", "mlPolicy", "flux", "numProcPerNode")
+        nproc = get_in(known, "spec", "mlPolicy", "flux", "numProcPerNode")
     if isinstance(nproc, int) and nproc < 1:
         yield ("flux-nproc", "spec.trainer.numProcPerNode", f"is {nproc}: must be >= 1 for a "
                "Flux TrainJob")
-    for rjob in _list(_get(known, "spec", "template", "spec", "replicatedJobs")):
-        inits = _list(_get(rjob, "template", "spec", "template", "spec", "initContainers"))
-        if _get(rjob, "name") == "node" and any(_get(c, "name") == FLUX_INSTALLER
+    for rjob in as_list(get_in(known, "spec", "template", "spec", "replicatedJobs")):
+        inits = as_list(get_in(rjob, "template", "spec", "template", "spec", "initContainers"))
+        if get_in(rjob, "name") == "node" and any(get_in(c, "name") == FLUX_INSTALLER
                                                 for c in inits):
             yield ("flux-installer", "spec.runtimeRef", f"the runtime's node job has the init "
                    f"container {FLUX_INSTALLER!r}, which the Flux plugin reserves")
@@ -195,42 +186,42 @@ def domain_prefixed_path_problem(value: object) -> str | None:
 def _patches_fit(obj: dict[str, Any], known: dict[str, Any]) -> Iterator[Rule]:
     """The jobset plugin's checks that need the runtime (jobset.go Validate)."""
     jobs: dict[str, dict[str, list[Any]]] = {}
-    for rjob in _list(_get(known, "spec", "template", "spec", "replicatedJobs")):
-        pod = _get(rjob, "template", "spec", "template", "spec")
-        jobs[str(_get(rjob, "name"))] = {g: _list(_get(pod, g))
+    for rjob in as_list(get_in(known, "spec", "template", "spec", "replicatedJobs")):
+        pod = get_in(rjob, "template", "spec", "template", "spec")
+        jobs[str(get_in(rjob, "name"))] = {g: as_list(get_in(pod, g))
                                          for g in ("initContainers", "containers")}
-    names = {j: {str(_get(c, "name")) for g in groups.values() for c in g}
+    names = {j: {str(get_in(c, "name")) for g in groups.values() for c in g}
              for j, groups in jobs.items()}
     for step in ("dataset", "model"):
-        if _get(obj, "spec", "initializer", step) is None:
+        if get_in(obj, "spec", "initializer", step) is None:
             continue
         job = f"{step}-initializer"
         mounts = [m for c in jobs.get(job, {}).get("containers", [])
-                  if _get(c, "name") == job for m in _list(_get(c, "volumeMounts"))]
+                  if get_in(c, "name") == job for m in as_list(get_in(c, "volumeMounts"))]
         if job not in jobs:
             why = f"must have a {job} job when the TrainJob has spec.initializer.{step}"
         elif job not in names[job]:  # names are strings
             why = f"must have a container {job} in the {job} job"
-        elif not any(_get(m, "name") == INITIALIZER_VOLUME for m in mounts):
+        elif not any(get_in(m, "name") == INITIALIZER_VOLUME for m in mounts):
             why = f"must have a volumeMount {INITIALIZER_VOLUME} in container {job}"
         else:
             continue
         yield ("runtime-initializer", "spec.runtimeRef", why)
-    for i, patch in enumerate(_list(_get(obj, "spec", "runtimePatches"))):
-        for rjob in _list(_get(patch, "trainingRuntimeSpec", "template", "spec",
+    for i, patch in enumerate(as_list(get_in(obj, "spec", "runtimePatches"))):
+        for rjob in as_list(get_in(patch, "trainingRuntimeSpec", "template", "spec",
                                "replicatedJobs")):
             where = f"spec.runtimePatches[{i}]"
-            job = str(_get(rjob, "name"))
+            job = str(get_in(rjob, "name"))
             if job not in jobs:
                 yield ("runtime-patch", where, f"replicated job {job!r} is not in the runtime")
                 continue
-            pod = _get(rjob, "template", "spec", "template", "spec")
+            pod = get_in(rjob, "template", "spec", "template", "spec")
             for group in ("initContainers", "containers"):
-                for c in _list(_get(pod, group)):
-                    if str(_get(c, "name")) not in names[job]:
-                        yield ("runtime-patch", where, f"{group[:-1]} {_get(c, 'name')!r} is "
+                for c in as_list(get_in(pod, group)):
+                    if str(get_in(c, "name")) not in names[job]:
+                        yield ("runtime-patch", where, f"{group[:-1]} {get_in(c, 'name')!r} is "
                                f"not in the runtime job {job}")
-                    elif group == "containers" and _get(c, "env") and _get(c, "name") in (
+                    elif group == "containers" and get_in(c, "env") and get_in(c, "name") in (
                             "node", "model-initializer", "dataset-initializer"):
                         yield ("runtime-patch", where, f"must not set env of container "
-                               f"{_get(c, 'name')!r} (use spec.trainer.env)")
+                               f"{get_in(c, 'name')!r} (use spec.trainer.env)")
