@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ENV, ROOT, TORCHRUN, median, metrics, row, torchjob
+from common import ENV, ROOT, TORCHRUN, interleaved, median, metrics, row, torchjob
 
 TARGET = 0.95
 
@@ -49,14 +49,8 @@ def baseline() -> tuple[float, float, int]:
 
 def run(quick: bool = False) -> list[dict]:
     rounds = 1 if quick else 3
-    mine, base = [], []
-    for r in range(rounds):
-        for side in (("ours", "base") if r % 2 == 0 else ("base", "ours")):
-            if side == "ours":
-                mine.append(ours())
-            else:
-                base.append(baseline())
-        print(f"  round {r + 1}: torchjob {mine[-1]}, minimal DDP {base[-1]}", flush=True)
+    mine, base = interleaved(rounds, ours, baseline,
+                             lambda m, b: f"torchjob {m}, minimal DDP {b}")
     return [
         row("accuracy", "default job: start to 95% test accuracy (median)",
             median([m[0] for m in mine]), median([b[0] for b in base]), "report", "s",

@@ -100,3 +100,19 @@ def torchjob(run_dir: Path, job: str = "default.yaml", *sets: str, **args: Any) 
 def flags(args: dict[str, Any]) -> list[str]:
     """Trainer options as command-line flags (``log_every=1`` -> ``--log-every 1``)."""
     return [w for k, v in args.items() for w in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def interleaved(rounds: int, ours: Callable[[], Any], baseline: Callable[[], Any],
+                say: Callable[[Any, Any], str]) -> tuple[list[Any], list[Any]]:
+    """``ours()`` and ``baseline()`` ``rounds`` times each, side by side, the first of each
+    round alternating (a load that rises or falls on a shared machine favours neither); after
+    each round prints ``say(ours' result, the baseline's)``. Both lists of results."""
+    mine: list[Any] = []
+    base: list[Any] = []
+    for r in range(rounds):
+        sides = [(ours, mine), (baseline, base)]
+        for measure, results in sides if r % 2 == 0 else sides[::-1]:
+            results.append(measure())
+        print(f"  round {r + 1}: {say(mine[-1], base[-1])}", flush=True)
+    return mine, base
+

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from common import ENV, ROOT, TORCHRUN, median, row, torchjob
+from common import ENV, ROOT, TORCHRUN, interleaved, median, row, torchjob
 
 EPOCHS = 15
 ARGS = dict(epochs=EPOCHS, eval_every=0, checkpoint_every=0, progress="lines")
@@ -38,16 +38,8 @@ def baseline() -> float:
 
 def run(quick: bool = False) -> list[dict]:
     rounds = 3 if quick else 5
-    mine: list[float] = []
-    base: list[float] = []
-    for r in range(rounds):
-        for side in (("ours", "base") if r % 2 == 0 else ("base", "ours")):
-            if side == "ours":
-                mine.append(ours())
-            else:
-                base.append(baseline())
-        print(f"  round {r + 1}: trainer {mine[-1]:.0f}, minimal DDP {base[-1]:.0f} samples/s",
-              flush=True)
+    mine, base = interleaved(rounds, ours, baseline, lambda m, b: (
+        f"trainer {m:.0f}, minimal DDP {b:.0f} samples/s"))
     return [row("throughput", "digits samples/s, 2 ranks (median)", median(mine),
                 median(base), ">= 1.00", "samples/s",
                 trainer=[round(x) for x in mine], minimal_ddp=[round(x) for x in base])]
