@@ -2,7 +2,7 @@
 (the operator and an API server cannot run here; shared/K8S-CONTRACT.md says what they do).
 
 Each replica's pod is a container on one podman network per job, reachable by the pod's name
-(its host name and network alias, as the pod's headless Service makes it), with the pod's
+(its host name, as the pod's headless Service makes it), with the pod's
 image, command, env, user and volumes plus exactly the env the operator injects. A
 PersistentVolumeClaim is a host directory (``claims``: name -> directory), mounted where the
 pod mounts it, its group set to the pod's ``fsGroup`` as the kubelet does (read-only claims
@@ -20,7 +20,14 @@ then SIGKILL after the grace period). Deleting the job (``PodJob.delete``) delet
 The objects submitted beside the job (an elastic job's rendezvous store, ``k8s.store``) run
 too: each Deployment's pod is a container (created again whenever it ends, as the Deployment
 controller would), reachable by the name of every Service whose selector matches its labels
-(a network alias: the Service's ClusterIP stands for the pod; ports must equal targetPorts).
+(the Service's ClusterIP stands for the pod; ports must equal targetPorts).
+
+Names are not served by podman's DNS (aardvark-dns 1.4 sometimes answers a container started
+right after another "Name or service not known" for good: a worker pod then never found the
+store). Each pod keeps one address on the job's network for all its incarnations, as a
+Service's ClusterIP stays when its pod is recreated, and every container's /etc/hosts names
+them all. A pod that is gone: its address answers "No route to host" (a ClusterIP with no
+endpoints: "Connection refused"); both are what a client retries.
 They are owned by the job, so they go when it ends (here: when it is over, as if the job were
 deleted then). ``PodJob.lose`` takes a pod away for good (its node gone: killed, never created
 again), as a node loss the operator cannot reschedule would.
@@ -37,6 +44,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,9 +136,31 @@ class PodJob:
     def name(self) -> str:
         return str(self.job["metadata"]["name"])
 
+    subnet: str = ""  # the network's /24 prefix, "10.X.Y"
+    hosts: dict[str, str] = field(default_factory=dict)  # every pod's and Service's address
+
     @property
     def network(self) -> str:
         return self.token
+
+    def make_network(self) -> None:
+        """The job's network: a free /24 of 10.0.0.0/8, no DNS (``hosts`` names pods)."""
+        made = None
+        for _ in range(20):
+            self.subnet = f"10.{secrets.randbelow(200) + 50}.{secrets.randbelow(256)}"
+            made = podman("network", "create", "--disable-dns", "--subnet",
+                          f"{self.subnet}.0/24", "--label", f"{JOB_LABEL}={self.token}",
+                          self.network)
+            if made.returncode == 0:
+                return
+        raise RuntimeError(f"podman network create: no free subnet: {made and made.stderr}")
+
+    def address(self, *names: str) -> str:
+        """The address of the pod named ``names[0]`` (also reachable as the others)."""
+        ip = f"{self.subnet}.{len(set(self.hosts.values())) + 10}"
+        for name in names:
+            self.hosts[name] = ip
+        return ip
 
     def start(self) -> None:
         """The network, then each replica's pod (the Master's first). With ``restricted``
@@ -139,20 +169,17 @@ class PodJob:
         if self.restricted and (problems := forbidden([self.job, *self.beside])):
             raise UserError(f"{self.name}: pods forbidden: violates PodSecurity "
                             f"\"restricted:latest\": {'; '.join(problems)}")
-        made = podman("network", "create", "--label", f"{JOB_LABEL}={self.token}",
-                      self.network)
-        if made.returncode != 0:
-            raise RuntimeError(f"podman network create: {made.stderr}")
+        self.make_network()
         for obj in self.beside:
             if obj["kind"] == "Deployment":
                 self.stores.append(self.deployment_pod(obj))
-        for store in self.stores:
-            self.create(store)
         specs = self.job["spec"]["pytorchReplicaSpecs"]
         for replica in sorted(specs, key=lambda r: r != "Master"):
             for index in range(specs[replica]["replicas"]):
                 name = f"{self.name}-{replica.lower()}-{index}"
                 self.pods.append(Pod(name, replica, index, self.pod_argv(replica, index, name)))
+        for store in self.stores:  # every address is known: each /etc/hosts names them all
+            self.create(store)
         for pod in self.pods:
             if self.deleted:  # deleted while its pods were being created
                 break
@@ -190,8 +217,8 @@ class PodJob:
         security = spec.get("securityContext", {})
         user = container.get("securityContext", {}).get("runAsUser", security.get("runAsUser"))
         group = security.get("runAsGroup", user)
-        argv = ["--hostname", name, "--network", self.network,
-                *[a for alias in aliases for a in ("--network-alias", alias)],
+        argv = ["--hostname", name, "--network", self.network, "--ip",
+                self.address(name, *aliases),
                 "--label", f"{JOB_LABEL}={self.token}", "--label", f"{POD_LABEL}={name}"]
         if user is not None:
             argv += ["--user", f"{user}:{group}" if group is not None else str(user)]
@@ -240,7 +267,16 @@ class PodJob:
         """The pod (again): a new container with the pod's name as its host name."""
         pod.incarnation += 1
         pod.container = f"{self.token}-{pod.name}-{pod.incarnation}"
-        made = podman("run", "-d", "--name", pod.container, *pod.argv)
+        hosts = [a for host, ip in self.hosts.items() for a in ("--add-host", f"{host}:{ip}")]
+        limit = time.monotonic() + 30
+        while True:
+            made = podman("run", "-d", "--name", pod.container, *hosts, *pod.argv)
+            # the pod's last container may still be releasing its address (conmon's cleanup)
+            if made.returncode == 0 or "already allocated" not in made.stderr \
+                    or time.monotonic() > limit:
+                break
+            podman("rm", "-f", pod.container)
+            time.sleep(POLL_S)
         if made.returncode != 0:
             raise RuntimeError(f"podman run {pod.name}: {made.stderr}")
         self.containers.append(pod.container)
