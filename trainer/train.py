@@ -137,6 +137,7 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
     samples = SampleLog.open(cfg.run_dir, group, pos) if cfg.log_samples else None
 
     autocast = autocast_context(cfg.precision, group.device, fsdp=cfg.parallel == "fsdp")
+    stop.ride(model, group.device)  # before the first backward, which registers the hook
     settle_buckets(model, optimizer, task.train, group.device, autocast)
     global_batch = cfg.batch_size * cfg.grad_accum * group.world_size
     clock = Throughput(warmup_steps=min(5, max(total - pos.step - 1, 0)))
