@@ -142,6 +142,20 @@ def hang_timeout(environ: dict[str, str]) -> float:
 
 def main(argv: Sequence[str] | None = None) -> None:
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    try:
+        argv, settings, env = own_options(list(sys.argv[1:] if argv is None else argv))
+        seconds = hang_timeout(env)
+    except ValueError as exc:
+        print(f"torchjob: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    progress_dir = None
+    if seconds:  # node-local, one file per worker (trainer.progress)
+        progress_dir = env[PROGRESS_DIR_ENV] = tempfile.mkdtemp(prefix="torchjob-progress-")
+    os.environ.update(env)  # the workers inherit it (through the forkserver too)
+    early = runs_the_trainer(argv) and "OMP_NUM_THREADS" in os.environ
+    if early:  # its preload imports torch beside this agent's own import, not after it
+        start_forkserver()
+
     from torch.distributed.launcher import api as launcher_api
     from torch.distributed.run import parse_args
 
@@ -155,18 +169,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"torchjob: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     launcher_api.LocalElasticAgent = Agent  # type: ignore[misc]  # launch_agent makes one
-    try:
-        argv, settings, env = own_options(list(sys.argv[1:] if argv is None else argv))
-        Agent.hang_timeout = hang_timeout(env)
-    except ValueError as exc:
-        print(f"torchjob: {exc}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG)
+    Agent.hang_timeout, Agent.progress_dir = seconds, progress_dir
     for name, value in settings.items():
         setattr(Agent, name, value)
-    if Agent.hang_timeout:  # node-local, one file per worker (trainer.progress)
-        Agent.progress_dir = env[PROGRESS_DIR_ENV] = tempfile.mkdtemp(
-            prefix="torchjob-progress-")
-    os.environ.update(env)  # the workers inherit it (also through the forkserver)
     args = parse_args(argv)
     own_log_dir = None
     if args.tee == "0" and args.redirects == "0":  # the workers' lines reach us to be prefixed
@@ -220,6 +225,7 @@ def launch(args: Any) -> None:
             args.training_script_args = [*(["-m"] if args.module else []),
                                          args.training_script, *args.training_script_args]
             args.training_script, args.module = SCRIPT_MODULE, True
+        stop_forkserver()  # ``runs_the_trainer`` guessed wrong: no worker forks from it
         run(args)
         return
     single_static = (args.rdzv_backend == "static" and not args.rdzv_endpoint
@@ -231,15 +237,32 @@ def launch(args: Any) -> None:
         args.master_port = 29500
     config, _, _ = config_from_args(args)
     config.start_method = "forkserver"
-    multiprocessing.set_forkserver_preload(PRELOAD)
-    start_forkserver()
+    start_forkserver()  # started already (``main``), unless torchrun's rule set OMP_NUM_THREADS
     elastic_launch(config=config, entrypoint=worker)(*args.training_script_args)
 
 
+def stop_forkserver() -> None:
+    stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
+
+
+def runs_the_trainer(argv: Sequence[str]) -> bool:
+    """Whether torchrun's arguments ``argv`` run this trainer (``-m trainer``): a guess made
+    before torch is imported to parse them (``launch`` decides, and stops a server it does
+    not use)."""
+    if "--no-python" in argv or "--no_python" in argv:
+        return False
+    return any(word in ("-m", "--module") and after == FAST_MODULE
+               for word, after in zip(argv, argv[1:]))
+
+
 def start_forkserver() -> None:
-    """Start the server the workers fork from now, deaf to stop signals: one sent to the
+    """Start the server the workers fork from (preloading ``PRELOAD``), unless it runs,
+    deaf to stop signals: one sent to the
     whole process group (TorchX's local scheduler, scancel of a step) would end it, and its
     workers with it, before they had checkpointed. Its workers hear them again (``worker``)."""
+    multiprocessing.set_forkserver_preload(PRELOAD)
     before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
     try:
         multiprocessing.forkserver.ensure_running()
@@ -248,17 +271,15 @@ def start_forkserver() -> None:
             signal.signal(sig, handler)
 
 
-if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, exit_at_once)  # before importing torch (seconds)
+def ended(exc: Exception) -> int | None:
+    """The exit code for what ended torch's agent, said on stderr; None: not one of those."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
-    try:
-        main()
-    except RendezvousConnectionError as exc:  # the store is gone (or never came): say so
-        from trainer.elastic_agent import Agent, attempt_base
+    from trainer.elastic_agent import Agent, attempt_base
 
+    if isinstance(exc, RendezvousConnectionError):  # the store is gone (or never came)
         inner = exc.__cause__ or exc.__context__
         cause = (str(inner or exc).strip().splitlines() or [""])[0]  # not torch's C++ frames
         if Agent.met:  # it served this node's rendezvous, then went: retried (EXIT_STORE_LOST)
@@ -271,14 +292,24 @@ if __name__ == "__main__":
                          "never reached (not started, or a wrong endpoint); the nodes cannot "
                          "meet without it"), EXIT_FAILED
         print(closing_line(why, attempt_base(os.environ), code), file=sys.stderr, flush=True)
-        sys.exit(code)
-    except ChildFailedError as exc:
-        from trainer.elastic_agent import Agent
-
+        return code
+    if isinstance(exc, ChildFailedError):
         code = EXIT_STORE_LOST if Agent.store_lost else job_exit_code(
             {failure.exitcode for failure in exc.failures.values()})
         print(closing_line(*Agent.closing, code) if Agent.closing else exc, file=sys.stderr,
               flush=True)
+        return code
+    if isinstance(exc, SignalException):  # told to stop: the workers were asked to checkpoint
+        return 128 + int(exc.sigval)
+    return None
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, exit_at_once)  # before importing torch (seconds)
+    try:
+        main()
+    except Exception as exc:
+        code = ended(exc)
+        if code is None:
+            raise
         sys.exit(code)
-    except SignalException as exc:  # told to stop: the workers were asked to checkpoint
-        sys.exit(128 + int(exc.sigval))
