@@ -24,6 +24,7 @@ scheduler itself ran the job again) are filled in here, each time the workers st
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import signal
@@ -55,6 +56,11 @@ BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at s
 VERDICT_WAIT_S = 10.0
 VERDICT_KEY = "torchjob.verdict"  # in the round's own store: each round decides afresh
 VERDICT_READ_KEY = "torchjob.verdict.read"
+# A finished job's nodes leave together (``_leave_together``): each says so, the last one
+# releases every node's wait. The store's host must not close it while another node still
+# talks to it: that node's client prints C++ stack traces (a clean finish must be quiet).
+LEFT_KEY, ALL_LEFT_KEY = "torchjob.left", "torchjob.all_left"
+LEAVE_WAIT_S = 5.0
 
 log = agent_api.logger  # torchrun's own agent log, with its format
 
@@ -253,7 +259,23 @@ class Agent(LocalElasticAgent):
         # torch sends SIGTERM and waits up to 30 s: a stopped worker would take all of it
         if self._pcontext is not None:
             kill_stopped(self._pcontext.pids().values())
-        super()._shutdown(*args, **kwargs)
+        super()._shutdown(*args, **kwargs)  # closes the rendezvous: its last use of the store
+        self._leave_together()
+
+    def _leave_together(self) -> None:
+        """After a finished job's last use of the store, wait (up to ``LEAVE_WAIT_S``) until
+        every node is done with it: the node that hosts it leaves only then. One blocking
+        wait, which the store answers to every node at once: no look after the release."""
+        group, store = self._worker_group, self._store
+        nodes = group.group_world_size or 1
+        if store is None or nodes == 1 or group.state != agent_api.WorkerState.SUCCEEDED:
+            return
+        try:
+            if store.add(LEFT_KEY, 1) >= nodes:
+                store.set(ALL_LEFT_KEY, "1")
+            store.wait([ALL_LEFT_KEY], datetime.timedelta(seconds=LEAVE_WAIT_S))
+        except Exception as exc:  # a node that never came, or the store already gone
+            log.info("leaving without the other nodes: %s", type(exc).__name__)
 
     def _shared(self, verdict: Verdict) -> Verdict:
         """The verdict every node of the round acts on: a node where the failure began says
