@@ -4,7 +4,7 @@ exit 143 (Slurm's --signal, Kubernetes' pod deletion and torchrun all send one o
 Ranks may receive the signal at slightly different moments, so the decision to stop is agreed
 by a vote that every rank casts once per optimizer step: every rank stops after the same step.
 Under DDP the ballot rides in the gradient all-reduce the step does anyway (one more element
-in DDP's first, smallest bucket, ``ride``): no collective of its own, which on a small model
+in the smallest of DDP's buckets, ``ride``): no collective of its own, which on a small model
 cost a few per cent of a step (the enqueue alone was 3% of a digits worker's time under
 py-spy). Otherwise (FSDP2) it is a one-element all-reduce that runs in the background of the
 next step. The ballot lives on the training device (NCCL reduces no CPU tensor); on CUDA it is
@@ -46,6 +46,10 @@ class StopRequest:
         self._riding = False  # the ballot rides in DDP's gradient all-reduce (``ride``)
         self._ballot: torch.Tensor | None = None  # its result: the step's sum of flags
         self._held: torch.Tensor | None = None  # CUDA: the last step's, read one step late
+        # DDP's gradient buckets reduced this step (every gradient is a view into one of them,
+        # gradient_as_bucket_view): what the trainer clips, a few flat tensors (``flat_grads``)
+        self.buckets: list[torch.Tensor] = []
+        self._ballot_bucket = 0  # the smallest of the last step's (every rank's layout is one)
         self._previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
         for s in STOP_SIGNALS:
             signal.signal(s, self._handle)
@@ -83,6 +87,15 @@ class StopRequest:
         """``bucket`` with this rank's ballot after it (1.0: stop), to be summed."""
         flag = 1.0 if self.signum is not None else 0.0
         return torch.cat([bucket, bucket.new_full((1,), flag)])
+
+    def new_step(self) -> None:
+        """DDP reduces a step's first bucket: the ballot goes in the smallest of the last
+        step's (the same index on every rank; none this step if the layout shrank, after DDP
+        rebuilt its buckets once: the stop then waits a step)."""
+        if self.buckets:
+            self._ballot_bucket = min(range(len(self.buckets)),
+                                      key=lambda i: self.buckets[i].numel())
+        self.buckets.clear()
 
     def counted(self, summed: torch.Tensor) -> None:
         self._ballot = summed[-1:]
@@ -129,11 +142,15 @@ class StopRequest:
 def _allreduce_with_ballot(stop: StopRequest,
                            bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP's own all-reduce of a gradient bucket (divide by the world size, then sum, as
-    ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook``); the first
-    bucket (DDP caps it at 1 MB: the copy is cheap) carries every rank's stop ballot too."""
+    ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook``); the smallest
+    bucket of the last step (every rank has the same layout) carries every rank's stop ballot
+    too, at the cost of copying it twice."""
     buffer = bucket.buffer()
+    if bucket.index() == 0:  # a new step (buckets are reduced in order)
+        stop.new_step()
+    stop.buckets.append(buffer)
     buffer.div_(dist.get_world_size())
-    if bucket.index() != 0:
+    if bucket.index() != stop._ballot_bucket:
         work = dist.all_reduce(buffer, async_op=True)
         return work.get_future().then(lambda fut: fut.value()[0])
     packed = stop.cast(buffer)

@@ -167,7 +167,7 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                 if not last:
                     continue
                 if cfg.clip_grad:
-                    nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+                    clip_gradients(model, cfg.clip_grad, stop.buckets)
                 lr = learning_rate(cfg, step, total)
                 for param_group in optimizer.param_groups:
                     param_group["lr"] = lr
@@ -293,6 +293,25 @@ def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextMan
     if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
         return contextlib.nullcontext()
     return model.no_sync()
+
+
+def clip_gradients(model: nn.Module, max_norm: float, buckets: list[torch.Tensor]) -> None:
+    """``nn.utils.clip_grad_norm_``, to the bit: the same global 2-norm (per gradient, in
+    parameter order: it must not depend on DDP's bucket layout, which differs in a resumed
+    run's first step) and the same scale. Under DDP every gradient is a view into one of its
+    flat buckets, so the scaling runs on those few tensors instead of on each gradient (on
+    CPU, where torch has no multi-tensor kernels, it is one op per parameter). Anything else
+    (FSDP2, buckets that do not hold every gradient): per gradient."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    held = {b.untyped_storage().data_ptr() for b in buckets}
+    if not buckets or sum(b.numel() for b in buckets) != sum(g.numel() for g in grads) or \
+            any(g.untyped_storage().data_ptr() not in held for g in grads):
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return
+    total = nn.utils.get_total_norm(grads)
+    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # as clip_grads_with_norm_
+    for bucket in buckets:
+        bucket.mul_(scale.to(bucket.device))
 
 
 def use_bf16(precision: str, device: torch.device) -> bool:
