@@ -1,7 +1,7 @@
 """Benchmarks of ``--task gpt``: tokens/s of the trainer against two baselines, each pair run
 side by side in this one run, interleaved round by round, medians compared.
 
-    .venv/bin/python bench/gpt.py            # 3 rounds; --quick: 1 round of fewer steps
+    .venv/bin/python bench/gpt.py            # 5 rounds; --quick: 1 round of fewer steps
 
 1. the trainer (``python -m trainer --task gpt`` under torchrun, 2 processes) against a
    minimal hand-written DDP loop with the same model, data, optimizer and precision
@@ -75,7 +75,8 @@ def row(benchmark: str, ours: list[float], base: list[float]) -> dict[str, Any]:
 
 
 def run(quick: bool = False) -> list[dict]:
-    rounds, steps = (1, 30) if quick else (3, 60)
+    # 120 steps: a window of ~10 s; at 60 (~5 s) one run's rate varied by 25% here
+    rounds, steps = (1, 30) if quick else (5, 120)
     ours: list[float] = []
     base: dict[str, list[float]] = {"minimal": [], "nanogpt": []}
     runs = [lambda: ours.append(trainer(steps)),
