@@ -47,9 +47,9 @@ class StopRequest:
         self._ballot: torch.Tensor | None = None  # its result: the step's sum of flags
         self._held: torch.Tensor | None = None  # CUDA: the last step's, read one step late
         # DDP's gradient buckets reduced this step (every gradient is a view into one of them,
-        # gradient_as_bucket_view): what the trainer clips, a few flat tensors (``flat_grads``)
+        # gradient_as_bucket_view): what the trainer scales to clip (trainer.train.clip_gradients)
         self.buckets: list[torch.Tensor] = []
-        self._ballot_bucket = 0  # the smallest of the last step's (every rank's layout is one)
+        self.ballot_bucket = 0  # the smallest of the last step's (every rank's layout is one)
         self._previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
         for s in STOP_SIGNALS:
             signal.signal(s, self._handle)
@@ -93,7 +93,7 @@ class StopRequest:
         step's (the same index on every rank; none this step if the layout shrank, after DDP
         rebuilt its buckets once: the stop then waits a step)."""
         if self.buckets:
-            self._ballot_bucket = min(range(len(self.buckets)),
+            self.ballot_bucket = min(range(len(self.buckets)),
                                       key=lambda i: self.buckets[i].numel())
         self.buckets.clear()
 
@@ -150,7 +150,7 @@ def _allreduce_with_ballot(stop: StopRequest,
         stop.new_step()
     stop.buckets.append(buffer)
     buffer.div_(dist.get_world_size())
-    if bucket.index() != stop._ballot_bucket:
+    if bucket.index() != stop.ballot_bucket:
         work = dist.all_reduce(buffer, async_op=True)
         return work.get_future().then(lambda fut: fut.value()[0])
     packed = stop.cast(buffer)
