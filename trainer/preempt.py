@@ -47,7 +47,7 @@ class StopRequest:
         self._ballot: torch.Tensor | None = None  # its result: the step's sum of flags
         self._held: torch.Tensor | None = None  # CUDA: the last step's, read one step late
         # DDP's gradient buckets reduced this step (every gradient is a view into one of them,
-        # gradient_as_bucket_view): what the trainer scales to clip (trainer.train.clip_gradients)
+        # gradient_as_bucket_view): what the trainer scales to clip (trainer.parallel.clip_gradients)
         self.buckets: list[torch.Tensor] = []
         self.ballot_bucket = 0  # the smallest of the last step's (every rank's layout is one)
         self._previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}

@@ -1,4 +1,4 @@
-"""Gradient clipping on DDP's flat buckets (trainer.train.clip_gradients) scales every gradient
+"""Gradient clipping on DDP's flat buckets (trainer.parallel.clip_gradients) scales every gradient
 to the bit as ``nn.utils.clip_grad_norm_`` scales each parameter's, and falls back to it when the
 buckets do not hold the gradients."""
 
@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.preempt import StopRequest
-from trainer.train import clip_gradients
+from trainer.parallel import clip_gradients
 
 
 @pytest.fixture
