@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--task", default="digits")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--no-broadcast-buffers", action="store_true",
+                    help="DDP(broadcast_buffers=False), as the trainer wraps this model")
     ap.add_argument("--eval", action="store_true",
                     help="rank 0 scores the test set after every epoch (a JSON line each)")
     args = ap.parse_args()
@@ -45,7 +47,8 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     task = build_task(cfg)
-    model = DistributedDataParallel(task.model, gradient_as_bucket_view=True)
+    model = DistributedDataParallel(task.model, gradient_as_bucket_view=True,
+                                    broadcast_buffers=not args.no_broadcast_buffers)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             fused=True)
     x_all, y_all = task.train.tensors  # type: ignore[attr-defined]
