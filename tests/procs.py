@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import torch
 
+from trainer.agent import SERVER_NAME
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
@@ -108,6 +110,14 @@ def parent(pid: int) -> int:
         return 0
 
 
+def is_fork_server(pid: int) -> bool:
+    """``trainer.agent``'s fork server: a fork of the agent named ``SERVER_NAME``."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == SERVER_NAME
+    except OSError:
+        return False
+
+
 def trainer_workers(root_pid: int) -> list[int]:
     """The trainer processes below ``root_pid``: forked by ``trainer.agent``'s preloaded
     server (they share its command line, so they are told by their parent), or started by a
@@ -115,7 +125,7 @@ def trainer_workers(root_pid: int) -> list[int]:
     found = []
     for pid in descendants(root_pid):
         line = cmdline(pid)
-        if "multiprocessing.forkserver" in cmdline(parent(pid)):
+        if is_fork_server(parent(pid)):
             found.append(pid)
         elif line.startswith(tuple(f"{p} -m trainer " for p in ("python", "python3", PYTHON))):
             found.append(pid)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.util
 import os
 import shutil
 import signal
@@ -64,6 +65,9 @@ COUNT_OPTIONS = {MAX_STALLED_OPTION: "max_stalled_restarts"}
 # trainer.forkserver_guard first: the server dies with this agent (trainer.orphans);
 # torch.optim imports torch._dynamo on first use
 PRELOAD = ["trainer.forkserver_guard", "trainer.train", "torch._dynamo"]
+# what ps and top call the fork server and the workers forked from it (/proc/PID/comm: the
+# server is a fork of the agent, with its command line, and each worker a fork of the server)
+SERVER_NAME, WORKER_NAME = "torchjob-server", "torchjob-worker"
 
 
 def worker(*argv: str) -> None:
@@ -76,6 +80,7 @@ def worker(*argv: str) -> None:
     timeout killed it). The next attempt resumes from that final checkpoint and ends at once.
     """
     die_with_parent()  # the fork server, which dies with this agent (trainer.orphans)
+    name_process(WORKER_NAME)
     progress.start()  # the heartbeat, from the first moment (trainer.progress)
     for sig in STOP_SIGNALS:  # heard again (start_forkserver)
         signal.signal(sig, signal.SIG_DFL)
@@ -152,9 +157,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if seconds:  # node-local, one file per worker (trainer.progress)
         progress_dir = env[PROGRESS_DIR_ENV] = tempfile.mkdtemp(prefix="torchjob-progress-")
     os.environ.update(env)  # the workers inherit it (through the forkserver too)
-    early = runs_the_trainer(argv) and "OMP_NUM_THREADS" in os.environ
-    if early:  # its preload imports torch beside this agent's own import, not after it
-        start_forkserver()
 
     from torch.distributed.launcher import api as launcher_api
     from torch.distributed.run import parse_args
@@ -225,7 +227,6 @@ def launch(args: Any) -> None:
             args.training_script_args = [*(["-m"] if args.module else []),
                                          args.training_script, *args.training_script_args]
             args.training_script, args.module = SCRIPT_MODULE, True
-        stop_forkserver()  # ``runs_the_trainer`` guessed wrong: no worker forks from it
         run(args)
         return
     single_static = (args.rdzv_backend == "static" and not args.rdzv_endpoint
@@ -237,38 +238,68 @@ def launch(args: Any) -> None:
         args.master_port = 29500
     config, _, _ = config_from_args(args)
     config.start_method = "forkserver"
-    start_forkserver()  # started already (``main``), unless torchrun's rule set OMP_NUM_THREADS
+    start_forkserver()  # after torchrun's rule for OMP_NUM_THREADS: the server inherits it
     elastic_launch(config=config, entrypoint=worker)(*args.training_script_args)
 
 
-def stop_forkserver() -> None:
-    stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
-    if stop is not None:
-        stop()
-
-
-def runs_the_trainer(argv: Sequence[str]) -> bool:
-    """Whether torchrun's arguments ``argv`` run this trainer (``-m trainer``): a guess made
-    before torch is imported to parse them (``launch`` decides, and stops a server it does
-    not use)."""
-    if "--no-python" in argv or "--no_python" in argv:
-        return False
-    return any(word in ("-m", "--module") and after == FAST_MODULE
-               for word, after in zip(argv, argv[1:]))
-
-
 def start_forkserver() -> None:
-    """Start the server the workers fork from (preloading ``PRELOAD``), unless it runs,
-    deaf to stop signals: one sent to the
-    whole process group (TorchX's local scheduler, scancel of a step) would end it, and its
-    workers with it, before they had checkpointed. Its workers hear them again (``worker``)."""
+    """Start the server the workers fork from (preloading ``PRELOAD``), deaf to stop signals:
+    one sent to the whole process group (TorchX's local scheduler, scancel of a step) would
+    end it, and its workers with it, before they had checkpointed. Its workers hear them again
+    (``worker``).
+
+    multiprocessing starts that server as a new interpreter, which imports torch all over
+    again (~1.6 s of CPU); this agent has imported it already, has started no thread of its
+    own and run no tensor op yet, so the server is forked from it instead (``_fork_server``),
+    and imports only the rest of ``PRELOAD``, beside this agent's rendezvous. With many agents
+    on few cores (the launch benchmark: 16 on 2) that is CPU every node saves before its first
+    step."""
     multiprocessing.set_forkserver_preload(PRELOAD)
     before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    spawn = multiprocessing.util.spawnv_passfds
+    multiprocessing.util.spawnv_passfds = _fork_server  # type: ignore[assignment]
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
+        multiprocessing.util.spawnv_passfds = spawn
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def name_process(name: str) -> None:
+    """This process's name (Linux: at most 15 bytes); nothing where that cannot be set."""
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(name)
+    except OSError:
+        pass
+
+
+def _fork_server(path: str, args: Sequence[str], passfds: Sequence[int]) -> int:
+    """``multiprocessing.util.spawnv_passfds`` for the fork server's start: the same command
+    (``python -c CODE``, the server's ``main`` with its sockets' descriptors) run in a fork of
+    this process instead of a new interpreter, with every other descriptor closed as there
+    (above all this agent's end of the server's "alive" pipe, whose closing tells the server
+    its clients are gone, and a run directory's lock)."""
+    code = args[list(args).index("-c") + 1]
+    pid = os.fork()
+    if pid:
+        return pid
+    status = 1
+    try:
+        name_process(SERVER_NAME)  # ps and top would show the agent's command line twice
+        keep = sorted({0, 1, 2, *passfds})
+        for low, high in zip(keep, [*keep[1:], os.sysconf("SC_OPEN_MAX")]):
+            os.closerange(low + 1, high)
+        exec(code, {"__name__": "__mp_forkserver__"})  # returns when its clients are gone
+        status = 0
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 0
+    except BaseException:  # noqa: BLE001 (said, then the server's exit code)
+        import traceback
+        traceback.print_exc()
+    finally:
+        os._exit(status)
 
 
 def ended(exc: Exception) -> int | None:

@@ -28,7 +28,8 @@ from jobs.spec import JobSpec
 from jobs.values import UserError
 from slurm.backend import SlurmBackend, create
 from slurm.slurm_cli import SlurmError
-from tests.procs import PYTHON, ROOT, cmdline, env_for_tests, last_step, parent, wait_for
+from tests.procs import (PYTHON, ROOT, cmdline, env_for_tests, is_fork_server, last_step, parent,
+                         wait_for)
 from tests.readme_sessions import run_session, sessions
 from tests.slurm.conftest import step_processes
 from trainer.contract import log_prefix
@@ -153,7 +154,7 @@ def test_an_elastic_job_restarts_a_killed_worker(slurm_cluster: SlurmCluster,
     with cancelled_on_failure(handle.id):
         wait_for(lambda: last_step(run_dir) >= 30, 180, "step 30")
         workers = [pid for node in ("n1", "n2") for pid in step_processes(handle.id, node)
-                   if "multiprocessing.forkserver" in cmdline(parent(pid))]
+                   if is_fork_server(parent(pid))]
         assert len(workers) == 4, workers  # 2 nodes x 2 workers: the group formed on both
         os.kill(workers[-1], signal.SIGKILL)
         status = backend.wait(handle)
