@@ -42,9 +42,10 @@ What each compares (details and raw samples: bench/results/latest.json):
   loop without that broadcast too: what the kit itself costs per step.
 - launch: N agents, one worker each, c10d rendezvous, `torchjob run` (nnodes = N) vs N bare
   torchrun agents with the same arguments. "last join to group formed" is from the agents'
-  logs; ours overlaps each agent's rendezvous with its workers' preload (the forkserver imports
-  torch and the trainer meanwhile), so on 2 cores that window is longer while the first step
-  comes sooner.
+  logs; ours overlaps each agent's rendezvous with its workers' preload (the fork server, a
+  fork of the agent with torch imported, imports the trainer meanwhile), so on 2 cores that
+  window is longer while the first step comes sooner; and each node imports torch once, not
+  twice (agent and worker).
 - restart: SIGKILL of a worker to the next finished step, ours vs plain torchrun.
 - checkpoint: the training loop's stall of an asynchronous save vs a synchronous one, same
   state, trainer/checkpoint.py's Checkpointer driven as the trainer drives it.
