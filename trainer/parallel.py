@@ -8,14 +8,16 @@ statistic, which a forward in training mode does not read, the trainer turns tha
 copies rank 0's statistics to every rank before each evaluation and checkpoint instead
 (``same_statistics``), as timm's ``distribute_bn`` and detectron2's DDP wrapper do. Rank 0's
 statistics are then exactly what they are under DDP's broadcast (there, too, they are updated
-by rank 0's batches alone: every forward starts from rank 0's), so checkpoints and evaluations
-are unchanged; between them the other ranks' copies drift, unread. Any other buffer (a user's
-mask, a counter a forward reads) keeps DDP's broadcast.
+by rank 0's batches alone: every forward starts from rank 0's), so checkpoints are unchanged;
+between them the other ranks' copies drift, unread. Evaluations now score every rank's share
+with rank 0's statistics (with the broadcast, each rank used its own, one batch off rank 0's).
+Any other buffer (a user's mask, a counter a forward reads) keeps DDP's broadcast.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any
 
 import torch
@@ -27,6 +29,10 @@ from trainer.config import ConfigError, TrainConfig
 from trainer.dist import Group
 
 RUNNING_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+# torch 2.13 renamed DDP's ``broadcast_buffers`` (deprecated, with a warning) to
+# ``forward_sync_buffers``; either way the buffers are still broadcast once, at wrapping
+FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(
+    nn.parallel.DistributedDataParallel.__init__).parameters
 
 
 def wrap(model: nn.Module, cfg: TrainConfig, group: Group,
@@ -54,9 +60,10 @@ def wrap(model: nn.Module, cfg: TrainConfig, group: Group,
         return fully_shard(model, mp_policy=policy)  # type: ignore[return-value]
     ids = [group.device.index] if group.device.type == "cuda" else None
     # gradients live in the all-reduce buckets: no copy in and out of them every step
-    return nn.parallel.DistributedDataParallel(
-        model, device_ids=ids, gradient_as_bucket_view=True,
-        broadcast_buffers=not only_running_statistics(model))
+    sync: dict[str, Any] = {} if not only_running_statistics(model) else (
+        {"forward_sync_buffers": False} if FORWARD_SYNC else {"broadcast_buffers": False})
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids,
+                                               gradient_as_bucket_view=True, **sync)
 
 
 def only_running_statistics(model: nn.Module) -> bool:
