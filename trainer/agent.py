@@ -236,9 +236,12 @@ def launch(args: Any) -> None:
         args.rdzv_id = str(uuid.uuid4())
     if args.master_port is None:
         args.master_port = 29500
+    if "OMP_NUM_THREADS" not in os.environ and args.nproc_per_node.isdigit() \
+            and int(args.nproc_per_node) > 1:
+        os.environ["OMP_NUM_THREADS"] = "1"  # torchrun's rule, which the server inherits
+    start_forkserver()  # first: torch's LaunchConfig queries CUDA (its NUMA default)
     config, _, _ = config_from_args(args)
     config.start_method = "forkserver"
-    start_forkserver()  # after torchrun's rule for OMP_NUM_THREADS: the server inherits it
     elastic_launch(config=config, entrypoint=worker)(*args.training_script_args)
 
 
@@ -253,11 +256,16 @@ def start_forkserver() -> None:
     own and run no tensor op yet, so the server is forked from it instead (``_fork_server``),
     and imports only the rest of ``PRELOAD``, beside this agent's rendezvous. With many agents
     on few cores (the launch benchmark: 16 on 2) that is CPU every node saves before its first
-    step."""
+    step. It is forked before anything here queries CUDA: a fork of a process that did fails
+    at its first CUDA call (tests/integration/test_no_fork_after_cuda.py); where CUDA was
+    initialised all the same, the server is a new interpreter."""
+    import torch
+
     multiprocessing.set_forkserver_preload(PRELOAD)
     before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
     spawn = multiprocessing.util.spawnv_passfds
-    multiprocessing.util.spawnv_passfds = _fork_server  # type: ignore[assignment]
+    if not torch.cuda.is_initialized():  # a flag, not a query; else a fresh interpreter
+        multiprocessing.util.spawnv_passfds = _fork_server  # type: ignore[assignment]
     try:
         multiprocessing.forkserver.ensure_running()
     finally:

@@ -1,0 +1,42 @@
+"""No process of a real ``torchjob run`` forks after it has queried CUDA (tests/cuda_forks.py):
+on a GPU the forked workers would fail at their first CUDA call. Every path a job can take:
+the built-in trainer (workers forked from the agent's fork server), a module and a script (run
+as torchrun runs them). Needs no GPU: the calls are recorded, not their results."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests import cuda_forks
+from tests.procs import PYTHON, ROOT, env_for_tests
+
+pytestmark = pytest.mark.integration
+
+JOBS = {
+    "trainer": [str(ROOT / "jobs/examples/default.yaml"), "--set", "trainer.args.epochs=1"],
+    "module": [str(ROOT / "jobs/examples/script.yaml"), "--set", "trainer.script=",
+               "--set", "trainer.module=jobs.examples.ddp_script",
+               "--set", "trainer.args.steps=5"],
+    "script": [str(ROOT / "jobs/examples/script.yaml"), "--set", "trainer.args.steps=5"],
+}
+
+
+@pytest.mark.parametrize("path", sorted(JOBS))
+def test_no_process_forks_after_querying_cuda(tmp_path: Path, path: str) -> None:
+    record = tmp_path / "record"
+    proc = subprocess.run([PYTHON, "-m", "jobs", "run", *JOBS[path],
+                           "--set", f"run_dir={tmp_path / 'run'}"], cwd=ROOT,
+                          env=env_for_tests(**cuda_forks.recording_env(record)),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = cuda_forks.read(record)
+    queried = {r["pid"] for r in records if r["event"] == "cuda"}
+    # the recorder saw the run: the workers' own CUDA queries (each picks its device)
+    assert len(queried) >= 2, f"no CUDA queries recorded in {len(records)} records"
+    if path == "trainer":  # the fork server, forked from the agent, and each worker from it
+        assert sum(r["event"] == "fork" for r in records) >= 3, records
+    bad = cuda_forks.forks_after_cuda(records)
+    assert not bad, "forked after querying CUDA:\n" + "\n".join(bad)
