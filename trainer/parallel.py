@@ -46,6 +46,9 @@ def wrap(model: nn.Module, cfg: TrainConfig, group: Group,
     if cfg.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(group.device)
+    if cfg.compile:  # in place: the state dict keeps its keys (checkpoints do not change)
+        for part in units if cfg.parallel == "fsdp" and units else [model]:
+            part.compile()
     if not dist.is_initialized():
         return model
     if cfg.parallel == "fsdp":

@@ -32,7 +32,7 @@ from trainer.dist import Group, process_group
 from trainer.env import DistEnv, EnvError
 from trainer.fingerprint import DATA
 from trainer.parallel import (autocast_context, clip_gradients, gradient_sync, same_statistics,
-                              settle_buckets, wrap)
+                              settle_buckets, use_bf16, wrap)
 from trainer.preempt import EXIT_PREEMPTED, StopRequest
 from trainer.report import Reporter
 from trainer.samples import SampleLog
@@ -100,7 +100,8 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
     env = group.env
     rep.every_rank(f"joined: rank {env.rank} local_rank {env.local_rank} world_size "
                    f"{env.world_size} master {env.master_addr}:{env.master_port} from "
-                   f"{env.source}; backend {group.backend}, device {group.device}, restart "
+                   f"{env.source}; backend {group.backend}, device {group.device}, precision "
+                   f"{'bf16' if use_bf16(cfg.precision, group.device) else 'fp32'}, restart "
                    f"{env.restart_count}")
 
     task = build_task(cfg)
@@ -116,6 +117,10 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                           "--batch-size or --grad-accum")
 
     model = wrap(task.model, cfg, group, task.shard_units)
+    if cfg.parallel == "fsdp" and group.world_size == 1:
+        rep.say("--parallel fsdp at world size 1: nothing to shard across, so this rank holds "
+                "every parameter, gradient and optimizer state (trains unsharded; --parallel "
+                "ddp does the same without FSDP's per-block gathers)")
     # fused AdamW: one kernel per step instead of a loop of tensor ops (~1.5x faster step here)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                                   fused=cfg.parallel == "ddp")
@@ -125,7 +130,10 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                         config=kept_config(cfg, task), say=rep.say,
                         resume=resume_mode(cfg, os.environ))
     torch.manual_seed(cfg.seed * 1000 + group.rank)  # dropout stream; a checkpoint restores it
+    # the same kernels every run: a resumed run ends bitwise where an uninterrupted one ends
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     pos = ckpt.restore(model, optimizer, group.device)
+    ckpt.prepare(model, optimizer)  # a background save's buffers, made off the step path
     # the step this run ends at: an uninterrupted run's at one world size; after a resize,
     # the steps done so far plus those the new world size has left
     total = pos.step + batches.steps_to_end(pos.epoch, pos.samples, cfg.epochs)
@@ -227,7 +235,8 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                     "final_loss": final.get("loss", float("nan")),
                     **{name: final.get(name, float("nan"))
                        for name in task.objective.metrics[1:]},
-                    "seconds": round(clock.elapsed(), 2), "step_work": step_work},
+                    "seconds": round(clock.elapsed(), 2), "step_work": step_work,
+                    **peak_memory(group.device)},
                    stragglers.line(step_work))
         return EXIT_OK
     finally:
@@ -296,6 +305,13 @@ def kept_config(cfg: TrainConfig, task: Task) -> dict[str, Any]:
     this machine when that is not fixed by the config (``data``)."""
     config = dataclasses.asdict(cfg)
     return {**config, DATA: task.identity} if task.identity else config
+
+
+def peak_memory(device: torch.device) -> dict[str, int]:
+    """``max_memory_allocated`` (bytes) on a CUDA device; nothing elsewhere."""
+    if device.type != "cuda":
+        return {}
+    return {"max_memory_allocated": torch.cuda.max_memory_allocated(device)}
 
 
 def gather(mine: dict[str, float]) -> list[dict[str, float]]:
