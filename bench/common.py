@@ -27,14 +27,17 @@ TORCHRUN = str(Path(PY).parent / "torchrun")
 
 
 def row(benchmark: str, measure: str, ours: float, baseline: float | None, goal: str,
-        unit: str, ratio: float | None = None, **detail: Any) -> dict[str, Any]:
+        unit: str, ratio: float | None = None, device: str | None = None,
+        **detail: Any) -> dict[str, Any]:
     """One line of the table. ``ratio`` is ours / baseline unless given (a goal on ours
-    alone, e.g. an accuracy, has no baseline and no ratio)."""
+    alone, e.g. an accuracy, has no baseline and no ratio); ``device``: what it ran on."""
     if ratio is None and baseline:
         ratio = ours / baseline
     out: dict[str, Any] = {"benchmark": benchmark, "measure": measure, "ours": rnd(ours),
                            "baseline": rnd(baseline), "ratio": rnd(ratio, 3), "goal": goal,
                            "unit": unit}
+    if device:
+        out["device"] = device
     if detail:
         out["detail"] = detail
     return out
@@ -97,6 +100,22 @@ def torchjob(run_dir: Path, job: str = "default.yaml", *sets: str, **args: Any) 
     return [PY, "-m", "jobs", "run", str(ROOT / "jobs" / "examples" / job), *argv]
 
 
+def output(cmd: list[str], timeout: float | None = None) -> str:
+    """``cmd``'s stdout (environment ``ENV``); when it fails, an error with its stderr's tail."""
+    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    if done.returncode:
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... exited {done.returncode}:\n{tail}")
+    return done.stdout
+
+
+def torchrun(nproc: int, *args: str) -> list[str]:
+    """Bare torchrun on this host, ``nproc`` processes (as a module: the interpreter may have
+    no ``torchrun`` script beside it)."""
+    return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+            *args]
+
+
 def flags(args: dict[str, Any]) -> list[str]:
     """Trainer options as command-line flags (``log_every=1`` -> ``--log-every 1``)."""
     return [w for k, v in args.items() for w in (f"--{k.replace('_', '-')}", str(v))]
@@ -116,3 +135,14 @@ def interleaved(rounds: int, ours: Callable[[], Any], baseline: Callable[[], Any
         print(f"  round {r + 1}: {say(mine[-1], base[-1])}", flush=True)
     return mine, base
 
+
+def standalone(run: Callable[..., list[dict[str, Any]]], doc: str | None) -> None:
+    """A benchmark module run as a script: ``--quick``, ``--device``; its rows as JSON."""
+    import argparse
+
+    from device import CHOICES
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer rounds")
+    ap.add_argument("--device", choices=CHOICES, default="cpu")
+    args = ap.parse_args()
+    print(json.dumps(run(quick=args.quick, device=args.device), indent=1))

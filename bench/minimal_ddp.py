@@ -5,8 +5,9 @@ Mirrored from trainer/train.py, setting by setting, so that the ratio measures t
 a different recipe: the same task (model, data, split and init from ``trainer.tasks``), the
 same per-rank batch order (DistributedSampler, seed 0, full batches by index), DDP with
 ``gradient_as_bucket_view=True``, AdamW ``fused=True`` with the trainer's lr and weight decay,
-gradient clipping at 1.0, the warm-up + cosine learning rate set every step, fp32 (the
-trainer's ``--precision auto`` on CPU), cross-entropy. Samples/s is counted as the trainer's
+gradient clipping at 1.0, the warm-up + cosine learning rate set every step, cross-entropy;
+on CPU gloo and fp32, with ``--device cuda`` nccl, cuda:LOCAL_RANK, bf16 autocast (the
+trainer's ``--precision auto`` on each) and DDP only with several processes, as the trainer. Samples/s is counted as the trainer's
 ``Throughput`` counts it: from the end of step 5 to the end of the last step. What the
 trainer adds and this loop leaves out is the kit's own cost: its progress file, its metrics
 and log lines, its straggler timing, the agent around it.
@@ -15,6 +16,7 @@ and log lines, its straggler timing, the agent around it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -42,17 +44,28 @@ def main() -> None:
                     help="DDP(broadcast_buffers=False), as the trainer wraps this model")
     ap.add_argument("--eval", action="store_true",
                     help="rank 0 scores the test set after every epoch (a JSON line each)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = ap.parse_args()
     cfg = TrainConfig(task=args.task, batch_size=args.batch_size, epochs=args.epochs)
-    dist.init_process_group("gloo")
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     task = build_task(cfg)
-    model = DistributedDataParallel(task.model, gradient_as_bucket_view=True,
-                                    broadcast_buffers=not args.no_broadcast_buffers)
+    model: torch.nn.Module = task.model.to(device)
+    if world > 1:
+        model = DistributedDataParallel(model, device_ids=[device.index] if cuda else None,
+                                        gradient_as_bucket_view=True,
+                                        broadcast_buffers=not args.no_broadcast_buffers)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             fused=True)
+    autocast: Any = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if cuda \
+        else contextlib.nullcontext()
     x_all, y_all = task.train.tensors  # type: ignore[attr-defined]
-    sampler = DistributedSampler(task.train, num_replicas=world, rank=rank, seed=cfg.seed)
+    sampler: DistributedSampler[Any] = DistributedSampler(task.train, num_replicas=world,
+                                                          rank=rank, seed=cfg.seed)
     per_epoch = sampler.num_samples // cfg.batch_size
     total = per_epoch * cfg.epochs
     torch.manual_seed(cfg.seed * 1000 + rank)
@@ -63,7 +76,9 @@ def main() -> None:
         order = torch.tensor(list(sampler), dtype=torch.long)
         for start in range(0, per_epoch * cfg.batch_size, cfg.batch_size):
             idx = order[start:start + cfg.batch_size]
-            loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+            x, y = x_all[idx].to(device, non_blocking=True), y_all[idx].to(device)
+            with autocast:
+                loss = F.cross_entropy(model(x), y)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
             for group in opt.param_groups:
@@ -72,22 +87,28 @@ def main() -> None:
             opt.zero_grad(set_to_none=True)
             step += 1
             if step == WARMUP:
+                if cuda:
+                    torch.cuda.synchronize()
                 t0, samples = time.perf_counter(), 0
             elif step > WARMUP:
                 samples += cfg.batch_size * world
         if args.eval and rank == 0:
-            print(json.dumps({"epoch": epoch, "accuracy": accuracy(model.module, task.eval),
+            print(json.dumps({"epoch": epoch, "accuracy": accuracy(task.model, task.eval),
                               "time": time.time()}), flush=True)
+    if cuda:
+        torch.cuda.synchronize()
     rate = samples / (time.perf_counter() - t0)
     if rank == 0:
-        print(json.dumps({"samples_per_s": rate, "steps": step}))
+        print(json.dumps({"samples_per_s": rate, "steps": step, "max_memory_allocated":
+                          torch.cuda.max_memory_allocated(device) if cuda else None}))
     dist.destroy_process_group()
 
 
 @torch.no_grad()
 def accuracy(net: torch.nn.Module, data: Any) -> float:
     net.eval()
-    x, y = data.tensors
+    device = next(net.parameters()).device
+    x, y = (t.to(device) for t in data.tensors)
     right = (net(x).argmax(1) == y).sum().item()
     net.train()
     return right / len(y)

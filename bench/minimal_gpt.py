@@ -1,15 +1,20 @@
 """The baseline for ``--task gpt``: a minimal hand-written DDP loop with the trainer's model,
 data, optimizer and precision (trainer.gpt's GPT and windows of the standard library's source;
-fused AdamW; DDP with gradients in its buckets; fp32; gradient clipping at 1.0, as the trainer
-by default). Run under torchrun; prints tokens/s from rank 0, measured after ``--warmup``
-steps, as the trainer's summary measures them."""
+fused AdamW; DDP with gradients in its buckets; gradient clipping at 1.0, as the trainer by
+default). On CPU: gloo and fp32. On CUDA: nccl, cuda:LOCAL_RANK, bf16 autocast (the trainer's
+``--precision auto``), and DDP only with several processes, as the trainer wraps its model.
+``--compile``: torch.compile of the model, as the trainer's ``--compile true``. Run under
+torchrun; prints tokens/s from rank 0, measured after ``--warmup`` steps, as the trainer's
+summary measures them, with the parameter count and the peak memory (CUDA) in its JSON line."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,33 +35,55 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--compile", action="store_true")
     args = ap.parse_args()
-    dist.init_process_group("gloo")
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     data = windows(stdlib_corpus().train, args.context)
     torch.manual_seed(0)
-    model = DistributedDataParallel(GPT(layers=args.layers, heads=args.heads, width=args.width,
-                                        context=args.context), gradient_as_bucket_view=True)
+    net = GPT(layers=args.layers, heads=args.heads, width=args.width, context=args.context)
+    params = sum(p.numel() for p in net.parameters())
+    model: nn.Module = net.to(device)
+    if args.compile:  # in place, before DDP, as the trainer's --compile true
+        model.compile()
+    if world > 1:
+        model = DistributedDataParallel(model, device_ids=[device.index] if cuda else None,
+                                        gradient_as_bucket_view=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4, fused=True)
+    autocast: Any = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if cuda \
+        else contextlib.nullcontext()
     x_all, y_all = data.tensors
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, seed=0)
+    sampler: DistributedSampler[Any] = DistributedSampler(data, num_replicas=world, rank=rank,
+                                                          seed=0)
     order = torch.tensor(list(sampler))
     tokens, t0 = 0, time.perf_counter()
     for step in range(1, args.steps + 1):
         idx = order[(step - 1) * args.batch_size:step * args.batch_size]
-        logits = model(x_all[idx])
-        loss = nn.functional.cross_entropy(logits.flatten(0, 1), y_all[idx].flatten())
+        x, y = x_all[idx].to(device, non_blocking=True), y_all[idx].to(device)
+        with autocast:
+            loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step == args.warmup:
+            if cuda:
+                torch.cuda.synchronize()
             t0, tokens = time.perf_counter(), 0
         elif step > args.warmup:
             tokens += args.batch_size * args.context * world
+    if cuda:
+        torch.cuda.synchronize()
     rate = tokens / (time.perf_counter() - t0)
     if rank == 0:
-        print(json.dumps({"tokens_per_s": rate, "steps": args.steps, "loss": loss.item()}))
+        print(json.dumps({"tokens_per_s": rate, "steps": args.steps, "loss": loss.item(),
+                          "params": params, "max_memory_allocated":
+                          torch.cuda.max_memory_allocated(device) if cuda else None}))
     dist.destroy_process_group()
 
 

@@ -7,20 +7,25 @@ defaults otherwise: no biases, no dropout, tied embedding and output weights) an
 per-process batch. The loop is nanoGPT's: random windows from the byte array per step,
 DDP under torchrun, ``require_backward_grad_sync`` for accumulation, gradient clipping at
 1.0, warm-up and cosine learning rate, AdamW with weight decay on 2-D parameters only, fused
-only on CUDA (nanoGPT's rule; this machine has none), no ``torch.compile`` (nanoGPT's CPU
-recipe, ``--compile=False``) and fp32 (its autocast is CUDA-only). nanoGPT's periodic
-evaluation and checkpoints are left out: the figure is training throughput. Prints tokens/s
-from rank 0, measured after ``--warmup`` iterations.
+only on CUDA (nanoGPT's rule), no ``torch.compile`` (nanoGPT's CPU recipe, ``--compile=False``).
+On CPU: gloo and fp32 (its autocast is CUDA-only). ``--device cuda``: nanoGPT's GPU recipe,
+nccl, cuda:LOCAL_RANK, TF32 matmuls, bf16 autocast, pinned batches copied without blocking;
+DDP only with several processes (one GPU runs nanoGPT without torchrun, hence without DDP).
+nanoGPT's periodic evaluation and checkpoints are left out: the figure is training
+throughput. Prints tokens/s from rank 0, measured after ``--warmup`` iterations, with the
+parameter count and the peak memory (CUDA) in its JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -155,14 +160,24 @@ def main() -> None:
     ap.add_argument("--max-iters", type=int, default=60)
     ap.add_argument("--learning-rate", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = ap.parse_args()
 
     # -- train.py: DDP set-up ----------------------------------------------------------------
-    init_process_group(backend="gloo")
+    device_type = args.device
     ddp_rank, ddp_world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    ddp_local_rank = int(os.environ["LOCAL_RANK"])
+    device = f"cuda:{ddp_local_rank}" if device_type == "cuda" else "cpu"
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+    init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
     master_process = ddp_rank == 0
     torch.manual_seed(1337 + ddp_rank)
-    device_type, gradient_accumulation_steps, grad_clip = "cpu", 1, 1.0
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    ctx: Any = contextlib.nullcontext() if device_type == "cpu" else \
+        torch.amp.autocast(device_type=device_type, dtype=torch.bfloat16)
+    gradient_accumulation_steps, grad_clip = 1, 1.0
     warmup_iters, lr_decay_iters, min_lr = 20, args.max_iters, args.learning_rate / 10
 
     # -- data: prepare.py's train.bin, here the same bytes in memory ------------------------
@@ -176,12 +191,19 @@ def main() -> None:
                          for i in ix])
         y = torch.stack([torch.from_numpy(train_data[i + 1:i + 1 + block_size]
                                           .astype(np.int64)) for i in ix])
+        if device_type == "cuda":
+            return x.pin_memory().to(device, non_blocking=True), \
+                y.pin_memory().to(device, non_blocking=True)
         return x, y
 
-    model = GPT(GPTConfig(block_size=block_size, n_layer=args.n_layer, n_head=args.n_head,
-                          n_embd=args.n_embd))
-    optimizer = model.configure_optimizers(1e-1, args.learning_rate, (0.9, 0.95), device_type)
-    model = DDP(model)
+    raw_model = GPT(GPTConfig(block_size=block_size, n_layer=args.n_layer, n_head=args.n_head,
+                              n_embd=args.n_embd)).to(device)
+    params = sum(p.numel() for p in raw_model.parameters())
+    optimizer = raw_model.configure_optimizers(1e-1, args.learning_rate, (0.9, 0.95),
+                                               device_type)
+    model: nn.Module = raw_model
+    if ddp_world_size > 1:
+        model = DDP(raw_model, device_ids=[ddp_local_rank] if device_type == "cuda" else None)
 
     def get_lr(it: int) -> float:
         if it < warmup_iters:
@@ -200,8 +222,11 @@ def main() -> None:
         for param_group in optimizer.param_groups:
             param_group["lr"] = lr
         for micro_step in range(gradient_accumulation_steps):
-            model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
-            logits, loss = model(X, Y)
+            if ddp_world_size > 1:
+                model.require_backward_grad_sync = \
+                    micro_step == gradient_accumulation_steps - 1  # type: ignore[assignment]
+            with ctx:
+                logits, loss = model(X, Y)
             loss = loss / gradient_accumulation_steps
             X, Y = get_batch()  # prefetch the next batch, as nanoGPT does
             loss.backward()
@@ -210,13 +235,19 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if iter_num == args.warmup:
+            if device_type == "cuda":
+                torch.cuda.synchronize()
             t0, tokens = time.perf_counter(), 0
         elif iter_num > args.warmup:
             tokens += batch_size * block_size * ddp_world_size * gradient_accumulation_steps
+    if device_type == "cuda":
+        torch.cuda.synchronize()
     rate = tokens / (time.perf_counter() - t0)
     if master_process:
         print(json.dumps({"tokens_per_s": rate, "iters": args.max_iters,
-                          "loss": loss.item() * gradient_accumulation_steps}))
+                          "loss": loss.item() * gradient_accumulation_steps, "params": params,
+                          "max_memory_allocated": torch.cuda.max_memory_allocated(device)
+                          if device_type == "cuda" else None}))
     destroy_process_group()
 
 
