@@ -55,13 +55,20 @@ def test_default_job_on_one_gpu(tmp_path: Path) -> None:
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_gpt_example_learns(tmp_path: Path, compiled: bool) -> None:
     """The gpt example's model, 150 steps of 32 windows (tests/integration/test_gpt.py's
-    bar: 0.5 nats per byte below what the bytes' frequencies alone allow)."""
+    bar: 0.5 nats per byte below what the bytes' frequencies alone allow); compiled, its
+    checkpoint resumes without --compile."""
     run_ok(torchjob("gpt.yaml", tmp_path, "trainer.args.gpt_layers=2",
                     "trainer.args.max_steps=150", "trainer.args.batch_size=32",
                     "trainer.args.eval_every_steps=0", "trainer.args.checkpoint_every=0",
                     f"trainer.args.compile={str(compiled).lower()}"))
     result = summary(tmp_path)
     assert result["steps"] == 150 and result["final_loss"] < baseline() - MARGIN, result
+    if compiled:  # compiled in place: its checkpoint has the model's own keys
+        out = run_ok(torchjob("gpt.yaml", tmp_path, "trainer.args.gpt_layers=2",
+                              "trainer.args.max_steps=160", "trainer.args.batch_size=32",
+                              "trainer.args.eval_every_steps=0",
+                              "trainer.args.checkpoint_every=0"))
+        assert "resumed from step_00000150" in out and summary(tmp_path)["steps"] == 160
 
 
 @pytest.fixture(scope="module")

@@ -300,3 +300,27 @@ def test_an_unknown_job_id(slurm_cluster: SlurmCluster) -> None:
         with pytest.raises(SlurmError, match="knows no job '999999'") as info:
             call(Handle("slurm", "999999"))
         assert info.value.exit_code == 2
+
+
+@pytest.mark.integration
+@pytest.mark.slurm
+def test_no_process_forks_after_querying_cuda_on_slurm(slurm_cluster: SlurmCluster,
+                                                       tmp_path: Path) -> None:
+    """tests/integration/test_no_fork_after_cuda.py's rule on Slurm: two nodes, the built-in
+    trainer (sbatch exports the recorder's PYTHONPATH to every step)."""
+    from tests import cuda_forks
+
+    record = tmp_path / "record"
+    name = f"bk-{uuid.uuid4().hex[:6]}"
+    sets = [f"name={name}", f"run_dir={tmp_path / 'run'}", "nnodes=2", *SMALL]
+    proc = subprocess.run([PYTHON, "-m", "jobs", "run", "--to", "slurm", str(DEFAULT),
+                           *[w for s in sets for w in ("--set", s)]], cwd=ROOT,
+                          env=env_for_tests(**cuda_forks.recording_env(record)),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    records = cuda_forks.read(record)
+    workers = {r["pid"] for r in records if r["event"] == "cuda" and "trainer.agent" in
+               " ".join(r["argv"])}
+    assert len(workers) >= 2, f"expected both nodes' agents and workers in {len(records)} records"
+    bad = cuda_forks.forks_after_cuda(records)
+    assert not bad, "forked after querying CUDA:\n" + "\n".join(bad)
