@@ -1,12 +1,11 @@
 """``python -m trainer`` and ``torchrun -m trainer``."""
 
-import sys
-
 from trainer.preempt import ignore_stop_signals
+from trainer.script import leave
 from trainer.train import main
 
 if __name__ == "__main__":
     code = main()
     if code == 0:
         ignore_stop_signals()  # e.g. srun's time-limit USR2 landing while the process exits
-    sys.exit(code)
+    leave(code)  # without the C++ teardown, where a compiled model's threads can abort it
