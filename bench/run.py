@@ -55,8 +55,7 @@ What each compares (details and raw samples: bench/results/latest.json):
   fork of the agent with torch imported, imports the trainer meanwhile), so on 2 cores that
   window is longer while the first step comes sooner; and each node imports torch once, not
   twice (agent and worker). On a GPU too: the server is forked before torch's launcher
-  queries CUDA (only where CUDA was initialised already is it a new interpreter, which
-  imports torch again: ~1.6 s of CPU per node).
+  queries CUDA.
 - restart: SIGKILL of a worker to the next finished step, ours vs plain torchrun.
 - checkpoint: the training loop's stall of an asynchronous save vs a synchronous one, same
   state, trainer/checkpoint.py's Checkpointer driven as the trainer drives it; the first

@@ -257,15 +257,11 @@ def start_forkserver() -> None:
     and imports only the rest of ``PRELOAD``, beside this agent's rendezvous. With many agents
     on few cores (the launch benchmark: 16 on 2) that is CPU every node saves before its first
     step. It is forked before anything here queries CUDA: a fork of a process that did fails
-    at its first CUDA call (tests/integration/test_no_fork_after_cuda.py); where CUDA was
-    initialised all the same, the server is a new interpreter."""
-    import torch
-
+    at its first CUDA call (tests/integration/test_no_fork_after_cuda.py)."""
     multiprocessing.set_forkserver_preload(PRELOAD)
     before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
     spawn = multiprocessing.util.spawnv_passfds
-    if not torch.cuda.is_initialized():  # a flag, not a query; else a fresh interpreter
-        multiprocessing.util.spawnv_passfds = _fork_server  # type: ignore[assignment]
+    multiprocessing.util.spawnv_passfds = _fork_server  # type: ignore[assignment]
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
