@@ -9,11 +9,10 @@ here."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from tests.procs import ROOT
+from tests.procs import with_sitecustomize
 
 LOG_ENV = "TORCHJOB_CUDA_FORK_LOG"
 
@@ -108,11 +107,7 @@ _write("start")
 
 def recording_env(folder: Path) -> dict[str, str]:
     """Environment for a run whose every Python process records into ``folder/log.jsonl``."""
-    hook = folder / "hook"
-    hook.mkdir(parents=True)
-    (hook / "sitecustomize.py").write_text(RECORDER)
-    path = os.pathsep.join([str(hook), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return {"PYTHONPATH": path, LOG_ENV: str(folder / "log.jsonl")}
+    return {"PYTHONPATH": with_sitecustomize(folder, RECORDER), LOG_ENV: str(folder / "log.jsonl")}
 
 
 def read(folder: Path) -> list[dict[str, Any]]:
@@ -120,9 +115,11 @@ def read(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def forks_after_cuda(records: list[dict[str, Any]]) -> list[str]:
-    """Each fork whose parent had queried CUDA, said with the parent and its calls."""
+def assert_no_fork_after_cuda(records: list[dict[str, Any]]) -> None:
+    """Fail naming each fork whose parent had queried CUDA, with the parent and its calls."""
     argv = {r["pid"]: r["argv"] for r in records if r["event"] in ("start", "fork")}
-    return [f"pid {r['pid']} was forked from pid {r['ppid']} ({' '.join(argv.get(r['ppid'], ['?']))}) "
-            f"after that process had called {'; '.join(r['inherited'][:3])}"
-            for r in records if r["event"] == "fork" and r["inherited"]]
+    bad = [f"pid {r['pid']} was forked from pid {r['ppid']} "
+           f"({' '.join(argv.get(r['ppid'], ['?']))}) after that process had called "
+           f"{'; '.join(r['inherited'][:3])}"
+           for r in records if r["event"] == "fork" and r["inherited"]]
+    assert not bad, "forked after querying CUDA:\n" + "\n".join(bad)

@@ -42,15 +42,21 @@ atexit.register(_linger)
 """
 
 
+def with_sitecustomize(folder: Path, code: str) -> str:
+    """A PYTHONPATH under which every Python process started runs ``code`` first (as the
+    ``sitecustomize`` written to ``folder/hook``), then finds this repository's packages."""
+    hook = folder / "hook"
+    hook.mkdir(parents=True)
+    (hook / "sitecustomize.py").write_text(code)
+    return os.pathsep.join([str(hook), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def linger_at_exit(folder: Path, seconds: float) -> dict[str, str]:
     """Environment for Python processes that, as their interpreter begins to exit, each write
     a file named by their pid into ``folder`` and then wait ``seconds``: a window in which to
-    send a signal to a process whose work is done (a ``sitecustomize`` on PYTHONPATH)."""
-    hook = folder / "hook"
-    hook.mkdir(parents=True)
-    (hook / "sitecustomize.py").write_text(LINGER_AT_EXIT)
-    path = os.pathsep.join([str(hook), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return {"PYTHONPATH": path, "LINGER_DIR": str(folder), "LINGER_S": str(seconds)}
+    send a signal to a process whose work is done."""
+    return {"PYTHONPATH": with_sitecustomize(folder, LINGER_AT_EXIT), "LINGER_DIR": str(folder),
+            "LINGER_S": str(seconds)}
 
 
 def lingering(folder: Path) -> list[int]:
