@@ -106,6 +106,5 @@ def run(quick: bool = False, device: str = "cpu") -> list[dict]:
                 lead_steps=len(lead), lead_step_s=round(median(lead), 4), **detail)]
 
 
-
 if __name__ == "__main__":
     standalone(run, __doc__)

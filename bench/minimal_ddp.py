@@ -7,8 +7,8 @@ same per-rank batch order (DistributedSampler, seed 0, full batches by index), D
 ``gradient_as_bucket_view=True``, AdamW ``fused=True`` with the trainer's lr and weight decay,
 gradient clipping at 1.0, the warm-up + cosine learning rate set every step, cross-entropy;
 on CPU gloo and fp32, with ``--device cuda`` nccl, cuda:LOCAL_RANK, bf16 autocast (the
-trainer's ``--precision auto`` on each) and DDP only with several processes, as the trainer. Samples/s is counted as the trainer's
-``Throughput`` counts it: from the end of step 5 to the end of the last step. What the
+trainer's ``--precision auto`` on each) and DDP only with several processes, as the trainer.
+Samples/s is counted as the trainer's ``Throughput`` counts it: from the end of step 5 to the end of the last step. What the
 trainer adds and this loop leaves out is the kit's own cost: its progress file, its metrics
 and log lines, its straggler timing, the agent around it.
 """
