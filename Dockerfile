@@ -1,4 +1,4 @@
-# The trainer's image: `python -m trainer` and everything it needs (torch, numpy, scikit-learn's
+# The trainer's image: `python -m torchjob.trainer` and everything it needs (torch, numpy, scikit-learn's
 # digits data, matplotlib, tqdm), a non-root user, nothing else running.
 #
 #   docker build -t torchjob .                                  # CPU, from python:3.11-slim
@@ -11,13 +11,13 @@
 #
 # No ENTRYPOINT: the command is exactly what the caller gives, so one image serves every launcher.
 #   docker run IMAGE                                    # trains the default job, one process
-#   docker run --shm-size 1g IMAGE python -m trainer.agent --standalone --nproc-per-node 2 \
-#       -m trainer --epochs 12                          # torchrun (same arguments), 2 processes
-#   PyTorchJob pod: command [python, -m, trainer.agent, ...]; torchrun reads the PET_* variables
+#   docker run --shm-size 1g IMAGE python -m torchjob.trainer.agent --standalone --nproc-per-node 2 \
+#       -m torchjob.trainer --epochs 12                          # torchrun (same arguments), 2 processes
+#   PyTorchJob pod: command [python, -m, torchjob.trainer.agent, ...]; torchrun reads the PET_* variables
 #       the operator injects (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, ...).
-#   srun ... podman run --rm --network host --env 'SLURM_*' IMAGE python -m trainer
+#   srun ... podman run --rm --network host --env 'SLURM_*' IMAGE python -m torchjob.trainer
 #       (one container per task; the trainer reads SLURM_PROCID etc.), or with pyxis:
-#   srun --container-image=IMAGE python -m trainer      (pyxis runs as the calling user, not
+#   srun --container-image=IMAGE python -m torchjob.trainer      (pyxis runs as the calling user, not
 #       uid 1000: nothing is kept in $HOME; give --run-dir a path that user can write)
 # Run directories go to /workspace/runs: mount a volume there to keep them.
 
@@ -73,10 +73,13 @@ RUN pip install "numpy>=1.24" "matplotlib>=3.7" "tqdm>=4.60" "pyyaml>=6" "py-spy
     && pip install --no-deps "scikit-learn>=1.3" && slim
 # The trainer, where an install puts it (the venv's site-packages), compiled there since the
 # image's user cannot write __pycache__. The launchers (jobs/, k8s/, slurm/) run on the host.
+# The package is torchjob.trainer (torchjob a namespace package, as a pip install makes it), so
+# that a user's own trainer.py in an image built on this one is not confused with it.
 COPY trainer /src/trainer
 RUN site=$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
-    && mv /src/trainer "$site/trainer" && rm -rf /src && python -m compileall -q "$site/trainer"
+    && mkdir -p "$site/torchjob" && mv /src/trainer "$site/torchjob/trainer" && rm -rf /src \
+    && python -m compileall -q "$site/torchjob"
 USER 1000
 WORKDIR /workspace
 ENTRYPOINT []
-CMD ["python", "-m", "trainer"]
+CMD ["python", "-m", "torchjob.trainer"]

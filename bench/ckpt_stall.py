@@ -3,7 +3,7 @@ synchronous save, the same 1.1 GB state, side by side.
 
 What is used: trainer/checkpoint.py's ``Checkpointer`` itself, driven as trainer/train.py
 drives it (``save`` right after an ``optimizer.step``, then the loop's next step), one
-process, a 92M-parameter MLP (trainer.tasks.mlp) with fused AdamW: 370 MB of parameters and
+process, a 92M-parameter MLP (torchjob.trainer.tasks.mlp) with fused AdamW: 370 MB of parameters and
 740 MB of optimizer moments. Why not the whole trainer under DDP: two ranks of that model
 would hold ~5 GB on a machine shared by other jobs, and the stall would drown in the step
 time's noise; the loop's part in it is exactly these two calls.
@@ -36,8 +36,8 @@ def run(quick: bool = False, device: str = "cpu") -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    from trainer.checkpoint import Checkpointer, Position
-    from trainer.tasks import mlp
+    from torchjob.trainer.checkpoint import Checkpointer, Position
+    from torchjob.trainer.tasks import mlp
     torch.manual_seed(0)
     model = mlp(DIM, HIDDEN, LAYERS, CLASSES).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)

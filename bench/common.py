@@ -97,7 +97,7 @@ def torchjob(run_dir: Path, job: str = "default.yaml", *sets: str, **args: Any) 
         argv += ["--set", item]
     for key, value in args.items():
         argv += ["--set", f"trainer.args.{key}={value}"]
-    return [PY, "-m", "jobs", "run", str(ROOT / "jobs" / "examples" / job), *argv]
+    return [PY, "-m", "torchjob.jobs", "run", str(ROOT / "jobs" / "examples" / job), *argv]
 
 
 def output(cmd: list[str], timeout: float | None = None) -> str:

@@ -91,7 +91,7 @@ def first_step(to: str) -> float:
     processes), then stop it."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "runs" / "digits"
-        argv = [PY, "-m", "jobs", "run", "--to", to, str(JOB), "--set", "nnodes=2",
+        argv = [PY, "-m", "torchjob.jobs", "run", "--to", to, str(JOB), "--set", "nnodes=2",
                 "--set", f"image={IMAGE}", "--set", "trainer.args.max_steps=2",
                 "--set", "trainer.args.log_every=1", "--set", "trainer.args.progress=lines"]
         start = time.time()

@@ -58,7 +58,7 @@ def measure(rounds: int) -> dict[str, dict[str, float]]:
                     f"trainer:\n  script: {script}\n")
     paths = {
         "torchrun": [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(script)],
-        "torchjob": [PY, "-m", "jobs", "run", str(spec)],
+        "torchjob": [PY, "-m", "torchjob.jobs", "run", str(spec)],
     }
     times: dict[str, list[float]] = {name: [] for name in paths}
     names = list(paths)

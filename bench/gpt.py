@@ -4,7 +4,7 @@ side by side in this one run, interleaved round by round, medians compared.
     .venv/bin/python bench/gpt.py            # 5 rounds; --quick: fewer rounds and steps
     python3 bench/gpt.py --device cuda --shape gpt2-small --compile --quick
 
-1. the trainer (``python -m trainer --task gpt`` under torchrun) against a minimal
+1. the trainer (``python -m torchjob.trainer --task gpt`` under torchrun) against a minimal
    hand-written DDP loop with the same model, data, optimizer and precision
    (bench/minimal_gpt.py); goal >= 1.00x;
 2. the same trainer run against a nanoGPT-style single-file loop of the same model size on the
@@ -45,7 +45,7 @@ class Shape:
 
 
 SHAPES = {"example": Shape(4, 4, 128, 64, 16), "gpt2-small": Shape(12, 12, 768, 1024, 16)}
-WARMUP = 5  # steps before the clock starts, as the trainer's summary (trainer.clock)
+WARMUP = 5  # steps before the clock starts, as the trainer's summary (torchjob.trainer.clock)
 
 
 def last_json(cmd: list[str]) -> dict[str, Any]:
@@ -66,7 +66,8 @@ class Sides:
         compiled = ["--compile", "true"] if compile else []
         with tempfile.TemporaryDirectory() as tmp:
             output(torchrun(
-                self.nproc, "-m", "trainer", "--task", "gpt", "--gpt-layers", str(s.layers),
+                self.nproc, "-m", "torchjob.trainer", "--task", "gpt",
+                 "--gpt-layers", str(s.layers),
                 "--gpt-heads", str(s.heads), "--gpt-width", str(s.width), "--gpt-context",
                 str(s.context), "--batch-size", str(s.batch), "--max-steps", str(self.steps),
                 "--eval-every", "0", "--checkpoint-every", "0", "--progress", "lines",

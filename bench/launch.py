@@ -1,5 +1,5 @@
 """Launch with N agents on this host: ``torchjob run`` of the default job with ``nnodes`` = N
-(the local backend starts N agents, ``python -m trainer.agent``, one worker each, c10d
+(the local backend starts N agents, ``python -m torchjob.trainer.agent``, one worker each, c10d
 rendezvous on 127.0.0.1; the first agent hosts the store, as torchrun does for a fixed-size
 job) vs N bare ``torchrun`` agents started the same way (the same nnodes, c10d endpoint,
 rdzv-conf, monitor interval and max restarts; the same trainer and arguments).
@@ -30,7 +30,7 @@ from pathlib import Path
 from common import ENV, TORCHRUN, flags, median, metrics, row, torchjob
 
 ARGS = dict(max_steps=1, log_every=1, progress="lines", eval_every=0)
-RDZV_CONF = "join_timeout=600,last_call_timeout=5"  # what jobs.command renders
+RDZV_CONF = "join_timeout=600,last_call_timeout=5"  # what torchjob.jobs.command renders
 LOG_ENV = {**ENV, "LOGLEVEL": "INFO"}
 STAMP = r"[IWE]\d{4} (\d\d):(\d\d):(\d\d\.\d+) "
 JOINED = re.compile(STAMP + r".*Rendezvous'ing worker group")
@@ -81,7 +81,7 @@ def bare(agents: int) -> tuple[float, float]:
         argv = [TORCHRUN, "--nnodes", str(agents), "--nproc-per-node", "1",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                 "--rdzv-id", rid, "--rdzv-conf", RDZV_CONF, "--max-restarts", "3",
-                "--monitor-interval", "0.1", "-m", "trainer", "--run-dir", f"{tmp}/run",
+                "--monitor-interval", "0.1", "-m", "torchjob.trainer", "--run-dir", f"{tmp}/run",
                 *flags(ARGS)]
         logs = [Path(tmp) / f"agent{i}.log" for i in range(agents)]
         start = time.time()

@@ -1,8 +1,8 @@
-"""The baseline: a minimal hand-written DDP loop doing what ``python -m trainer`` does per step,
-with nothing else. Run under torchrun; prints samples/s from rank 0.
+"""The baseline: a minimal hand-written DDP loop doing what ``python -m torchjob.trainer`` does per
+step, with nothing else. Run under torchrun; prints samples/s from rank 0.
 
 Mirrored from trainer/train.py, setting by setting, so that the ratio measures the kit and not
-a different recipe: the same task (model, data, split and init from ``trainer.tasks``), the
+a different recipe: the same task (model, data, split and init from ``torchjob.trainer.tasks``), the
 same per-rank batch order (DistributedSampler, seed 0, full batches by index), DDP with
 ``gradient_as_bucket_view=True``, AdamW ``fused=True`` with the trainer's lr and weight decay,
 gradient clipping at 1.0, the warm-up + cosine learning rate set every step, cross-entropy;
@@ -29,10 +29,10 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-from trainer.config import TrainConfig
-from trainer.tasks import build_task
+from torchjob.trainer.config import TrainConfig
+from torchjob.trainer.tasks import build_task
 
-WARMUP = 5  # steps before the clock starts, as trainer.train.Throughput
+WARMUP = 5  # steps before the clock starts, as torchjob.trainer.train.Throughput
 
 
 def main() -> None:

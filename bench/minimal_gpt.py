@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-from trainer.gpt import GPT, stdlib_corpus, windows
+from torchjob.trainer.gpt import GPT, stdlib_corpus, windows
 
 
 def main() -> None:

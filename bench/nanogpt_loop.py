@@ -1,7 +1,7 @@
 """A nanoGPT-style single-file training run (model and loop in one file, as Karpathy's nanoGPT
 ``model.py`` + ``train.py`` do it), the second baseline for ``--task gpt``.
 
-The same data (the standard library bytes of trainer.gpt, as nanoGPT's ``prepare.py`` would
+The same data (the standard library bytes of torchjob.trainer.gpt, as nanoGPT's ``prepare.py`` would
 write them to ``train.bin``), the same model size (layers, heads, width, context; nanoGPT's
 defaults otherwise: no biases, no dropout, tied embedding and output weights) and the same
 per-process batch. The loop is nanoGPT's: random windows from the byte array per step,
@@ -181,7 +181,7 @@ def main() -> None:
     warmup_iters, lr_decay_iters, min_lr = 20, args.max_iters, args.learning_rate / 10
 
     # -- data: prepare.py's train.bin, here the same bytes in memory ------------------------
-    from trainer.gpt import stdlib_corpus
+    from torchjob.trainer.gpt import stdlib_corpus
     train_data = np.frombuffer(stdlib_corpus().train, dtype=np.uint8)
     block_size, batch_size = args.block_size, args.batch_size
 

@@ -17,10 +17,10 @@ ARGS = dict(log_every=1, progress="lines", checkpoint_every=10, epochs=30)
 
 def worker_pids(root: int) -> list[int]:
     """The trainer's worker processes below ``root``: forked by our agent's server, or started
-    by plain torchrun as ``python -u -m trainer``."""
+    by plain torchrun as ``python -u -m torchjob.trainer``."""
     from tests.procs import cmdline, descendants, trainer_workers
     return trainer_workers(root) or [pid for pid in descendants(root)
-                                     if " -m trainer " in cmdline(pid)]
+                                     if " -m torchjob.trainer " in cmdline(pid)]
 
 
 def kill_to_next_step(cmd: list[str], run: Path) -> float:
@@ -50,7 +50,7 @@ def run(quick: bool = False) -> list[dict]:
                 # second rendezvous without it (pytorch/pytorch#135712; trainer/agent.py)
                 ["env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", PY, "-m",
                  "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                 "--max-restarts", "3", "--monitor-interval", "0.1", "-m", "trainer",
+                 "--max-restarts", "3", "--monitor-interval", "0.1", "-m", "torchjob.trainer",
                  "--run-dir", tmp, *flags(ARGS)], Path(tmp)))
     return [row("restart", "SIGKILL of a worker to the next step (median)",
                 median(ours), median(bare), "ours <= 1.0 s", "s", trials=trials,

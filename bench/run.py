@@ -47,7 +47,7 @@ What each compares (details and raw samples: bench/results/latest.json):
   the same model, data order, fused AdamW, DDP options (gradient_as_bucket_view), clipping,
   schedule and precision; samples/s from step 5 to the last step. The loop keeps DDP's default
   broadcast of batch-norm statistics at every forward; the trainer copies them before each
-  evaluation and checkpoint instead (trainer.parallel). The second row compares against the
+  evaluation and checkpoint instead (torchjob.trainer.parallel). The second row compares against the
   loop without that broadcast too: what the kit itself costs per step.
 - launch: N agents, one worker each, c10d rendezvous, `torchjob run` (nnodes = N) vs N bare
   torchrun agents with the same arguments. "last join to group formed" is from the agents'

@@ -62,7 +62,8 @@ def run_torchjob(backend: str) -> Callable[[str, Path], Path]:
     def start(name: str, work: Path) -> Path:
         run_dir = work / name
         RUNNING.append(subprocess.Popen(
-            [PY, "-m", "jobs", "run", "--to", backend, str(ROOT / "jobs/examples/default.yaml"),
+            [PY, "-m", "torchjob.jobs", "run", "--to", backend,
+             str(ROOT / "jobs/examples/default.yaml"),
              *sets(name, run_dir)], cwd=ROOT, env=BENCH_ENV, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         return run_dir

@@ -2,7 +2,7 @@
 a hand-written DDP loop with the same model, data, optimizer (fused AdamW), DDP options
 (gradient_as_bucket_view), clipping, schedule and precision, under bare torchrun. Two rows:
 against the loop as written (DDP broadcasts the batch-norm statistics every forward, its
-default; the trainer does not, trainer.parallel), and against the same loop without that
+default; the trainer does not, torchjob.trainer.parallel), and against the same loop without that
 broadcast, which leaves only what the kit adds per step (its second row, a report).
 
 Task: digits (the default job's), 2 processes, batch 32 per rank, 30 epochs (660 steps);

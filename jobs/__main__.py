@@ -1,5 +1,5 @@
-"""``python -m jobs``: the same as the ``torchjob`` command."""
+"""``python -m torchjob.jobs``: the same as the ``torchjob`` command."""
 
-from jobs.cli import main
+from torchjob.jobs.cli import main
 
 raise SystemExit(main())

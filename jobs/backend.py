@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import IO, Any, Callable, Protocol, TypeVar, runtime_checkable
 
-from jobs.spec import JobSpec
-from jobs.values import UserError
-from trainer.contract import CLOSING, CLOSING_RE, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import UserError
+from torchjob.trainer.contract import CLOSING, CLOSING_RE, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 
 ENTRY_POINT_GROUP = "torchjob.backends"
 GRACE_S = 60.0  # after a stop, how long workers may take to checkpoint before they are killed
@@ -108,6 +108,8 @@ class JobStatus:
     name: str = ""
     detail: str = ""  # the backend's own words: conditions, Slurm's state, the failing rank
     raw: Mapping[str, Any] = field(default_factory=dict)  # backend-native fields
+    created: float | None = None  # when it was submitted (seconds since the epoch), if known
+    run_dir: str = ""  # where its run directory is, as the backend knows it
 
     def as_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -126,7 +128,12 @@ class Backend(Protocol):
 
     name: str  # the registry name with its variant
     native_sweep: bool  # a sweep is one submission (a Slurm job array)
-    sees_run_dir: bool  # its nodes see this machine's run directory (jobs.preflight)
+    sees_run_dir: bool  # its nodes see this machine's run directory (torchjob.jobs.preflight)
+
+    def image_field(self, spec: JobSpec) -> str | None:
+        """The spec field naming the image its nodes run the job's code from (``image``), when
+        that code reaches them only in the image (torchjob.jobs.workspace); None when the nodes
+        run on this machine's files (local, Slurm) or mount the working directory (docker)."""
 
     def check(self, spec: JobSpec) -> None:
         """Preflight: the tools and cluster this backend needs are there and the spec fits it;
@@ -162,7 +169,7 @@ class Backend(Protocol):
 
 
 class Closings:
-    """The agents' closing lines (``trainer.contract.CLOSING_RE``) seen in a job's output,
+    """The agents' closing lines (``torchjob.trainer.contract.CLOSING_RE``) seen in a job's output,
     whatever prefix a line has. How the job failed: the last attempt's line, a first-hand one
     (from the node where the failure began) before one that only heard of it."""
 
@@ -196,6 +203,9 @@ class BaseBackend:
     name: str = ""
     native_sweep: bool = False  # True: a sweep is one submission (a Slurm job array)
     sees_run_dir: bool = False  # True: the nodes see this machine's run directory (preflight)
+
+    def image_field(self, spec: JobSpec) -> str | None:
+        return None
 
     def _unsupported(self, what: str, instead: str = "") -> BackendError:
         return BackendError(f"backend {self.name!r} has no {what}" +
@@ -290,8 +300,26 @@ def get(name: str) -> Backend:
     if family not in found:
         known = ", ".join(sorted(found)) or "none (is torchjob installed? pip install -e .)"
         raise BackendError(f"unknown backend {name!r}; choose from {known}")
-    factory: Factory = found[family].load()
-    return factory(variant)
+    try:
+        factory: Factory = found[family].load()
+        return factory(variant)
+    except ModuleNotFoundError as exc:
+        raise missing_extra(exc, family) from None
+
+
+# What each backend installs beyond the core (pyproject.toml's extras): the module, the extra.
+EXTRAS = {"submitit": "slurm", "kubernetes": "k8s", "torchx": "torchx"}
+
+
+def missing_extra(exc: ModuleNotFoundError, backend: str) -> Exception:
+    """A UserError naming the extra to install when ``exc`` is a backend's optional
+    dependency that is missing; else ``exc`` itself (a bug, with its traceback)."""
+    root = (exc.name or "").partition(".")[0]
+    if root not in EXTRAS:
+        return exc
+    return UserError(f"the {backend} backend needs the Python package {root}, which is not "
+                     f"installed here: pip install 'torchjob[{EXTRAS[root]}]' (or "
+                     "'torchjob[all]' for every backend)")
 
 
 def parse_handle(text: str, default_backend: str | None = None) -> tuple[Backend, Handle]:

@@ -1,19 +1,21 @@
 """The one command every node of every backend runs: the trainer's elastic agent. Pure.
 
-``python -m trainer.agent`` takes torchjob's own options (the run's directories, which it
+``python -m torchjob.trainer.agent`` takes torchjob's own options (the run's directories, which it
 exports to the workers, and ``--retry-on-error``), then torchrun's arguments; this builds them
 from the JobSpec so that the topology, rendezvous, restarts and trainer arguments are stated
 in one place. Backends differ only in the interpreter, the rendezvous endpoint and the run id
 they pass. An elastic job's rendezvous store runs apart from every node (``own_store``:
-``python -m trainer.store``, ``store_command``), and its agents are all clients of it. A user's script gets exactly its ``trainer.args``; the built-in trainer also its
+``python -m torchjob.trainer.store``, ``store_command``), and its agents are all clients of it. A
+user's script gets exactly its ``trainer.args``; the built-in trainer also its
 ``--run-dir`` and ``--checkpoint-dir``.
 """
 
 from __future__ import annotations
 
-from jobs.spec import JobSpec, trainer_argv
-from trainer.contract import (CHECKPOINT_DIR_OPTION, HANG_TIMEOUT_OPTION, MAX_STALLED_DEFAULT,
-                              MAX_STALLED_OPTION, RESUME_OPTION, RUN_DIR_OPTION)
+from torchjob.jobs.spec import JobSpec, trainer_argv
+from torchjob.trainer.contract import (CHECKPOINT_DIR_OPTION, HANG_TIMEOUT_OPTION,
+                                       MAX_STALLED_DEFAULT, MAX_STALLED_OPTION, RESUME_OPTION,
+                                       RUN_DIR_OPTION)
 
 
 def kubelet_literal(text: str) -> str:
@@ -46,12 +48,12 @@ def own_store(spec: JobSpec) -> bool:
     return spec.nnodes.is_elastic
 
 
-STORE_MODULE = "trainer.store"
+STORE_MODULE = "torchjob.trainer.store"
 
 
 def store_command(spec: JobSpec, *, python: str, port: int | str | None = None
                   ) -> tuple[str, ...]:
-    """argv of the job's own rendezvous store (``trainer.store``), on ``port`` (default
+    """argv of the job's own rendezvous store (``torchjob.trainer.store``), on ``port`` (default
     ``rdzv.port``)."""
     word = port if isinstance(port, str) else str(spec.rdzv.port if port is None else port)
     return (python, "-m", STORE_MODULE, "--port", word)  # a str (a shell word) stays as it is
@@ -69,7 +71,7 @@ def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str
                  f"last_call_timeout={spec.rdzv.last_call_timeout}"
                  + (",is_host=false" if store_client else ""))
     return (
-        python, "-m", "trainer.agent",
+        python, "-m", "torchjob.trainer.agent",
         *dir_options(spec),
         *(["--retry-on-error"] if spec.retry_on_error else []),
         *([RESUME_OPTION, spec.resume] if spec.resume != "auto" else []),

@@ -9,8 +9,8 @@ from typing import Dict, List, Optional
 
 import torchx.specs as specs
 
-from jobs.load import build
-from jobs.backends.torchx.render import render_appdef
+from torchjob.jobs.load import build
+from torchjob.jobs.backends.torchx.render import render_appdef
 
 
 def train(
@@ -33,7 +33,7 @@ def train(
     """Train with torchjob's trainer (or your module or script) on every node, elastic-ready.
 
     Args:
-        script_args: arguments for the module, e.g. --epochs 12 (python -m trainer --help)
+        script_args: arguments for the module, e.g. --epochs 12 (python -m torchjob.trainer --help)
         j: [MIN:]MAXxNPROC: nodes (a MIN:MAX range for an elastic job) x processes per node
         m: the Python module every worker runs (default: trainer, torchjob's trainer)
         script: a Python script every worker runs instead of a module (path where it runs)
@@ -56,7 +56,7 @@ def train(
     if m is not None and script is not None:
         raise ValueError(f"-m {m} and --script {script}: a worker runs one of them, give one")
     trainer: Dict[str, object] = {"script": script} if script is not None else \
-        {"module": m or "trainer"}
+        {"module": m or "torchjob.trainer"}
     data = {
         "name": name, "image": image, "nnodes": f"{low}:{high}" if low else int(high),
         "nproc_per_node": int(nproc), "max_restarts": max_restarts,

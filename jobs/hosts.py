@@ -5,21 +5,17 @@ directories it may bind-mount into a container. Core: the docker, local and Torc
 
 from __future__ import annotations
 
-import posixpath
-import re
 from collections.abc import Iterator
 
-from jobs.spec import JobSpec
-from jobs.values import bad
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import SYSTEM_DIRS, bad, system_dir
+
+__all__ = ["SYSTEM_DIRS", "bind_sources", "on_one_host", "refuse_system_dir", "refuse_system_dirs",
+           "system_dir"]
 
 # Node agents (containers, emulated nodes) torchjob starts on one machine: each is a torchrun
 # agent with nproc_per_node workers, and even a large host runs a few dozen such containers.
 MAX_HOST_NODES = 64
-# Host directories no job may bind-mount (docker, Slurm containers, TorchX bind mounts):
-# the container would see, and as root could overwrite, the host's system. /lib* too.
-SYSTEM_DIRS = frozenset({"/", "/etc", "/usr", "/bin", "/sbin", "/boot", "/dev", "/proc",
-                         "/sys", "/var", "/run", "/root"})
-_LIB = re.compile(r"/lib[^/]*")
 
 
 def on_one_host(nodes: int, path: str, backend: str) -> None:
@@ -30,26 +26,17 @@ def on_one_host(nodes: int, path: str, backend: str) -> None:
                   "use fewer nodes, or a cluster backend (--to slurm, --to k8s)")
 
 
-def system_dir(path: str, workdir: str | None = None) -> str | None:
-    """The system directory ``path`` names once normalised (``/etc/``, ``//etc``,
-    ``/usr/../etc``), else None; a relative path counts from ``workdir`` when it is given."""
-    if not path.startswith("/"):
-        if workdir is None or not workdir.startswith("/"):
-            return None
-        path = posixpath.join(workdir, path)
-    norm = posixpath.normpath("/" + path.lstrip("/"))
-    return norm if norm in SYSTEM_DIRS or _LIB.fullmatch(norm) else None
-
-
 def refuse_system_dir(path: str, value: str, workdir: str | None = None, *,
                       host_path: str | None = None) -> None:
     """A SpecError at ``path`` when ``value`` (or ``host_path``, the host directory a backend
     makes of it) is a system directory of the host."""
     found = system_dir(value if host_path is None else host_path, workdir)
     if found is not None:
-        raise bad(path, value, f"is the host's system directory {found}: a container must not "
-                  "bind-mount it; use a directory of your own (e.g. /data/NAME, or a path "
-                  "under the working directory)")
+        use = "write into it or bind-mount it" if path in ("run_dir", "checkpoint_dir") \
+            else "bind-mount it"
+        raise bad(path, value, f"is the host's system directory {found}: no job may {use}; "
+                  "use a directory of your own (e.g. /data/NAME, or a path under the working "
+                  "directory)")
 
 
 def bind_sources(spec: JobSpec, *, run_dirs: bool = True) -> Iterator[tuple[str, str]]:

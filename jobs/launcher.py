@@ -1,5 +1,5 @@
 """What a launcher on this machine (the local and docker backends) does with its run's
-record (``jobs.runs``): run as the record's launcher (``perform``), or detached from the
+record (``torchjob.jobs.runs``): run as the record's launcher (``perform``), or detached from the
 terminal in a session of its own (``detach``, for ``submit``); count the stop signals it gets
 (``Stops``), from before the record names it the launcher until its result is written; each
 node's lines to its log in the record and the terminal (``NodeOutput``); its own lines to
@@ -20,10 +20,10 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import IO, Any, cast
 
-from jobs.backend import Closings
-from jobs.runs import Record
-from jobs.values import UserError
-from trainer.contract import CLOSING, EXIT_CONFIG, EXIT_FAILED, LOG_PREFIX_RE
+from torchjob.jobs.backend import Closings
+from torchjob.jobs.runs import Record
+from torchjob.jobs.values import UserError
+from torchjob.trainer.contract import CLOSING, EXIT_CONFIG, EXIT_FAILED, LOG_PREFIX_RE
 
 START_TIMEOUT_S = 60.0  # a detached launcher that has not recorded itself by then failed
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and what ``torchjob cancel`` sends
@@ -166,6 +166,7 @@ class NodeOutput:
                 if node not in self.files:
                     self.files[node] = open(self.record.node_log(node), "ab", buffering=0)
                 self.files[node].write(raw)
+                self.record.append_output(raw)
             stream = self.err if stderr else self.out
             if stream is not None:
                 try:
@@ -209,10 +210,15 @@ class Tee(io.TextIOBase):
     def __init__(self, record: Record, terminal: IO[str] | None) -> None:
         super().__init__()
         self.terminal = terminal
+        self.record = record
         self.file = open(record.launcher_log, "a", buffering=1)
+        self.partial = ""  # output.log takes whole lines only
 
     def write(self, text: str) -> int:
         self.file.write(text)
+        whole, newline, self.partial = (self.partial + text).rpartition("\n")
+        if newline:
+            self.record.append_output((whole + newline).encode())
         if self.terminal is not None:
             self.terminal.write(text)
         return len(text)

@@ -1,6 +1,6 @@
 """The one loader of job specs: YAML file < ``--set`` overrides, onto the JobSpec defaults.
 
-The dataclass tree in ``jobs.spec`` drives everything: the loader walks its fields and type
+The dataclass tree in ``torchjob.jobs.spec`` drives everything: the loader walks its fields and type
 hints, so a new field needs no code here. YAML is read with YAML 1.2 scalars (``yes``, ``no``,
 ``on`` stay strings; ``1:4`` is not a base-60 integer; ``1e-3`` is a float) and duplicate keys
 are errors. Every problem becomes one ``SpecError`` naming the file, the field path, the bad
@@ -21,14 +21,17 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from jobs.spec import JobSpec, Section, suggest
-from jobs.values import FrozenMap, SpecError, bad, kind, show
+from torchjob.jobs.spec import JobSpec, Section, suggest
+from torchjob.jobs.values import FrozenMap, SpecError, bad, kind, show
 
-__all__ = ["SpecError", "build", "load", "loads", "parse_yaml"]
+__all__ = ["SpecError", "build", "load", "load_data", "loads", "parse_yaml", "with_overrides"]
 
 # A job spec file, and a spec with its YAML aliases expanded: a few KiB in practice. Bounded so
 # that a wrong path (/dev/zero, a log file) or an alias bomb ends in an error, not in memory.
 MAX_SPEC_BYTES = 2**20
+# Levels of nesting in a spec: a few (trainer.args, mounts[0].source); more is a mistake, and a
+# YAML alias inside itself (a: &a [*a]) is infinitely deep.
+MAX_DEPTH = 64
 
 _INT, _FLOAT, _BOOL = (f"tag:yaml.org,2002:{t}" for t in ("int", "float", "bool"))
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
@@ -188,10 +191,14 @@ def _bounded(data: object) -> None:
     a million times is refused before anything walks it) and every string is Unicode that
     UTF-8 can write (no lone surrogate such as "\\ud800")."""
     budget = MAX_SPEC_BYTES
-    todo: list[tuple[str, object]] = [("", data)]
+    todo: list[tuple[str, object, int]] = [("", data, 0)]
     while todo:
-        path, item = todo.pop()
+        path, item, depth = todo.pop()
         budget -= 1
+        if depth > MAX_DEPTH:  # a spec nests a few levels; a recursive alias never ends
+            raise SpecError(path.partition("[")[0].partition(".")[0], f"nests deeper than "
+                            f"{MAX_DEPTH} levels (MAX_DEPTH): a YAML alias inside itself, such "
+                            "as a: &a [*a]? write the value out")
         if isinstance(item, str):
             try:
                 budget -= len(item.encode("utf-8"))
@@ -199,10 +206,10 @@ def _bounded(data: object) -> None:
                 raise bad(path, item, "is not valid Unicode text (it holds a lone surrogate "
                           "such as \\ud800): write the character itself") from None
         elif isinstance(item, dict):
-            todo += [(_path(path, key), key) for key in item]
-            todo += [(_path(path, key), value) for key, value in item.items()]
+            todo += [(_path(path, key), key, depth + 1) for key in item]
+            todo += [(_path(path, key), value, depth + 1) for key, value in item.items()]
         elif isinstance(item, list):
-            todo += [(f"{path}[{i}]", value) for i, value in enumerate(item)]
+            todo += [(f"{path}[{i}]", value, depth + 1) for i, value in enumerate(item)]
         if budget < 0:
             raise SpecError("", f"is more than {MAX_SPEC_BYTES} bytes with its YAML aliases "
                             "expanded (MAX_SPEC_BYTES): a job spec is a few KiB; use fewer "
@@ -285,23 +292,37 @@ def loads(text: str, overrides: Iterable[str] = (), *, source: str = "<string>")
     if len(text) > MAX_SPEC_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
         raise SpecError("", f"is more than {MAX_SPEC_BYTES} bytes (MAX_SPEC_BYTES): a job spec "
                         "is a few KiB; put large data in files", source)
-    data = parse_yaml(text, source)
-    overrides = list(overrides)
-    if overrides and data is None:
+    return load_data(parse_yaml(text, source), overrides, source=source)
+
+
+def load_data(data: Any, overrides: Iterable[str] = (), *, source: str = "<data>") -> JobSpec:
+    """A job spec from data already parsed (a YAML file's, or the command line's) plus
+    ``key=value`` overrides. ``data`` is not changed."""
+    return with_overrides(data, overrides, source=source)[1]
+
+
+def with_overrides(data: Any, overrides: Iterable[str | tuple[str, str]] = (), *,
+                   source: str = "<data>") -> tuple[Any, JobSpec]:
+    """``data`` with ``key=value`` overrides applied (a copy, what ``--save-spec`` writes) and
+    the job spec it makes. An override is ``key=value`` (from ``--set``) or ``(key=value,
+    option)`` where another option set it (``--nproc-per-node``): an error names that option."""
+    pairs = [(o, "--set") if isinstance(o, str) else o for o in overrides]
+    if pairs and data is None:
         data = {}
-    touched: list[str] = []
+    touched: list[tuple[str, str]] = []
     if isinstance(data, dict):
         data = dict(data)
-        for override in overrides:
+        for override, option in pairs:
             try:
-                touched.append(apply_override(data, override))
+                touched.append((apply_override(data, override), option))
             except SpecError as exc:
                 raise exc if exc.source else exc.sourced(source) from None
     try:
-        return build(data, source)
+        return data, build(data, source)
     except SpecError as exc:
-        if any(exc.path == p or exc.path.startswith((p + ".", p + "[")) for p in touched):
-            raise exc.sourced("--set") from None
+        for path, option in reversed(touched):  # the last one to set it
+            if exc.path == path or exc.path.startswith((path + ".", path + "[")):
+                raise exc.sourced(option) from None
         raise
 
 

@@ -1,8 +1,8 @@
-"""Checks made before anything is submitted that need to look at the run directory: a spec
-whose checkpoints were written with another training configuration is refused here, with exit
-2, on the backends whose nodes see this machine's run directory (local, docker, Slurm and
+"""Checks made before anything is submitted that need to look at the run directory: run and
+checkpoint directories that could not be written, and a spec whose checkpoints were written
+with another training configuration, are refused here, with exit 2, on the backends whose nodes see this machine's run directory (local, docker, Slurm and
 TorchX's local and Slurm schedulers: ``Backend.sees_run_dir``). The trainer makes the same
-check on the nodes (trainer.checkpoint), so a backend that cannot be checked from here (a
+check on the nodes (torchjob.trainer.checkpoint), so a backend that cannot be checked from here (a
 Kubernetes volume) refuses there instead, with the same message.
 """
 
@@ -13,10 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from jobs.spec import JobSpec, trainer_argv
-from jobs.values import UserError
-from trainer.contract import MANIFEST
-from trainer.fingerprint import differences, refusal
+from torchjob.jobs.spec import JobSpec, trainer_argv
+from torchjob.jobs.values import UserError
+from torchjob.trainer.contract import MANIFEST
+from torchjob.trainer.dirs import unusable
+from torchjob.trainer.fingerprint import differences, refusal
 
 
 def newest_manifest(root: Path) -> dict[str, Any] | None:
@@ -33,11 +34,22 @@ def newest_manifest(root: Path) -> dict[str, Any] | None:
     return None
 
 
+def check_dirs(spec: JobSpec, cwd: str | Path) -> None:
+    """UserError (exit 2) when the run or checkpoint directory could not be written (a file on
+    its path, no permission, a read-only file system): before anything starts, not at the
+    first save (torchjob.trainer.dirs; the trainer checks again on its nodes)."""
+    for field in ("run_dir", "checkpoint_dir"):
+        value = getattr(spec, field)
+        problem = unusable(Path(cwd, value))
+        if problem is not None:
+            raise UserError(f"{field}: {value!r}: {problem}")
+
+
 def check_checkpoints(spec: JobSpec, cwd: str | Path) -> None:
     """UserError (exit 2) when the built-in trainer would refuse the checkpoints it finds."""
     if not spec.trainer.builtin or spec.resume != "auto":
         return
-    from trainer import config  # the trainer's own parser: the config its workers build
+    from torchjob.trainer import config  # the trainer's own parser: the config its workers build
 
     manifest = newest_manifest(Path(cwd, spec.checkpoint_dir))
     if manifest is None or not isinstance(manifest.get("config"), dict):

@@ -8,13 +8,13 @@ A run's record lives in its run directory, ``RUN_DIR/.torchjob/RUN_ID/``:
   (the launcher's pid, host and start time, so that a reused pid is never signalled), and
   its state; the launcher writes its exit code there as it ends.
 - ``node-I.log``: node I's lines as the launcher printed them (worker lines carry the one log
-  prefix, ``trainer.contract.LOG_PREFIX``; the agent's own lines ``[node I] ``).
+  prefix, ``torchjob.trainer.contract.LOG_PREFIX``; the agent's own lines ``[node I] ``).
 - ``launcher.log``: the launcher's own lines (``torchjob: ...``).
 
 A per-user index, ``$XDG_STATE_HOME/torchjob/runs/BACKEND/RUN_ID`` (default
 ``~/.local/state``), holds each record's directory. Only the launcher writes ``run.json``
 once it runs (the process that created the record hands over before it exits); what a
-launcher does with its record is in ``jobs.launcher``. Core module: imports no backend.
+launcher does with its record is in ``torchjob.jobs.launcher``. Core module: imports no backend.
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.backend import BackendError, Handle, JobStatus, State
-from jobs.values import UserError
-from trainer.contract import EXIT_OK, EXIT_STOPPED
-from trainer.runlock import pid_start
+from torchjob.jobs.backend import BackendError, Handle, JobStatus, State
+from torchjob.jobs.values import UserError
+from torchjob.trainer.contract import EXIT_OK, EXIT_STOPPED
+from torchjob.trainer.runlock import pid_start
 
 RECORD_DIR = ".torchjob"  # under the run directory
 RECORD = "run.json"
 LAUNCHER_LOG = "launcher.log"
+OUTPUT_LOG = "output.log"  # every line of the run in the order it came (torchjob logs)
 FOLLOW_POLL_S = 0.2
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
@@ -111,6 +112,20 @@ class Record:
     def launcher_log(self) -> Path:
         return self.path / LAUNCHER_LOG
 
+    @property
+    def output_log(self) -> Path:
+        """Every line of the run, the nodes' and the launcher's, in the order they came."""
+        return self.path / OUTPUT_LOG
+
+    def append_output(self, raw: bytes) -> None:
+        """One whole line onto ``output_log`` (O_APPEND: lines from the node pumps and the
+        launcher never split one another)."""
+        fd = os.open(self.output_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, raw)
+        finally:
+            os.close(fd)
+
     def node_log(self, node: int) -> Path:
         return self.path / f"node-{node}.log"
 
@@ -166,7 +181,8 @@ def create(backend: str, run_id: str, run_dir: Path, *, name: str,
 
 def find(backend: str, run_id: str, log_dir: str | None = None) -> Record:
     """The record of ``BACKEND:RUN_ID``: from the index, or from ``log_dir`` (the record's
-    directory or its run directory) when given."""
+    directory or its run directory) when given. ``RUN_ID`` may be a job's name instead: its
+    latest run here."""
     check_run_id(backend, run_id)
     if log_dir is not None:
         for path in (Path(log_dir), Path(log_dir) / RECORD_DIR / run_id):
@@ -177,8 +193,12 @@ def find(backend: str, run_id: str, log_dir: str | None = None) -> Record:
     try:
         path = Path((index_dir(backend) / run_id).read_text().strip())
     except FileNotFoundError:
-        raise UserError(f"no {backend} run {run_id!r} on this machine for this user "
-                        f"(torchjob list --to {backend} shows them)") from None
+        named = [r for r in records(backend) if r.read().get("name") == run_id]
+        if named:  # a job's name: its latest run (records() is newest first)
+            return named[0]
+        raise UserError(f"no {backend} run {run_id!r} on this machine for this user: give a "
+                        f"run id or a job's name (torchjob list --to {backend} shows "
+                        "them)") from None
     if not (path / RECORD).is_file():
         raise UserError(f"{backend}:{run_id}: its record {path} is gone (was the run "
                         "directory removed?)")
@@ -227,7 +247,8 @@ def status(record: Record, handle: Handle) -> JobStatus:
                 detail += (f"; its node processes {', '.join(map(str, left))} are still "
                            f"running (kill them: kill -TERM -PID for each)")
     return JobStatus(handle=handle, state=state, exit_code=data.get("exit_code"),
-                     name=data.get("name", ""), detail=detail, raw=raw)
+                     name=data.get("name", ""), detail=detail, raw=raw,
+                     created=data.get("created"), run_dir=data.get("run_dir", ""))
 
 
 def cancel(record: Record, handle: Handle) -> str:
@@ -267,12 +288,17 @@ def _complete_lines(path: Path, offset: int, final: bool) -> tuple[list[str], in
 
 def logs(record: Record, handle: Handle, *, follow: bool = False,
          sleep: Callable[[float], None] = time.sleep) -> Iterator[str]:
-    """Every node's lines (each with the log prefix or ``[node I] ``), then the launcher's;
-    with ``follow``, new lines as they come until the run has ended."""
+    """Every line of the run in the order it came, the nodes' (each with the log prefix or
+    ``[node I] ``) and the launcher's (a run recorded before output.log existed: every node's
+    lines, then the launcher's); with ``follow``, new lines as they come until the run has
+    ended."""
     offsets: dict[Path, int] = {}
     while True:
         ended = not follow or status(record, handle).state.terminal
-        for path in [*record.node_logs(), record.launcher_log]:
+        paths = [record.output_log] if record.output_log.exists() or not (
+            record.node_logs() or record.launcher_log.exists()) else \
+            [*record.node_logs(), record.launcher_log]
+        for path in paths:
             lines, offsets[path] = _complete_lines(path, offsets.get(path, 0), ended)
             yield from lines
         if ended:
@@ -289,15 +315,20 @@ class RecordedRuns:
     def parse_handle(self, text: str) -> Handle:
         return Handle(self.name, check_run_id(self.name, text))
 
+    def _found(self, handle: Handle, log_dir: str | None = None) -> tuple[Record, Handle]:
+        """The record of a run id, or of a job name's latest run; the run's own handle."""
+        record = find(self.name, handle.id, log_dir)
+        return record, Handle(self.name, record.path.name)
+
     def status(self, handle: Handle) -> JobStatus:
-        return status(find(self.name, handle.id), handle)
+        return status(*self._found(handle))
 
     def logs(self, handle: Handle, *, follow: bool = False,
              log_dir: str | None = None) -> Iterator[str]:
-        return logs(find(self.name, handle.id, log_dir), handle, follow=follow)
+        return logs(*self._found(handle, log_dir), follow=follow)
 
     def cancel(self, handle: Handle) -> str:
-        return cancel(find(self.name, handle.id), handle)
+        return cancel(*self._found(handle))
 
     def list(self) -> list[JobStatus]:
         return [status(record, Handle(self.name, record.path.name))

@@ -16,19 +16,24 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, ClassVar, Literal
 
-from trainer.contract import MAX_STALLED_DEFAULT
-from jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, MAX_TOTAL_BYTES,
-                         MAX_VALUE_BYTES, MODULE, SECRET_KEY, Check, FrozenMap, Nnodes,
-                         Quantity, SpecError, at_least, at_most_bytes, bad, between, env_check,
-                         env_map, env_name, gpu_layout, kind, label_key, one_line, path_line,
-                         pattern, positive, scalar_text, show, size, slurm_time)
-from trainer.contract import HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
+from torchjob.trainer.contract import MAX_STALLED_DEFAULT
+from torchjob.jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, MAX_TOTAL_BYTES,
+                                  MAX_VALUE_BYTES, MODULE, SECRET_KEY, Check, FrozenMap, Nnodes,
+                                  Quantity, SpecError, at_least, at_most_bytes, bad, between,
+                                  env_check, env_map, env_name, gpu_layout, kind, label_key,
+                                  one_line, path_line, pattern, positive, scalar_text, show, size,
+                                  slurm_time, system_dir)
+from torchjob.trainer.contract import HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
 
 Scalar = str | bool | int | float
 Args = Mapping[str, Scalar] | tuple[str, ...]
 # Worker processes per node: one per GPU (8 on most nodes) or per CPU core for CPU training
 # (the largest nodes have a few hundred cores).
 MAX_NPROC_PER_NODE = 256
+# The built-in trainer's module. The kit's packages live under torchjob (torchjob.trainer,
+# torchjob.jobs, ...), so a user's own trainer.py, jobs/, slurm/ or k8s/ is never confused with
+# them.
+BUILTIN_MODULE = "torchjob.trainer"
 
 
 def spec_field(help: str, default: Any = MISSING, *, factory: Callable[[], Any] | None = None,
@@ -88,6 +93,21 @@ def _mount_target(value: str, path: str) -> None:
     _mount_source(value, path)
     if not value.startswith("/") or value == "/":
         raise bad(path, value, "is not an absolute path inside the container (e.g. /data)")
+    found = system_dir(value)
+    if found is not None:
+        raise bad(path, value, f"is the container's system directory {found} once normalised: "
+                  "a mount there hides the image's own; mount at a directory of your own "
+                  "(e.g. /data)")
+
+
+def _own_dir(value: str, path: str) -> None:
+    """run_dir, checkpoint_dir: written by the job, so never a system directory (an absolute
+    one here; a relative one is resolved where the job starts, torchjob.jobs.hosts)."""
+    path_line(value, path)
+    found = system_dir(value)
+    if found is not None:
+        raise bad(path, value, f"is the system directory {found}: no job may write into it; "
+                  "use a directory of your own (e.g. runs/NAME or /data/NAME)")
 
 
 def _image(value: str, path: str) -> None:
@@ -208,8 +228,9 @@ def _check_word(word: object, path: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainerSection(Section):
-    module: str = spec_field("Python module run with -m on every worker", "trainer",
-                             check=pattern(MODULE, "a dotted Python module name", "trainer"))
+    module: str = spec_field("Python module run with -m on every worker", BUILTIN_MODULE,
+                             check=pattern(MODULE, "a dotted Python module name",
+                                           BUILTIN_MODULE))
     script: str | None = spec_field(
         "a Python script every worker runs instead of module (a path where the job runs: "
         "relative to the working directory, or inside the image)", None, check=_optional(_script))
@@ -220,7 +241,7 @@ class TrainerSection(Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.script is not None and self.module != "trainer":
+        if self.script is not None and self.module != BUILTIN_MODULE:
             raise bad("script", self.script, f"and module {self.module!r} are both set: a "
                       "worker runs one of them, so remove one")
         if isinstance(self.args, tuple):
@@ -245,8 +266,9 @@ class TrainerSection(Section):
 
     @property
     def builtin(self) -> bool:
-        """Whether the workers run torchjob's own trainer (``module: trainer``, no script)."""
-        return self.script is None and self.module == "trainer"
+        """Whether the workers run torchjob's own trainer (``module: torchjob.trainer``, no
+        script)."""
+        return self.script is None and self.module == BUILTIN_MODULE
 
     @property
     def entry(self) -> tuple[str, ...]:
@@ -268,7 +290,8 @@ def trainer_argv(args: Args) -> list[str]:
 def _check_trainer_words(words: tuple[str, ...]) -> None:
     """A list of words for the built-in trainer, parsed by its own parser here: a mistake
     stops before anything is submitted, naming the word."""
-    from trainer import config  # the trainer never imports jobs; jobs may import the trainer
+    # the trainer never imports jobs; jobs may import the trainer
+    from torchjob.trainer import config
 
     types = config.field_types()
     valid = sorted(f"--{config.flag(name)}" for name in types
@@ -285,7 +308,7 @@ def _check_trainer_words(words: tuple[str, ...]) -> None:
             close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise bad(f"args[{i}]", word, f"is not an option of the trainer{hint}: write "
-                      "--name VALUE or --name=VALUE (see python -m trainer --help)")
+                      "--name VALUE or --name=VALUE (see python -m torchjob.trainer --help)")
     try:
         config.parse_args(list(words))
     except (config.ConfigError, SystemExit) as exc:
@@ -309,7 +332,8 @@ def _is_number(word: str) -> bool:
 
 def _check_trainer_args(args: Mapping[str, Scalar]) -> None:
     """Check args against the trainer's own parser, so mistakes stop here, not on a cluster."""
-    from trainer import config  # the trainer never imports jobs; jobs may import the trainer
+    # the trainer never imports jobs; jobs may import the trainer
+    from torchjob.trainer import config
 
     types = config.field_types()
     for key, value in args.items():
@@ -323,7 +347,7 @@ def _check_trainer_args(args: Mapping[str, Scalar]) -> None:
         want = types[key]
         if not _is_type(value, want):
             raise bad(path, value, f"is {kind(value)}, but --{key.replace('_', '-')} takes "
-                      f"{kind(want())} (see python -m trainer --help)")
+                      f"{kind(want())} (see python -m torchjob.trainer --help)")
     argv = trainer_argv(args)
     try:
         config.parse_args(argv)
@@ -462,6 +486,24 @@ class K8s(Section):
                             "schedule the pods; keep one")
 
 
+# An image repository without a tag: lower case path components (Docker's reference grammar),
+# the first one may be a registry host with a port.
+IMAGE_REPO = re.compile(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workspace(Section):
+    ship: Literal["auto", "never"] = spec_field(
+        "a script or module job on a backend whose nodes run an image (Kubernetes, TorchX's "
+        "container schedulers): auto builds an image of the working directory on top of image "
+        "when the code is there (render shows it), never uses image as it is", "auto")
+    repo: str = spec_field("where the workspace image goes (REGISTRY/REPO is pushed there; "
+                           "localhost/... stays on this machine)",
+                           "localhost/torchjob-workspace",
+                           check=pattern(IMAGE_REPO, "an image repository without a tag",
+                                         "registry.example/team/train"))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Docker(Section):
     engine: Literal["auto", "docker", "podman"] = spec_field(
@@ -509,7 +551,8 @@ class JobSpec(Section):
         "seconds without progress before the job counts as hung: the stacks of every rank go "
         "to RUN_DIR/hangs, the stuck rank is named and the workers restart from the last "
         "checkpoint (as for a lost worker). Progress: a finished step (the built-in trainer "
-        "reports each; a script calls trainer.progress.step()), or before a rank's first step "
+        "reports each; a script calls torchjob.trainer.progress.step()), or before a rank's first "
+        "step "
         "(and in a script that reports none) its heartbeat, which a stopped or frozen process "
         "loses. Set it above your longest gap between two steps (evaluation and blocking "
         "checkpoint saves included) and below the trainer's pg_timeout (300 s). 0: off",
@@ -524,14 +567,16 @@ class JobSpec(Section):
     slurm: Slurm = spec_field("Slurm backend settings", factory=Slurm)
     k8s: K8s = spec_field("Kubernetes backend settings", factory=K8s)
     docker: Docker = spec_field("docker/podman backend settings", factory=Docker)
+    workspace: Workspace = spec_field("the working directory shipped to nodes that run an "
+                                      "image (jobs.workspace)", factory=Workspace)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         run_dir = self.run_dir or f"runs/{self.name}"
         object.__setattr__(self, "run_dir", run_dir)
         object.__setattr__(self, "checkpoint_dir", self.checkpoint_dir or f"{run_dir}/checkpoints")
-        path_line(self.run_dir, "run_dir")
-        path_line(self.checkpoint_dir, "checkpoint_dir")
+        _own_dir(self.run_dir, "run_dir")
+        _own_dir(self.checkpoint_dir, "checkpoint_dir")
         nodes = self.nnodes.max if self.local.nodes is None else self.local.nodes
         if not self.nnodes.min <= nodes <= self.nnodes.max:
             raise bad("local.nodes", nodes, f"is outside nnodes {self.nnodes}: it must lie "

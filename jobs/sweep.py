@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from jobs.spec import JobSpec
-from jobs.values import FrozenMap, SpecError
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import FrozenMap, SpecError
 
 Sweep = Mapping[str, Sequence[str]]
 
@@ -34,7 +34,7 @@ def parse_sweep(texts: Sequence[str]) -> dict[str, list[str]]:
 
 def sweep_specs(spec: JobSpec, sweep: Sweep) -> list[JobSpec]:
     """One spec per point of the grid ``{trainer arg: values}``, each in its own run dir."""
-    from trainer.config import field_types
+    from torchjob.trainer.config import field_types
 
     if isinstance(spec.trainer.args, tuple):
         raise SpecError("trainer.args", "is a list of words, but a sweep sets trainer arguments "

@@ -7,13 +7,14 @@ reads files or the environment.
 
 from __future__ import annotations
 
+import posixpath
 import re
 import reprlib
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, TypeVar
 
-from trainer.contract import CHECKPOINT_DIR_ENV, RUN_DIR_ENV
+from torchjob.trainer.contract import CHECKPOINT_DIR_ENV, RUN_DIR_ENV
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -274,6 +275,25 @@ def path_line(value: Any, path: str) -> None:
     """A file system path: one line, at most PATH_MAX bytes."""
     one_line(value, path)
     _a_path(value, path)
+
+
+# A machine's system directories: no job writes into one (run_dir, checkpoint_dir) or
+# bind-mounts one (docker, Slurm containers, TorchX bind mounts: as root a container could
+# overwrite the host's system), and no mount hides one inside a container. /lib* too.
+SYSTEM_DIRS = frozenset({"/", "/etc", "/usr", "/bin", "/sbin", "/boot", "/dev", "/proc",
+                         "/sys", "/var", "/run", "/root"})
+_LIB = re.compile(r"/lib[^/]*")
+
+
+def system_dir(path: str, workdir: str | None = None) -> str | None:
+    """The system directory ``path`` names once normalised (``/etc/``, ``//etc``,
+    ``/usr/../etc``), else None; a relative path counts from ``workdir`` when it is given."""
+    if not path.startswith("/"):
+        if workdir is None or not workdir.startswith("/"):
+            return None
+        path = posixpath.join(workdir, path)
+    norm = posixpath.normpath("/" + path.lstrip("/"))
+    return norm if norm in SYSTEM_DIRS or _LIB.fullmatch(norm) else None
 
 
 def env_name(name: object, path: str) -> None:

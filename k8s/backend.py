@@ -14,13 +14,14 @@ import re
 import time
 from collections.abc import Iterator, Sequence
 
-from jobs.backend import BackendError, BaseBackend, Context, Handle, JobStatus, Request, State
-from jobs.spec import JobSpec
-from k8s.client import Cluster, JobRef, K8sError
-from k8s.follow import POLL_S
-from k8s.yaml import manifests_text, read_manifests
-from k8s.render import TARGETS, render_objects
-from k8s.validate import validate_text
+from torchjob.jobs.backend import (BackendError, BaseBackend, Context, Handle, JobStatus, Request,
+                                   State)
+from torchjob.jobs.spec import JobSpec
+from torchjob.k8s.client import Cluster, JobRef, K8sError
+from torchjob.k8s.follow import POLL_S
+from torchjob.k8s.yaml import manifests_text, read_manifests
+from torchjob.k8s.render import TARGETS, render_objects
+from torchjob.k8s.validate import validate_text
 
 KIND = {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob"}
 STATES = {"Created": State.PENDING, "Pending": State.PENDING, "Running": State.RUNNING,
@@ -42,7 +43,7 @@ class K8sBackend(BaseBackend):
 
     def submit(self, request: Request) -> Handle:
         """Creates the objects of ``request.text``, the manifest render and --dry-run print,
-        read back (``k8s.yaml`` quotes every string a YAML 1.1 reader could mistake)."""
+        read back (``torchjob.k8s.yaml`` quotes every string a YAML 1.1 reader could mistake)."""
         ref = Cluster().submit(read_manifests(request.text))
         return Handle(self.name, f"{ref.namespace}/{ref.name}")
 
@@ -91,6 +92,9 @@ class K8sBackend(BaseBackend):
         ref = self._ref(handle)
         gone = Cluster().cancel(ref)
         return f"deleted {', '.join(gone)}"
+
+    def image_field(self, spec: JobSpec) -> str | None:
+        return "image"  # the pods run the image, nothing of this machine
 
     def list(self) -> list[JobStatus]:
         kind = KIND[self.target]

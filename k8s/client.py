@@ -4,7 +4,7 @@ Jobs are custom objects (PyTorchJob, TrainJob); their pods are found by the oper
 labels, and each log line is labelled as on every backend: a worker's line keeps the agent's
 ``[node N rank R attempt A] ``, the pod's other lines get ``[node N] `` with the pod's node rank
 (``follow.node_rank``: Master 0, Worker i i+1; Worker-only or TrainJob i). An elastic
-PyTorchJob's rendezvous store (a Deployment and a Service, ``k8s.store``) is created right
+PyTorchJob's rendezvous store (a Deployment and a Service, ``torchjob.k8s.store``) is created right
 after its job, a TrainJob's own TrainingRuntime (``k8s.trainjob``) right before it; both are
 owned by the job and deleted with it by ``cancel``. ``logs(follow=True)`` streams
 them while the job runs (``follow.py``). API errors become one-line ``K8sError``s that say
@@ -17,10 +17,11 @@ import builtins
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from jobs.values import UserError
-from k8s.follow import Run, follow_runs, labelled, node_rank, split_lines
-from k8s.pod import MANAGED_BY, MANAGED_LABEL, NAME_LABEL
-from k8s.trainjob import OWN_RUNTIME_KIND, OWN_RUNTIME_SUFFIX
+from torchjob.jobs.backend import missing_extra
+from torchjob.jobs.values import UserError
+from torchjob.k8s.follow import Run, follow_runs, labelled, node_rank, split_lines
+from torchjob.k8s.pod import MANAGED_BY, MANAGED_LABEL, NAME_LABEL
+from torchjob.k8s.trainjob import OWN_RUNTIME_KIND, OWN_RUNTIME_SUFFIX
 
 KINDS = {  # kind -> (group, version, plural, pod label naming the job, replica labels)
     "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs", "training.kubeflow.org/job-name",
@@ -29,7 +30,7 @@ KINDS = {  # kind -> (group, version, plural, pod label naming the job, replica 
                  "jobset.sigs.k8s.io/jobset-name", ("jobset.sigs.k8s.io/replicatedjob-name",
                                                     "batch.kubernetes.io/job-completion-index")),
 }
-# A job's own runtime (a TrainJob's, k8s.trainjob), created before it and named after it.
+# A job's own runtime (a TrainJob's, torchjob.k8s.trainjob), created before it and named after it.
 RUNTIME_KINDS = {"TrainingRuntime": ("trainer.kubeflow.org", "v1alpha1", "trainingruntimes")}
 # The objects beside a job (an elastic PyTorchJob's rendezvous store), by kind: the label that
 # names their component, and the one that names their job.
@@ -67,7 +68,10 @@ class Cluster:
     """A connection from kubeconfig (``KUBECONFIG``, ~/.kube/config) or the in-cluster account."""
 
     def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
-        from kubernetes import client, config
+        try:
+            from kubernetes import client, config
+        except ModuleNotFoundError as exc:
+            raise missing_extra(exc, "k8s") from None
         try:
             try:
                 config.load_kube_config(config_file=kubeconfig, context=context)

@@ -1,8 +1,8 @@
 """The Deployment (``apps/v1``) and Service (``v1``) of an elastic job's rendezvous store
-(``k8s.store``): the fields the API server's validation of those kinds requires
+(``torchjob.k8s.store``): the fields the API server's validation of those kinds requires
 (k8s.io/kubernetes pkg/apis/apps/validation and pkg/apis/core/validation). No OpenAPI schema of
 the core kinds is kept here, so this is those rules, not a full schema. Each yields (rule,
-field path, message); Pod Security of the Deployment's pod template is k8s.podsecurity's.
+field path, message); Pod Security of the Deployment's pod template is torchjob.k8s.podsecurity's.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 from typing import Any
 
-from jobs.values import DNS_1035
-from k8s.meta import subdomain_problem
-from k8s.tree import get_in
+from torchjob.jobs.values import DNS_1035
+from torchjob.k8s.meta import subdomain_problem
+from torchjob.k8s.tree import get_in
 
 Rule = tuple[str, str, str]
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from jobs.values import DNS_1123_LABEL, DNS_1123_SUBDOMAIN
+from torchjob.jobs.values import DNS_1123_LABEL, DNS_1123_SUBDOMAIN
 
 MetaProblem = tuple[str, str]  # (field path, message)
 LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")

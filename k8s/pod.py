@@ -2,7 +2,7 @@
 
 Security context (Pod Security "restricted"), env with secrets only by ``secretKeyRef``,
 resources, the in-memory ``/dev/shm`` and the PVC volumes. ``manifest_text`` and
-``manifests_text`` are ``k8s.yaml``'s (the one emitter), named here for the renderers.
+``manifests_text`` are ``torchjob.k8s.yaml``'s (the one emitter), named here for the renderers.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import dataclasses
 import posixpath
 from typing import Any
 
-from jobs.command import kubelet_literal
-from jobs.spec import JobSpec
-from jobs.values import DNS_1123_SUBDOMAIN, SpecError, bad
-from k8s.yaml import manifest_text as manifest_text  # re-exported: the one emitter
-from k8s.yaml import manifests_text as manifests_text
-from trainer.contract import omp_threads
+from torchjob.jobs.command import kubelet_literal
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import DNS_1123_SUBDOMAIN, SpecError, bad
+from torchjob.k8s.yaml import manifest_text as manifest_text  # re-exported: the one emitter
+from torchjob.k8s.yaml import manifests_text as manifests_text
+from torchjob.trainer.contract import omp_threads
 
 Obj = dict[str, Any]
 GPU = "nvidia.com/gpu"

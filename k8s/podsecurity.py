@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from k8s.tree import as_list
+from torchjob.k8s.tree import as_list
 
 PodProblem = tuple[str, str]  # (field path, message)
 CONTAINER_GROUPS = ("initContainers", "containers", "ephemeralContainers")

@@ -1,7 +1,7 @@
 """The PyTorchJob renderer (``kubeflow.org/v1``): a JobSpec -> one manifest dict. Pure.
 
 Every pod runs, in the container ``pytorch``, the same agent command every backend runs
-(``jobs.command``), with all of torchrun's flags written out: the spec is the one source of
+(``torchjob.jobs.command``), with all of torchrun's flags written out: the spec is the one source of
 the topology, and a flag wins over the ``PET_*`` variable the operator injects. The operator
 fields are set so that its ``PET_*`` agree anyway (``nprocPerNode``, ``elasticPolicy``).
 
@@ -22,16 +22,16 @@ fields are set so that its ``PET_*`` agree anyway (``nprocPerNode``, ``elasticPo
   of the store (``is_host=false``); for an elastic job the operator's ``PET_RDZV_ENDPOINT``
   names it too (``rdzvHost``, ``rdzvPort``).
 - Checkpoints: a job of several pods needs them on a claim every pod mounts
-  (``k8s.pod.shared_checkpoints``).
+  (``torchjob.k8s.pod.shared_checkpoints``).
 """
 
 from __future__ import annotations
 
-from jobs.command import agent_command
-from jobs.spec import JobSpec
-from k8s.pod import (WAIT_FOR_HOST, Obj, command_words, metadata, on_cluster, pod_spec,
-                     shared_checkpoints)
-from k8s.store import has_store, store_name
+from torchjob.jobs.command import agent_command
+from torchjob.jobs.spec import JobSpec
+from torchjob.k8s.pod import (WAIT_FOR_HOST, Obj, command_words, metadata, on_cluster, pod_spec,
+                              shared_checkpoints)
+from torchjob.k8s.store import has_store, store_name
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -83,7 +83,7 @@ def run_policy(spec: JobSpec) -> Obj:
 
 def render_pytorchjob(spec: JobSpec) -> Obj:
     """The PyTorchJob for ``spec``: a Master (one node), or Workers (with elasticPolicy when
-    elastic) beside the store of ``k8s.store``."""
+    elastic) beside the store of ``torchjob.k8s.store``."""
     spec = on_cluster(spec)
     nnodes = spec.nnodes
     shared_checkpoints(spec, nnodes.max)

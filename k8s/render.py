@@ -6,22 +6,22 @@ the fix): names too long for the pods and Services the operators derive from the
 without requests, literal secrets in ``env``. A rendered manifest that breaks a rule (a
 renderer bug) is refused too, never printed or submitted. An elastic PyTorchJob is three
 objects (the job, then its rendezvous store's Deployment and Service, ``k8s.store``), printed
-as one multi-document YAML (``k8s.yaml``, the one emitter) and submitted as printed.
+as one multi-document YAML (``torchjob.k8s.yaml``, the one emitter) and submitted as printed.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from jobs.spec import JobSpec
-from jobs.values import SpecError, UserError, bad, secret_like_name
-from k8s.pod import TOPOLOGY_ANNOTATION
-from k8s.pytorchjob import render_pytorchjob
-from k8s.store import has_store, render_store
-from k8s.runtimes import default_runtimes, runtime_key
-from k8s.trainjob import render_runtime, render_trainjob
-from k8s.validate import SECRET_VALUE, validate
-from k8s.yaml import manifests_text
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import SpecError, UserError, bad, secret_like_name
+from torchjob.k8s.pod import TOPOLOGY_ANNOTATION
+from torchjob.k8s.pytorchjob import render_pytorchjob
+from torchjob.k8s.store import has_store, render_store
+from torchjob.k8s.runtimes import default_runtimes, runtime_key
+from torchjob.k8s.trainjob import render_runtime, render_trainjob
+from torchjob.k8s.validate import SECRET_VALUE, validate
+from torchjob.k8s.yaml import manifests_text
 
 TARGETS: dict[str, Callable[[JobSpec], dict[str, Any]]] = {
     "pytorchjob": render_pytorchjob,
@@ -49,7 +49,7 @@ def longest_names(spec: JobSpec, target: str) -> list[tuple[str, str]]:
     if target == "trainjob":
         return [(f"{name}-{TRAINJOB_NODE}-0-{nnodes.max - 1}{POD_SUFFIX}",
                  "the longest pod name JobSet checks (with the 5-character random suffix)")]
-    if nnodes.is_elastic or has_store(spec):  # Worker-only (k8s.pytorchjob)
+    if nnodes.is_elastic or has_store(spec):  # Worker-only (torchjob.k8s.pytorchjob)
         return [(f"{name}-worker-{nnodes.max - 1}", "the last Worker's pod and Service")]
     return [(f"{name}-master-0", "the Master's pod and Service")]
 

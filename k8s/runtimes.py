@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from k8s.schema import SCHEMA_DIR
-from k8s.tree import as_list, get_in
+from torchjob.k8s.schema import SCHEMA_DIR
+from torchjob.k8s.tree import as_list, get_in
 
 Runtimes = dict[tuple[str, str, str], dict[str, Any]]  # (kind, namespace or "", name) -> obj
 MERGE_BY_NAME = ("containers", "initContainers", "volumes", "env", "volumeMounts")

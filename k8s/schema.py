@@ -8,7 +8,7 @@ validation) and ``additionalProperties``, ``required``, ``enum``, ``items``, ``a
 that matches the field's ``pattern``: a quantity such as ``500m`` or ``1Gi``; a fractional
 number such as an unquoted ``1.5`` is neither), ``x-kubernetes-list-type`` set/map (no
 duplicates), ``x-kubernetes-preserve-unknown-fields``, and the CEL rules
-(``x-kubernetes-validations``, ``k8s.cel``; the root's rules see ``metadata.name`` and
+(``x-kubernetes-validations``, ``torchjob.k8s.cel``; the root's rules see ``metadata.name`` and
 ``metadata.generateName`` only, the name being the generated one for a ``generateName``). The
 CRDs are data in ``k8s/schemas/`` (copied byte for byte from upstream).
 """
@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
-from k8s.cel import rule_problems
-from k8s.meta import effective_name
+from torchjob.k8s.cel import rule_problems
+from torchjob.k8s.meta import effective_name
 
 # Byte-for-byte copies of the upstream CRDs (k8s/schemas/SOURCES.md says where from); a test
 # checks them against k8s/schemas/SHA256SUMS.
@@ -199,7 +199,7 @@ def structural_problems(obj: dict[str, Any], schema_dir: Path = SCHEMA_DIR,
     root = {k: v for k, v in schema.items() if k != "x-kubernetes-validations"}
     problems = list(check(body, {**root, "properties": props}, "")) if body else []
     name = effective_name(obj.get("metadata"))
-    if name is not None:  # without a name, k8s.meta reports it; the rules cannot run
+    if name is not None:  # without a name, torchjob.k8s.meta reports it; the rules cannot run
         meta = {"name": name}
         generate = obj["metadata"].get("generateName")
         if isinstance(generate, str):

@@ -7,7 +7,8 @@ pod (``<job>-worker-0``, or the Master) serves it, and losing that pod killed ev
 here by its Deployment; the agents, which cannot reconnect to a new store, exit
 ``EXIT_STORE_LOST`` (200, >= 128: retried), their pods are recreated by the ExitCode policy and
 meet at the new store, resuming from the shared checkpoint. Here the store is
-``python -m trainer.store`` (``jobs.command.store_command``) in a pod of its own, from the job's image: a Deployment of one
+``python -m torchjob.trainer.store`` (``torchjob.jobs.command.store_command``) in a pod of its own,
+from the job's image: a Deployment of one
 replica (recreated by Kubernetes on any node when its pod or node goes; ``Recreate``: never two
 stores at once, which would split the rendezvous), with small cpu/memory requests, no GPU, and
 the same Pod Security "restricted" context as the job's pods. The Service ``<job>-rdzv``
@@ -18,10 +19,10 @@ agent is its client (``is_host=false``).
 
 from __future__ import annotations
 
-from jobs.command import store_command
-from jobs.spec import JobSpec
-from jobs.values import bad
-from k8s.pod import Obj, command_words, container_security, pod_security
+from torchjob.jobs.command import store_command
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import bad
+from torchjob.k8s.pod import Obj, command_words, container_security, pod_security
 
 SUFFIX = "-rdzv"
 NAME_MAX = 63  # a Service name is a DNS-1035 label

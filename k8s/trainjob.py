@@ -7,7 +7,7 @@ What v2.3.0 does with a TrainJob (kubeflow/trainer tag v2.3.0, ``pkg/``):
   ``PET_MASTER_ADDR`` = ``<job>-node-0-0.<job>`` and ``PET_MASTER_PORT`` into the ``node``
   container; users may not set those five (``Validate``). It neither wraps nor checks the
   command (only ``tune run`` is special): any command runs, so every node runs the same agent
-  command as on every other backend (``jobs.command``), with the hang watchdog, exit-code
+  command as on every other backend (``torchjob.jobs.command``), with the hang watchdog, exit-code
   mapping, ledger and restart storm guard, and all of torchrun's flags written out (a flag
   wins over the ``PET_*`` variable). c10d rendezvous at the address the plugin names for node
   0, on ``rdzv.port``: node 0's agent hosts the store, as in a fixed-size PyTorchJob. Every
@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import copy
 
-from jobs.command import agent_command
-from jobs.spec import JobSpec
-from jobs.values import SpecError
-from k8s.pod import (WAIT_FOR_HOST, Obj, command_words, metadata, shared_checkpoints,
-                     QUEUE_LABEL, container_security, labels, on_cluster, pod_security,
-                     TOPOLOGY_ANNOTATION, pod_spec)
-from k8s.runtimes import default_runtimes
+from torchjob.jobs.command import agent_command
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import SpecError
+from torchjob.k8s.pod import (WAIT_FOR_HOST, Obj, command_words, metadata, shared_checkpoints,
+                              QUEUE_LABEL, container_security, labels, on_cluster, pod_security,
+                              TOPOLOGY_ANNOTATION, pod_spec)
+from torchjob.k8s.runtimes import default_runtimes
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"
@@ -62,7 +62,7 @@ VOLCANO_SCHEDULER = "volcano"  # the pods' schedulerName, for Volcano to schedul
 NODE = "node"  # the runtime's trainer replicatedJob and its container (constants.Node)
 PATCH_MANAGER = "torchjob.io/render"  # owner of our runtimePatches entry (domain/path)
 # What v2.3's runtimePatches may set in the pod (PodSpecPatch) and in a container
-# (ContainerPatch) that the PyTorchJob pod has; the node container's env is trainer.env.
+# (ContainerPatch) that the PyTorchJob pod has; the node container's env is torchjob.trainer.env.
 POD_PATCH = ("serviceAccountName", "securityContext", "volumes")
 CONTAINER_PATCH = ("name", "volumeMounts", "securityContext")
 

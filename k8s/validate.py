@@ -28,12 +28,12 @@ from typing import Any
 
 import yaml
 
-from k8s import podsecurity, runtimes as known_runtimes, webhooks
-from k8s.corekinds import CORE_KINDS
-from k8s.meta import object_meta_problems, template_meta_problems
-from k8s.schema import CRDS, is_namespaced, structural_problems
-from k8s.tree import get_in
-from k8s.yamlread import YamlProblem, load_all
+from torchjob.k8s import podsecurity, runtimes as known_runtimes, webhooks
+from torchjob.k8s.corekinds import CORE_KINDS
+from torchjob.k8s.meta import object_meta_problems, template_meta_problems
+from torchjob.k8s.schema import CRDS, is_namespaced, structural_problems
+from torchjob.k8s.tree import get_in
+from torchjob.k8s.yamlread import YamlProblem, load_all
 
 LAYERS = ("api", "restricted", "lint")
 NPROC = re.compile(r"auto|cpu|gpu|[1-9][0-9]*")

@@ -13,13 +13,14 @@ TrainJob (v2.3.0, pkg/webhooks/trainjob_webhook.go): the runtime of ``spec.runti
 a registered kind (TrainingRuntime or ClusterTrainingRuntime of trainer.kubeflow.org), then that
 runtime's plugins validate the job. Those need the runtime object, which only a cluster has;
 here it is one found among the documents being validated or one of the ClusterTrainingRuntimes
-upstream installs (``k8s.runtimes``). Checked:
+upstream installs (``torchjob.k8s.runtimes``). Checked:
 runtimePatches' managers are domain-prefixed paths (jobset plugin); with the runtime known,
 patches name only its replicated jobs and containers, set no env of the node and initializer
 containers, and an initializer needs its job and container (jobset plugin); with a torch
 runtime, ``trainer.env`` sets none of torchrun's five reserved variables (torch plugin); with a
 Flux runtime, numProcPerNode >= 1 and no ``flux-installer`` init container of its own (flux
-plugin).
+plugin). Of our own, not upstream's: numProcPerNode >= 1 for every TrainJob (upstream admits 0,
+and the job's nodes fail at start).
 Nothing requires the command to start with torchrun.
 
 TrainingRuntime and ClusterTrainingRuntime (v2.3.0, pkg/webhooks/trainingruntime_webhook.go):
@@ -33,10 +34,10 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from jobs.values import DNS_1035, DNS_1123_SUBDOMAIN
-from k8s.meta import effective_name
-from k8s.runtimes import Runtimes, referenced
-from k8s.tree import as_list, get_in
+from torchjob.jobs.values import DNS_1035, DNS_1123_SUBDOMAIN
+from torchjob.k8s.meta import effective_name
+from torchjob.k8s.runtimes import Runtimes, referenced
+from torchjob.k8s.tree import as_list, get_in
 
 Rule = tuple[str, str, str]  # (rule, field path, message)
 GROUP = "trainer.kubeflow.org"
@@ -143,6 +144,13 @@ def trainjob(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[Rule]:
                f"variables {reserved}: the torch runtime sets them")
     if framework == "flux" and known is not None:
         yield from _flux(obj, known)
+    elif isinstance(nproc := get_in(obj, "spec", "trainer", "numProcPerNode"), int) and \
+            nproc < 1:
+        # not upstream's webhook (v2.3.0 checks it for Flux alone): the job is admitted and its
+        # nodes fail at start (torchrun --nproc-per-node 0), so it is refused here
+        yield ("nproc", "spec.trainer.numProcPerNode", f"is {nproc}: must be >= 1, the worker "
+               "processes per node (torchrun's --nproc-per-node); leave it out for the "
+               "runtime's default")
     patches = as_list(get_in(obj, "spec", "runtimePatches"))
     for i, patch in enumerate(patches):
         manager = get_in(patch, "manager")

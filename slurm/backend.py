@@ -1,9 +1,9 @@
 """The Slurm backend: ``slurm`` submits through submitit, ``slurm:sbatch`` with plain ``sbatch``;
-both send the batch script ``render`` prints (``slurm.sbatch``), byte for byte.
+both send the batch script ``render`` prints (``torchjob.slurm.sbatch``), byte for byte.
 
 A job's handle is ``slurm:JOB_ID`` (``slurm:1234``; a sweep's job array ``slurm:1234``, one of
 its points ``slurm:1234_0``). Status and the exit code come from accounting (``slurm.status``),
-logs from the files the script writes into the run directory (``slurm.slurm_logs``), found
+logs from the files the script writes into the run directory (``torchjob.slurm.slurm_logs``), found
 again through the job's working directory. ``cancel`` asks the job to checkpoint and stop
 (USR1 to the batch shell: exit 143, no requeue); ``run`` blocks like ``srun``: it follows the
 logs until the job has ended and returns its exit code (Ctrl-C stops the job the same way).
@@ -17,16 +17,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from jobs.backend import (BackendError, BaseBackend, Closings, Context, Handle, JobStatus,
-                         Request)
-from jobs.spec import JobSpec
-from jobs.values import SpecError, UserError
-from slurm import slurm_cli, status
-from slurm.engine import CANCEL_SIGNAL, ScriptExecutor, sbatch_message
-from slurm.sbatch import render_sbatch
-from slurm.slurm_cli import SlurmError
-from slurm.slurm_logs import Follower, first_failures, job_logs, log_files
-from trainer.contract import EXIT_OK, EXIT_STOPPED
+from torchjob.jobs.backend import (BackendError, BaseBackend, Closings, Context, Handle, JobStatus,
+                                   Request)
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import SpecError, UserError
+from torchjob.slurm import slurm_cli, status
+from torchjob.slurm.engine import CANCEL_SIGNAL, ScriptExecutor, sbatch_message
+from torchjob.slurm.sbatch import render_sbatch
+from torchjob.slurm.slurm_cli import SlurmError
+from torchjob.slurm.slurm_logs import Follower, first_failures, job_logs, log_files
+from torchjob.trainer.contract import EXIT_OK, EXIT_STOPPED
 
 JOB_ID = re.compile(r"\d+(_\d+)?")
 POLL_S = 0.5  # how often `run` and `logs --follow` read the logs and ask squeue

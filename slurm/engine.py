@@ -21,10 +21,10 @@ from typing import Any
 from submitit.core.utils import FailedJobError
 from submitit.slurm.slurm import SlurmExecutor, SlurmJob
 
-from jobs.backend import Handle, JobStatus
-from slurm import slurm_cli, status
-from slurm.slurm_cli import SlurmError
-from trainer.contract import EXIT_OK
+from torchjob.jobs.backend import Handle, JobStatus
+from torchjob.slurm import slurm_cli, status
+from torchjob.slurm.slurm_cli import SlurmError
+from torchjob.trainer.contract import EXIT_OK
 
 CANCEL_SIGNAL = "USR1"  # the script's "checkpoint and stop for good" (USR2: and requeue)
 

@@ -40,7 +40,7 @@ cd @workdir@
 @exports@
 
 # rendezvous: the first node of the allocation, on a port derived from the job id
-# (trainer.env.slurm_port: 12000 + id % 20000, so two jobs on a node do not collide)
+# (torchjob.trainer.env.slurm_port: 12000 + id % 20000, so two jobs on a node do not collide)
 # (no "| head -n1": with pipefail, scontrol dying of SIGPIPE would end the script)
 hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 rdzv_host=${hosts%%$'\n'*}
@@ -108,7 +108,7 @@ if [ "$code" != 0 ] && [ "$stop" = 0 ]; then
     echo "torchjob: lost node(s):$lost: the task there ended without reporting (killed, or the node failed); step exit $code" >&2
     if [ "$elastic" = 0 ]; then
       echo "torchjob: nnodes is $nnodes (fixed): the job cannot continue without every node, so it failed (the other agents gave up after rdzv.join_timeout=${join_timeout}s or max_restarts=$max_restarts). Submit again to resume from the last checkpoint, or use nnodes MIN:MAX to carry on with fewer nodes" >&2
-    elif [ "$finished" -ge "$min_nodes" ]; then  # as every backend: trainer.contract.nodes_exit_code
+    elif [ "$finished" -ge "$min_nodes" ]; then  # as every backend: torchjob.trainer.contract.nodes_exit_code
       echo "torchjob: the job continued without them at a smaller size (nnodes $nnodes: at least $min_nodes) and finished on $finished node(s)"
       code=0
     else

@@ -1,10 +1,11 @@
 """The sbatch renderer: a JobSpec -> the batch script that ``render --to slurm`` prints and that
 both Slurm backends (submitit, plain sbatch) submit unchanged. Pure.
 
-One ``srun`` task per node runs the torchrun agent (``python -m trainer.agent``); the agents meet
-at a c10d rendezvous on the allocation's first node, on the port ``trainer.env.slurm_port``
+One ``srun`` task per node runs the torchrun agent (``python -m torchjob.trainer.agent``); the
+agents meet at a c10d rendezvous on the allocation's first node, on the port
+``torchjob.trainer.env.slurm_port``
 derives from the job id. For an elastic job that store is not any agent's: it is a process of
-the batch shell (``python -m trainer.store``, ``store_block``), on the first node beside it
+the batch shell (``python -m torchjob.trainer.store``, ``store_block``), on the first node beside it
 and outside the training step, so that losing any node's task, the first node's too, leaves
 the others their rendezvous. Slurm ends the whole job when the batch host itself fails, so
 serving the store there adds no failure mode Slurm does not have already; in its own step
@@ -14,7 +15,7 @@ this module fills in its ``@name@`` placeholders with values quoted for the shel
 edge. Everything that varies (interpreter, working directory) is passed in, so the text is
 deterministic and golden-tested whole.
 
-A sweep (``{trainer arg: values}``, its points from ``jobs.sweep``) renders one job array:
+A sweep (``{trainer arg: values}``, its points from ``torchjob.jobs.sweep``) renders one job array:
 ``#SBATCH --array=0-(N-1)``, and the body picks the point's trainer arguments and run directory
 from ``SLURM_ARRAY_TASK_ID``.
 
@@ -29,12 +30,12 @@ import shlex
 from collections.abc import Iterable, Mapping
 from importlib import resources
 
-from jobs.command import agent_command as shared_agent_command
-from jobs.command import dir_options, entry_args, own_store, store_command
-from jobs.hosts import refuse_system_dirs
-from jobs.spec import JobSpec
-from jobs.sweep import Sweep, sweep_specs
-from trainer.contract import omp_threads
+from torchjob.jobs.command import agent_command as shared_agent_command
+from torchjob.jobs.command import dir_options, entry_args, own_store, store_command
+from torchjob.jobs.hosts import refuse_system_dirs
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.sweep import Sweep, sweep_specs
+from torchjob.trainer.contract import omp_threads
 
 TEMPLATE = resources.files(__package__ or "slurm").joinpath("job.sh").read_text(encoding="utf-8")
 PLACEHOLDER = re.compile(r"@([a-z_]+)@")
@@ -187,7 +188,8 @@ def node_command(spec: JobSpec, *, python: str, workdir: str, swept: bool = Fals
         dirs, tail = list(dir_options(spec)), list(entry_args(spec))
         head, end = agent[:3 + len(dirs)], len(agent) - len(tail)
         assert head[3:] == dirs and agent[end:] == tail, \
-            "jobs.command.agent_command: python -m trainer.agent DIR_OPTIONS ... ENTRY_ARGS"
+            ("torchjob.jobs.command.agent_command: python -m torchjob.trainer.agent DIR_OPTIONS "
+             "... ENTRY_ARGS")
         agent = [*head[:3], Raw('"${dirs[@]}"'), *agent[len(head):end], Raw('"${point[@]}"')]
     return [*prefix, *agent]
 

@@ -14,9 +14,9 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from jobs.values import UserError
-from slurm.sbatch import COMMENT
-from trainer.contract import EXIT_CONFIG
+from torchjob.jobs.values import UserError
+from torchjob.slurm.sbatch import COMMENT
+from torchjob.trainer.contract import EXIT_CONFIG
 
 _DEVCLUSTER = "for a local two-node cluster run `bash slurm/devcluster up`"
 

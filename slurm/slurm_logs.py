@@ -4,7 +4,7 @@ The batch script writes ``RUN_DIR/slurm-J.out`` and ``.err`` (an array task:
 ``slurm-A_I.*``). A requeued job runs several times (attempts 0, 1, ...) and appends every
 attempt to the same files, so each attempt starts with a marker line (``torchjob: NAME job J
 attempt N ...``) in both; each worker line carries the one log prefix of every backend,
-``[node N rank R attempt A] `` (``trainer.contract.LOG_PREFIX``, written by torchrun's
+``[node N rank R attempt A] `` (``torchjob.trainer.contract.LOG_PREFIX``, written by torchrun's
 ``--tee``). Lines of the batch shell, srun and the agents belong to the job, not to a rank:
 they are shown with node and rank ``-``.
 """
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.contract import CLOSING_RE, LOG_PREFIX, log_prefix
+from torchjob.trainer.contract import CLOSING_RE, LOG_PREFIX, log_prefix
 
 MARKER = re.compile(r"^torchjob: .*\bjob \S+ attempt (\d+)\b")
 # the one prefix, as a pattern: "[node {node} rank {rank} attempt {attempt}] "
@@ -26,7 +26,7 @@ RANK_PREFIX = re.compile("^" + re.escape(LOG_PREFIX).replace(r"\{node\}", r"(?P<
 # torchrun's report of a failed worker group: the rank that failed first on that node
 ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?time\s*: (\S+).*?"
                         r"rank\s*: (\d+)", re.S)
-# the failing place in an agent's closing line (trainer.failures.Failure.describe)
+# the failing place in an agent's closing line (torchjob.trainer.failures.Failure.describe)
 FAILING = re.compile(r"node (?P<node>\d+) rank (?P<rank>\d+) (?P<rest>.*)$")
 FAILURE = re.compile(r"Traceback \(most recent call last\)|^trainer \[rank \d+\]: ")
 JOB = "-"  # node and rank of the lines of the batch shell, srun and the torchrun agents

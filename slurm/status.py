@@ -11,13 +11,15 @@ ending (a failure before a stop before success).
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
 from signal import SIGUSR1
+from typing import Any
 
-from jobs.backend import Handle, JobStatus, State
-from slurm import slurm_cli
-from slurm.slurm_cli import SlurmError
-from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+from torchjob.jobs.backend import Handle, JobStatus, State
+from torchjob.slurm import slurm_cli
+from torchjob.slurm.slurm_cli import SlurmError
+from torchjob.trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 
 PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
 RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "RESIZING", "SIGNALING", "STAGE_OUT",
@@ -65,6 +67,17 @@ def one(record: Mapping[str, str]) -> tuple[State, int | None, str]:
     return State.UNKNOWN, None, words
 
 
+def when_where(record: Mapping[str, str]) -> dict[str, Any]:
+    """``created`` and ``run_dir`` of a JobStatus from a sacct record (Submit, WorkDir: the
+    directory the job was submitted from, where its run directories are relative to)."""
+    try:
+        created: float | None = datetime.datetime.fromisoformat(record.get("Submit", "")) \
+            .timestamp()
+    except ValueError:
+        created = None
+    return {"created": created, "run_dir": record.get("WorkDir", "")}
+
+
 def from_records(handle: Handle, records: Sequence[Mapping[str, str]],
                  queued: Sequence[str]) -> JobStatus:
     """The status of ``handle`` from its sacct records and its tasks still in the queue
@@ -83,9 +96,9 @@ def from_records(handle: Handle, records: Sequence[Mapping[str, str]],
     live = [s for s, _, _ in states if not s.terminal]
     if live or queued:  # queued, accounting saying it ended: a requeue is due
         state = State.RUNNING if State.RUNNING in live else State.PENDING
-        return JobStatus(handle, state, None, name, detail, raw)
+        return JobStatus(handle, state, None, name, detail, raw, **when_where(records[0]))
     state, code, _ = max(states, key=lambda s: (SEVERITY.get(s[0], 3), s[1] == EXIT_CONFIG))
-    return JobStatus(handle, state, code, name, detail, raw)
+    return JobStatus(handle, state, code, name, detail, raw, **when_where(records[0]))
 
 
 def current(handle: Handle) -> JobStatus:

@@ -1,4 +1,4 @@
-"""For every test: torchjob's per-user run index (``jobs.runs``) in a temporary directory
+"""For every test: torchjob's per-user run index (``torchjob.jobs.runs``) in a temporary directory
 instead of the user's ``~/.local/state``: the local and docker runs that tests start are
 recorded like any other run."""
 

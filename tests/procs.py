@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from trainer.agent import SERVER_NAME
+from torchjob.trainer.agent import SERVER_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -117,7 +117,7 @@ def parent(pid: int) -> int:
 
 
 def is_fork_server(pid: int) -> bool:
-    """``trainer.agent``'s fork server: a fork of the agent named ``SERVER_NAME``."""
+    """``torchjob.trainer.agent``'s fork server: a fork of the agent named ``SERVER_NAME``."""
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip() == SERVER_NAME
     except OSError:
@@ -125,15 +125,16 @@ def is_fork_server(pid: int) -> bool:
 
 
 def trainer_workers(root_pid: int) -> list[int]:
-    """The trainer processes below ``root_pid``: forked by ``trainer.agent``'s preloaded
+    """The trainer processes below ``root_pid``: forked by ``torchjob.trainer.agent``'s preloaded
     server (they share its command line, so they are told by their parent), or started by a
-    plain torchrun as ``python -m trainer``."""
+    plain torchrun as ``python -m torchjob.trainer``."""
     found = []
     for pid in descendants(root_pid):
         line = cmdline(pid)
         if is_fork_server(parent(pid)):
             found.append(pid)
-        elif line.startswith(tuple(f"{p} -m trainer " for p in ("python", "python3", PYTHON))):
+        elif line.startswith(tuple(f"{p} -m torchjob.trainer " for p in ("python", "python3",
+                                                                         PYTHON))):
             found.append(pid)
     return found
 

@@ -109,7 +109,7 @@ def run_session(commands: list[Command], workdir: Path, env: dict[str, str] | No
     for command in commands:
         argv = [handles.get(word, word) for word in command.argv]
         assert argv[0] == "torchjob", f"README sessions run torchjob only: {command.line}"
-        proc = subprocess.run([PYTHON, "-m", "jobs", *argv[1:]], cwd=workdir,
+        proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", *argv[1:]], cwd=workdir,
                               env=env_for_tests(**(env or {})), capture_output=True,
                               text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         actual = (proc.stdout + proc.stderr).splitlines()

@@ -1,4 +1,4 @@
-"""Helpers for tests of recorded runs (``jobs.runs``: local and docker runs as jobs): the
+"""Helpers for tests of recorded runs (``torchjob.jobs.runs``: local and docker runs as jobs): the
 command line as another terminal runs it, and waits on a run's state with what was seen."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tests.procs import PYTHON, env_for_tests
 def torchjob(*argv: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``torchjob ARGV`` in ``cwd`` (made if need be), to the end, output captured."""
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([PYTHON, "-m", "jobs", *argv], cwd=cwd, env=env_for_tests(),
+    return subprocess.run([PYTHON, "-m", "torchjob.jobs", *argv], cwd=cwd, env=env_for_tests(),
                           capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
 
@@ -51,6 +51,6 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str,
 
 def follow(handle: str, cwd: Path) -> subprocess.Popen[str]:
     """``torchjob logs --follow HANDLE``, running."""
-    return subprocess.Popen([PYTHON, "-m", "jobs", "logs", "--follow", handle], cwd=cwd,
+    return subprocess.Popen([PYTHON, "-m", "torchjob.jobs", "logs", "--follow", handle], cwd=cwd,
                             env=env_for_tests(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)

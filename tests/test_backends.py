@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs import backend as registry
-from jobs.backend import Backend, BackendError, Context, Handle
-from jobs.load import load
+from torchjob.jobs import backend as registry
+from torchjob.jobs.backend import Backend, BackendError, Context, Handle
+from torchjob.jobs.load import load
 from tests.k8s.emulator import Emulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ RENDERABLE = ["local", "docker", "slurm", "slurm:sbatch", "torchx", "torchx:loca
 
 def torchjob(*argv: str, env: dict[str, str] | None = None,
              cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobs", *argv], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "torchjob.jobs", *argv], cwd=cwd,
                           env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=120)
 

@@ -14,14 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("trainer", "jobs", "k8s", "slurm")
-CORE = {"jobs", "jobs.__init__", "jobs.spec", "jobs.load", "jobs.values", "jobs.command",
-        "jobs.hosts", "jobs.backend", "jobs.sweep", "jobs.examples", "jobs.runs",
-        "jobs.launcher", "jobs.preflight"}
-CLI = {"jobs.cli", "jobs.__main__"}
-BACKENDS = {"jobs.backends.local": "local", "jobs.backends.docker": "docker",
-            "jobs.backends.torchx": "torchx", "jobs.components": "torchx",
-            "jobs.backends": "backends", "slurm": "slurm", "k8s": "k8s"}
+PACKAGES = ("trainer", "jobs", "k8s", "slurm")  # folders; installed as torchjob.trainer, ...
+CORE = {"torchjob.jobs"} | {f"torchjob.jobs.{m}" for m in (
+    "spec", "load", "values", "command", "hosts", "backend", "sweep", "examples", "runs",
+    "launcher", "preflight", "workspace")}
+CLI = {"torchjob.jobs.cli", "torchjob.jobs.__main__"}
+BACKENDS = {"torchjob.jobs.backends.local": "local", "torchjob.jobs.backends.docker": "docker",
+            "torchjob.jobs.backends.torchx": "torchx", "torchjob.jobs.components": "torchx",
+            "torchjob.jobs.backends": "backends", "torchjob.slurm": "slurm",
+            "torchjob.k8s": "k8s"}
 LEVEL = {"trainer": 0, "core": 1, "cli": 3}  # every backend is level 2
 # modules a pure renderer may not import: processes, network, clocks, environment
 IO_MODULES = {"subprocess", "socket", "time", "urllib", "http", "requests", "shutil",
@@ -39,7 +40,7 @@ def modules() -> dict[str, Path]:
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            out[".".join(parts)] = path
+            out[".".join(["torchjob", *parts])] = path
     return out
 
 
@@ -65,7 +66,7 @@ def imports(path: Path, name: str, known: dict[str, Path]) -> Iterator[str]:
 
 
 def component(module: str) -> str:
-    if module.split(".")[0] == "trainer" or module.startswith("jobs.examples."):
+    if module.split(".")[1] == "trainer" or module.startswith("torchjob.jobs.examples."):
         return "trainer"  # the trainer and example user scripts: what runs inside the job
     if module in CLI:
         return "cli"
@@ -138,8 +139,8 @@ def test_no_package_imports_another_in_a_cycle() -> None:
     ``slurm`` only through the registry's entry points, never by import."""
     edges: dict[str, set[str]] = {}
     for module, targets in graph().items():
-        edges.setdefault(module.split(".")[0], set()).update(
-            t.split(".")[0] for t in targets if t.split(".")[0] != module.split(".")[0])
+        edges.setdefault(module.split(".")[1], set()).update(
+            t.split(".")[1] for t in targets if t.split(".")[1] != module.split(".")[1])
     reach = {package: set(targets) for package, targets in edges.items()}
     for _ in edges:  # transitive closure, a handful of packages
         for package in reach:
@@ -181,7 +182,8 @@ def test_renderers_do_no_io() -> None:
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     """The graph is real: a backend importing another one is found."""
     path = tmp_path / "backend.py"
-    path.write_text("from slurm.sbatch import render_sbatch\nimport k8s.pod as pod\n")
-    found = set(imports(path, "jobs.backends.local.backend", modules()))
-    assert found == {"slurm.sbatch", "k8s.pod"}
-    assert component("slurm.sbatch") != component("jobs.backends.local.backend")
+    path.write_text("from torchjob.slurm.sbatch import render_sbatch\n"
+                    "import torchjob.k8s.pod as pod\n")
+    found = set(imports(path, "torchjob.jobs.backends.local.backend", modules()))
+    assert found == {"torchjob.slurm.sbatch", "torchjob.k8s.pod"}
+    assert component("torchjob.slurm.sbatch") != component("torchjob.jobs.backends.local.backend")

@@ -23,7 +23,7 @@ ELSEWHERE = {"slurm", "docker", "local-jobs"}
 
 
 def torchjob(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "jobs", *argv], cwd=ROOT, env=env_for_tests(),
+    return subprocess.run([PYTHON, "-m", "torchjob.jobs", *argv], cwd=ROOT, env=env_for_tests(),
                           capture_output=True, text=True, timeout=120)
 
 

@@ -37,8 +37,8 @@ UNSET = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "RANK", "LOCAL_RANK", "WORLD_S
 SCRATCH_IMAGE = "localhost/torchjob:wheel-test"  # built by the installed package, then removed
 IMPORT_ALL = """\
 import json, sys
-import jobs, jobs.cli, trainer
-from jobs import backend
+import torchjob.jobs, torchjob.jobs.cli, torchjob.trainer
+from torchjob.jobs import backend
 for name in backend.names():
     backend.get(name)
 print(json.dumps({"names": backend.names(), "files": sorted(
@@ -82,8 +82,8 @@ class Installed:
         return str(self.venv / "bin" / "python")
 
     def examples(self) -> Path:
-        proc = run([self.python, "-c", "import jobs.examples, os; "
-                    "print(os.path.dirname(jobs.examples.__file__))"], self.work)
+        proc = run([self.python, "-c", "import torchjob.jobs.examples, os; "
+                    "print(os.path.dirname(torchjob.jobs.examples.__file__))"], self.work)
         assert proc.returncode == 0, proc.stderr
         return Path(proc.stdout.strip())
 
@@ -131,10 +131,37 @@ def test_nothing_is_imported_from_the_repository(installed: Installed) -> None:
     seen = json.loads(proc.stdout)
     assert sorted(seen["names"]) == sorted({t.split(":")[0] for t in TARGETS})
     ours = [f for f in seen["files"] if f.startswith(str(installed.site))]
-    assert str(installed.site / "jobs" / "__init__.py") in ours
-    assert str(installed.site / "trainer" / "__init__.py") in ours
+    assert str(installed.site / "torchjob" / "jobs" / "__init__.py") in ours
+    assert str(installed.site / "torchjob" / "trainer" / "__init__.py") in ours
     assert [f for f in seen["files"] if installed.from_repository(f)] == []
     assert [p for p in seen["path"] if installed.from_repository(p)] == []
+
+
+def test_the_kit_installs_one_top_level_name(installed: Installed) -> None:
+    """torchjob and nothing else: a user's own trainer.py, jobs/, slurm/ or k8s/ is theirs."""
+    top = installed.site
+    ours = {line.split(",")[0].split("/")[0] for line in
+            next(top.glob("torchjob-*.dist-info/RECORD")).read_text().splitlines()}
+    assert {name for name in ours if not name.endswith(".dist-info")} <= {"torchjob", "..",
+                                                                         "__pycache__"}, ours
+    assert sorted(p.name for p in (top / "torchjob").iterdir()) == ["jobs", "k8s", "slurm",
+                                                                     "trainer"]
+
+
+def test_pyproject_lists_every_package() -> None:
+    """pyproject.toml names the packages one by one (package-dir maps each folder under
+    torchjob); a folder with code or data that it leaves out would be missing from the wheel."""
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"])
+    found = set()
+    for folder in ("trainer", "jobs", "slurm", "k8s"):
+        for path in [ROOT / folder, *(ROOT / folder).rglob("*")]:
+            if path.is_dir() and path.name != "__pycache__" and any(
+                    f.is_file() and not f.name.endswith(".pyc") for f in path.iterdir()):
+                found.add(".".join(["torchjob", *path.relative_to(ROOT).parts]))
+    assert listed == found, f"pyproject.toml's packages differ: missing " \
+        f"{sorted(found - listed)}, not a folder {sorted(listed - found)}"
 
 
 def test_version_and_render_every_backend(installed: Installed) -> None:

@@ -1,8 +1,8 @@
-"""``python -m trainer`` and ``torchrun -m trainer``."""
+"""``python -m torchjob.trainer`` and ``torchrun -m torchjob.trainer``."""
 
-from trainer.preempt import ignore_stop_signals
-from trainer.script import leave
-from trainer.train import main
+from torchjob.trainer.preempt import ignore_stop_signals
+from torchjob.trainer.script import leave
+from torchjob.trainer.train import main
 
 if __name__ == "__main__":
     code = main()

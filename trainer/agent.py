@@ -1,7 +1,8 @@
-"""``python -m trainer.agent``: torchrun, with two changes that make restarts fast and reliable.
+"""``python -m torchjob.trainer.agent``: torchrun, with two changes that make restarts fast and
+reliable.
 
 It takes exactly torchrun's arguments (and its ``PET_*`` environment fallbacks) and runs
-torchrun's own elastic agent. When the workers run this trainer (``-m trainer``), they are
+torchrun's own elastic agent. When the workers run this trainer (``-m torchjob.trainer``), they are
 forked from a server that has already imported torch and the trainer, instead of each
 starting a fresh interpreter: a restart after a crash then costs a fork, not the ~3 s of
 importing torch again. Anything else (``-m other`` or a script) runs exactly as torchrun runs
@@ -27,11 +28,11 @@ exceptions too), ``--run-dir DIR --checkpoint-dir DIR``, exported to every worke
 ``TORCHJOB_RUN_DIR`` and ``TORCHJOB_CHECKPOINT_DIR`` (a user's script learns where its files go
 without a word added to its argv), and ``--resume force|fresh[:TOKEN]``, exported as
 ``TORCHJOB_RESUME`` (trainer.fingerprint), and ``--max-stalled-restarts N``, the restart storm
-guard (trainer.ledger: 0 turns it off). With a run directory it holds that directory's
-lock while it runs (trainer.runlock): a second live run on it is refused with exit 2.
+guard (torchjob.trainer.ledger: 0 turns it off). With a run directory it holds that directory's
+lock while it runs (torchjob.trainer.runlock): a second live run on it is refused with exit 2.
 ``--hang-timeout SECONDS`` (default ``HANG_TIMEOUT_S``; 0: off) turns on the hang watchdog
-(trainer.hang): the agent makes a node-local folder for its workers' progress reports
-(trainer.progress), exported as ``TORCHJOB_PROGRESS_DIR``, and removes it at the end.
+(torchjob.trainer.hang): the agent makes a node-local folder for its workers' progress reports
+(torchjob.trainer.progress), exported as ``TORCHJOB_PROGRESS_DIR``, and removes it at the end.
 """
 
 from __future__ import annotations
@@ -48,23 +49,25 @@ import uuid
 from types import FrameType
 from typing import Any, NoReturn, Sequence
 
-from trainer import progress
-from trainer.contract import (AGENT_ENV_OPTIONS, EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED,
-                              EXIT_STORE_LOST, HANG_TIMEOUT_ENV, HANG_TIMEOUT_OPTION, HANG_TIMEOUT_S,
-                              MAX_STALLED_OPTION, MIN_HANG_TIMEOUT_S, PROGRESS_DIR_ENV,
-                              RUN_DIR_ENV, STOP_SIGNALS, closing_line,
-                              job_exit_code)
-from trainer.orphans import die_with_parent
-from trainer.runlock import RunDirBusy, RunLock
+from torchjob.trainer import progress
+from torchjob.trainer.contract import (AGENT_ENV_OPTIONS, DIR_OPTIONS, EXIT_CONFIG, EXIT_FAILED,
+                                       EXIT_STOPPED, EXIT_STORE_LOST, HANG_TIMEOUT_ENV,
+                                       HANG_TIMEOUT_OPTION, HANG_TIMEOUT_S, MAX_STALLED_OPTION,
+                                       MIN_HANG_TIMEOUT_S, PROGRESS_DIR_ENV, RUN_DIR_ENV,
+                                       STOP_SIGNALS, closing_line, job_exit_code)
+from torchjob.trainer.dirs import unusable
+from torchjob.trainer.orphans import die_with_parent
+from torchjob.trainer.runlock import RunDirBusy, RunLock
 
-FAST_MODULE = "trainer"
-SCRIPT_MODULE = "trainer.script"  # runs any other worker, as python would (trainer/script.py)
+FAST_MODULE = "torchjob.trainer"
+# runs any other worker, as python would (trainer/script.py)
+SCRIPT_MODULE = "torchjob.trainer.script"
 RETRY_ON_ERROR = "--retry-on-error"  # ours, before torchrun's arguments: restart on exceptions
 # ours too, each a whole number: the Agent attribute it sets
 COUNT_OPTIONS = {MAX_STALLED_OPTION: "max_stalled_restarts"}
 # trainer.forkserver_guard first: the server dies with this agent (trainer.orphans);
 # torch.optim imports torch._dynamo on first use
-PRELOAD = ["trainer.forkserver_guard", "trainer.train", "torch._dynamo"]
+PRELOAD = ["torchjob.trainer.forkserver_guard", "torchjob.trainer.train", "torch._dynamo"]
 # what ps and top call the fork server and the workers forked from it (/proc/PID/comm: the
 # server is a fork of the agent, with its command line, and each worker a fork of the server)
 SERVER_NAME, WORKER_NAME = "torchjob-server", "torchjob-worker"
@@ -79,17 +82,17 @@ def worker(*argv: str) -> None:
     worker would wait for the agent to read its result until the agent's 30 s shutdown
     timeout killed it). The next attempt resumes from that final checkpoint and ends at once.
     """
-    die_with_parent()  # the fork server, which dies with this agent (trainer.orphans)
+    die_with_parent()  # the fork server, which dies with this agent (torchjob.trainer.orphans)
     name_process(WORKER_NAME)
-    progress.start()  # the heartbeat, from the first moment (trainer.progress)
+    progress.start()  # the heartbeat, from the first moment (torchjob.trainer.progress)
     for sig in STOP_SIGNALS:  # heard again (start_forkserver)
         signal.signal(sig, signal.SIG_DFL)
-    from trainer.train import main
+    from torchjob.trainer.train import main
 
     try:
         code = main(list(argv), stopped_after_the_work=EXIT_STOPPED)
     except Exception as exc:
-        from trainer.script import failed
+        from torchjob.trainer.script import failed
 
         code = failed(exc)
     if code:
@@ -154,14 +157,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"torchjob: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     progress_dir = None
-    if seconds:  # node-local, one file per worker (trainer.progress)
+    if seconds:  # node-local, one file per worker (torchjob.trainer.progress)
         progress_dir = env[PROGRESS_DIR_ENV] = tempfile.mkdtemp(prefix="torchjob-progress-")
     os.environ.update(env)  # the workers inherit it (through the forkserver too)
 
     from torch.distributed.launcher import api as launcher_api
     from torch.distributed.run import parse_args
 
-    from trainer.elastic_agent import Agent, attempt_base
+    from torchjob.trainer.elastic_agent import Agent, attempt_base
 
     signal.signal(signal.SIGTERM, stop_as_torch_does)  # torch's handler once workers start
 
@@ -185,6 +188,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
+    for option, name in DIR_OPTIONS.items():  # before any worker starts (torchjob.trainer.dirs)
+        problem = unusable(env[name]) if name in env else None
+        if problem is not None:
+            print(closing_line(f"{option} {env[name]}: {problem}", 0, EXIT_CONFIG),
+                  file=sys.stderr, flush=True)
+            sys.exit(EXIT_CONFIG)
     lock = None
     if RUN_DIR_ENV in env:
         lock = RunLock(env[RUN_DIR_ENV], lock_id(args), say=lambda line: print(
@@ -312,7 +321,7 @@ def ended(exc: Exception) -> int | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
-    from trainer.elastic_agent import Agent, attempt_base
+    from torchjob.trainer.elastic_agent import Agent, attempt_base
 
     if isinstance(exc, RendezvousConnectionError):  # the store is gone (or never came)
         inner = exc.__cause__ or exc.__context__

@@ -29,10 +29,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from trainer.config import ConfigError
-from trainer.contract import MANIFEST
-from trainer.dist import from_rank0
-from trainer.fingerprint import differences, digest, refusal
+from torchjob.trainer.config import ConfigError
+from torchjob.trainer.contract import MANIFEST
+from torchjob.trainer.dist import from_rank0
+from torchjob.trainer.fingerprint import differences, digest, refusal
 
 FRESH_MARKER = ".fresh"  # the token of the submission that started over here (--fresh)
 FORMAT = 1
@@ -41,7 +41,7 @@ FORMAT = 1
 @dataclass(frozen=True)
 class Position:
     """Where training stands: optimizer steps done, and samples of ``epoch`` done by all ranks
-    together (global, so it means the same at any world size: ``trainer.data``)."""
+    together (global, so it means the same at any world size: ``torchjob.trainer.data``)."""
 
     step: int = 0
     epoch: int = 0
@@ -105,7 +105,7 @@ class Checkpointer:
                  sharded: bool, config: dict[str, Any], say: Callable[[str], None],
                  resume: str = "") -> None:
         self.root = Path(root)
-        # trainer.fingerprint: "" (resume what matches), "force", or "fresh:TOKEN"
+        # torchjob.trainer.fingerprint: "" (resume what matches), "force", or "fresh:TOKEN"
         self.resume = resume
         self.rank, self.world_size = rank, world_size
         self.keep, self.async_save, self.sharded = keep, async_save, sharded

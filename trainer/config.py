@@ -130,11 +130,11 @@ def field_types() -> dict[str, type]:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"{message} (see python -m trainer --help)")
+        raise ConfigError(f"{message} (see python -m torchjob.trainer --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m trainer",
+    parser = _Parser(prog="python -m torchjob.trainer",
                      description="Train with DDP under torchrun, srun, an MPI launcher, a "
                                  "Kubernetes operator or alone; the place in the world comes "
                                  "from the environment.")

@@ -52,12 +52,12 @@ def nodes_exit_code(codes: list[int], min_nodes: int) -> int:
         return EXIT_OK
     return job_exit_code({code for code in codes if code != EXIT_OK} or {EXIT_FAILED})
 
-# An agent's last line when the job failed (``trainer.agent``): the first failing node and
+# An agent's last line when the job failed (``torchjob.trainer.agent``): the first failing node and
 # rank and why, the attempt and the job's exit code. Launchers find it in a node's output
 # and end with it; a scheduler that reports no exit code (TorchX) takes the code from it.
 CLOSING = "torchjob: the job failed: "
 # What follows it on a node that only heard the verdict from the node where the failure began
-# (``trainer.elastic_agent``): a launcher ends with the first-hand line.
+# (``torchjob.trainer.elastic_agent``): a launcher ends with the first-hand line.
 HEARD_FAIL, HEARD_RESTART = "stopping: ", "another node: "
 CLOSING_RE = re.compile(re.escape(CLOSING) + f"(?P<heard>{re.escape(HEARD_FAIL)}|"
                         f"{re.escape(HEARD_RESTART)})?" + r"(?P<what>.*) \(attempt "
@@ -65,7 +65,7 @@ CLOSING_RE = re.compile(re.escape(CLOSING) + f"(?P<heard>{re.escape(HEARD_FAIL)}
 
 
 # Node 0's agent's last line when the job finished: the attempt, the size, the restarts and
-# every change of membership (trainer.ledger); launchers find it in a node's output.
+# every change of membership (torchjob.trainer.ledger); launchers find it in a node's output.
 FINISHED = "torchjob: the job finished: "
 
 
@@ -82,29 +82,29 @@ LOG_PREFIX = "[node {node} rank {rank} attempt {attempt}] "
 # (their argv is theirs alone); the built-in trainer also gets --run-dir and --checkpoint-dir.
 RUN_DIR_ENV = "TORCHJOB_RUN_DIR"
 CHECKPOINT_DIR_ENV = "TORCHJOB_CHECKPOINT_DIR"
-# ``python -m trainer.agent``'s own options for them (before torchrun's): the agent takes them
-# off its command line and exports them to its workers.
+# ``python -m torchjob.trainer.agent``'s own options for them (before torchrun's): the agent takes
+# them off its command line and exports them to its workers.
 RUN_DIR_OPTION, CHECKPOINT_DIR_OPTION = "--run-dir", "--checkpoint-dir"
 DIR_OPTIONS = {RUN_DIR_OPTION: RUN_DIR_ENV, CHECKPOINT_DIR_OPTION: CHECKPOINT_DIR_ENV}
 # How the job treats checkpoints it finds (trainer.fingerprint): the agent's --resume VALUE,
 # exported as TORCHJOB_RESUME: force, or fresh:TOKEN (unset: resume when they match).
 RESUME_OPTION, RESUME_ENV = "--resume", "TORCHJOB_RESUME"
-# The hang watchdog (trainer.hang): the agent's --hang-timeout SECONDS, exported as
+# The hang watchdog (torchjob.trainer.hang): the agent's --hang-timeout SECONDS, exported as
 # TORCHJOB_HANG_TIMEOUT (0: off). Its default, the spec's too, is justified in trainer/hang.py.
 HANG_TIMEOUT_OPTION, HANG_TIMEOUT_ENV = "--hang-timeout", "TORCHJOB_HANG_TIMEOUT"
 HANG_TIMEOUT_S = 180
-MIN_HANG_TIMEOUT_S = 5  # a few heartbeats (trainer.progress.BEAT_S): less would see ghosts
+MIN_HANG_TIMEOUT_S = 5  # a few heartbeats (torchjob.trainer.progress.BEAT_S): less would see ghosts
 AGENT_ENV_OPTIONS = {**DIR_OPTIONS, RESUME_OPTION: RESUME_ENV,
                      HANG_TIMEOUT_OPTION: HANG_TIMEOUT_ENV}
-# Where each worker reports its progress (trainer.progress): a node-local folder the agent
+# Where each worker reports its progress (torchjob.trainer.progress): a node-local folder the agent
 # makes, one small file per local rank; unset (not under our agent): reporting does nothing.
 PROGRESS_DIR_ENV = "TORCHJOB_PROGRESS_DIR"
-# The agent's storm guard (trainer.ledger): restarts in a row that come back to the same
+# The agent's storm guard (torchjob.trainer.ledger): restarts in a row that come back to the same
 # checkpoint before the job is stopped as a restart storm; 0 turns it off.
 MAX_STALLED_OPTION, MAX_STALLED_DEFAULT = "--max-stalled-restarts", 3
 
-# A finished checkpoint's record (trainer.checkpoint), also read before submitting
-# (jobs.preflight): step, world size, config and its fingerprint, a checksum per file.
+# A finished checkpoint's record (torchjob.trainer.checkpoint), also read before submitting
+# (torchjob.jobs.preflight): step, world size, config and its fingerprint, a checksum per file.
 MANIFEST = "manifest.json"
 
 # The attempt of a node's first workers when the scheduler itself runs the job again (Slurm's

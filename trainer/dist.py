@@ -11,8 +11,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from trainer.config import ConfigError
-from trainer.env import DistEnv
+from torchjob.trainer.config import ConfigError
+from torchjob.trainer.env import DistEnv
 
 
 @dataclass(frozen=True)

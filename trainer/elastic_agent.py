@@ -5,18 +5,18 @@ torchrun's agent, its workers done, waits up to 300 s in the "exit barrier" for 
 nodes' agents, inside one blocking store call: a SIGTERM (a Slurm time limit, a pod deletion)
 is handled only when that call returns, so a node whose work had just finished when the job
 was told to stop outlived the others by 5 minutes, past the time limit. Here the barrier
-waits in short slices, and the signal ends it at once. ``python -m trainer.agent`` runs it.
+waits in short slices, and the signal ends it at once. ``python -m torchjob.trainer.agent`` runs it.
 
-The membership watch (trainer.membership): the agent also restarts its workers when the
+The membership watch (torchjob.trainer.membership): the agent also restarts its workers when the
 rendezvous dropped its node from the round it joined, as for a new node.
 
-The hang watchdog (trainer.hang): with ``--hang-timeout`` the agent reads its workers'
+The hang watchdog (torchjob.trainer.hang): with ``--hang-timeout`` the agent reads its workers'
 progress in its monitor loop; a group without progress for that long gets its stacks written,
 its stuck rank named and its workers killed, and the failure takes the path of a lost
 worker's (a restart from the last checkpoint, decided alike on every node).
 
 And every line its workers print carries the one log prefix (``trainer.contract.LOG_PREFIX``:
-node, rank, attempt), through torch's tee with a line prefix (``python -m trainer.agent``
+node, rank, attempt), through torch's tee with a line prefix (``python -m torchjob.trainer.agent``
 turns the tee on). torch's template knows only the rank; the node (this agent's group rank
 in the round) and the attempt (its restarts so far, plus ``TORCHJOB_ATTEMPT_BASE`` when the
 scheduler itself ran the job again) are filled in here, each time the workers start.
@@ -42,12 +42,12 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils import store as store_util
 
-from trainer import ledger
-from trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FINISHED, HEARD_FAIL,
-                              HEARD_RESTART, RUN_DIR_ENV, log_prefix)
-from trainer.failures import RESTARTING, Failure, Verdict, judge, last_line
-from trainer.hang import Seen, Watchdog, kill, kill_stopped
-from trainer.membership import MembershipWatch
+from torchjob.trainer import ledger
+from torchjob.trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FINISHED, HEARD_FAIL,
+                                       HEARD_RESTART, RUN_DIR_ENV, log_prefix)
+from torchjob.trainer.failures import RESTARTING, Failure, Verdict, judge, last_line
+from torchjob.trainer.hang import Seen, Watchdog, kill, kill_stopped
+from torchjob.trainer.membership import MembershipWatch
 
 BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at signals)
 # A node whose workers only lost a peer waits this long for the verdict of the node where the
@@ -99,13 +99,13 @@ def attempt_base(environ: Mapping[str, str]) -> int:
 class Agent(LocalElasticAgent):
     """torchrun's agent, with an exit barrier that a stop signal can interrupt, a watch on
     its node's membership of the rendezvous, the one log prefix on its workers' lines, and
-    restarts only for lost workers (trainer.failures), decided alike on every node."""
+    restarts only for lost workers (torchjob.trainer.failures), decided alike on every node."""
 
-    retry_on_error = False  # set by ``python -m trainer.agent --retry-on-error``
+    retry_on_error = False  # set by ``python -m torchjob.trainer.agent --retry-on-error``
     max_stalled_restarts = 3  # ``--max-stalled-restarts``: the storm guard (trainer.ledger)
     closing: tuple[str, int] | None = None  # why the job failed, and the attempt
-    # set by ``python -m trainer.agent --hang-timeout S`` (0: no watchdog), with the folder
-    # its workers report progress in (trainer.progress)
+    # set by ``python -m torchjob.trainer.agent --hang-timeout S`` (0: no watchdog), with the folder
+    # its workers report progress in (torchjob.trainer.progress)
     hang_timeout = 0.0
     progress_dir: str | None = None
     # whether this node met the others at the rendezvous store (a store lost after that is
@@ -117,7 +117,7 @@ class Agent(LocalElasticAgent):
         spec.rdzv_handler = MembershipWatch(spec.rdzv_handler)  # type: ignore[assignment]
         super().__init__(spec, *args, **kwargs)
         self._attempt_base = attempt_base(os.environ)
-        # the run's ledger (trainer.ledger), in the run directory: none without one
+        # the run's ledger (torchjob.trainer.ledger), in the run directory: none without one
         self._run_dir = os.environ.get(RUN_DIR_ENV) or None
         self._checkpoint_dir = os.environ.get(CHECKPOINT_DIR_ENV) or None
         self._run_id = spec.rdzv_handler.get_run_id()
@@ -150,7 +150,7 @@ class Agent(LocalElasticAgent):
 
     def _storm(self, verdict: Verdict, mark: str | None) -> Verdict:
         """``verdict`` (a restart), or a failure when the restarts before it already came
-        back to checkpoint ``mark`` ``max_stalled_restarts`` times (trainer.ledger)."""
+        back to checkpoint ``mark`` ``max_stalled_restarts`` times (torchjob.trainer.ledger)."""
         if self._run_dir is None or self.max_stalled_restarts <= 0:
             return verdict
         stalled = ledger.stalled(ledger.read(self._run_dir), self._run_id, mark)
@@ -177,13 +177,13 @@ class Agent(LocalElasticAgent):
                       step=self._step_reached(), checkpoint=mark, **extra)
 
     def _step_reached(self) -> int | None:
-        """The highest step this node's workers reported (trainer.progress), if any did."""
+        """The highest step this node's workers reported (torchjob.trainer.progress), if any did."""
         steps = [w.step for w in self._watchdog.seen if w.step >= 0] if self._watchdog else []
         return max(steps) if steps else None
 
     def _finished_line(self) -> str:
-        """How the job ended, from node 0 (``trainer.contract.FINISHED``): the attempt, the
-        size, the restarts and every change of membership of this run (trainer.ledger)."""
+        """How the job ended, from node 0 (``torchjob.trainer.contract.FINISHED``): the attempt, the
+        size, the restarts and every change of membership of this run (torchjob.trainer.ledger)."""
         group = self._worker_group
         nodes = group.group_world_size or 1
         line = (f"{FINISHED}attempt {self.attempt()}, {nodes} node(s), world size "
@@ -206,7 +206,7 @@ class Agent(LocalElasticAgent):
 
     def _watch(self, group: agent_api.WorkerGroup, result: agent_api.RunResult,
                ) -> tuple[agent_api.RunResult, dict[int, str]]:
-        """The hang watchdog's turn (trainer.hang): ``result``, or a failure of the stuck
+        """The hang watchdog's turn (torchjob.trainer.hang): ``result``, or a failure of the stuck
         workers once this node acts on a hang; and why each rank it killed was stuck."""
         dog = self._watchdog
         if dog is None or not dog.seen:

@@ -215,7 +215,7 @@ def _checked(names: tuple[str, str, str, str], rank: int, local_rank: int, world
 def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
     """torchrun / TorchX / torchelastic: per-process values, also inside Kubernetes pods."""
     why = f"LOCAL_RANK={_get(env, 'LOCAL_RANK')} is set and {_TORCHRUN}; unset the stray " \
-          "LOCAL_RANK, or start the trainer with `torchrun -m trainer`"
+          "LOCAL_RANK, or start the trainer with `torchrun -m torchjob.trainer`"
     rank, world = _need(env, "RANK", why), _need(env, "WORLD_SIZE", why, 1)
     local_rank, local_world = _need(env, "LOCAL_RANK", why), _need(env, "LOCAL_WORLD_SIZE", why, 1)
     group_rank = _int(env, "GROUP_RANK")
@@ -243,8 +243,8 @@ def _from_pod(env: Mapping[str, str]) -> DistEnv:
         raise EnvError(f"RANK={rank} and WORLD_SIZE={world} are per pod (the PyTorchJob "
                        f"operator sets them), PET_NPROC_PER_NODE={nproc} asks for {int(nproc)} "
                        "processes per pod, and LOCAL_RANK is not set: start the trainer with "
-                       "`torchrun -m trainer`, which reads PET_* and gives every process its own "
-                       "RANK, LOCAL_RANK and WORLD_SIZE")
+                       "`torchrun -m torchjob.trainer`, which reads PET_* and gives every "
+                       "process its own RANK, LOCAL_RANK and WORLD_SIZE")
     addr, port = _rendezvous(env, world, f"WORLD_SIZE={world}", "the PyTorchJob operator sets "
                              "both when the job has a Master; set them, or start with torchrun")
     return _checked(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"), rank, 0, world, 1,
@@ -261,8 +261,8 @@ def _reject_pet_without_torchrun(env: Mapping[str, str]) -> None:
     shown = ", ".join(f"{n}={v}" for n, v in found.items())
     raise EnvError(f"{shown} are set but RANK and LOCAL_RANK are not: this pod belongs to a "
                    "TrainJob or an elastic PyTorchJob, whose operator leaves starting the "
-                   "processes to torchrun. Start the trainer with `torchrun -m trainer` (it "
-                   "reads the PET_* variables)")
+                   "processes to torchrun. Start the trainer with `torchrun -m "
+                   "torchjob.trainer` (it reads the PET_* variables)")
 
 
 class _Mpi(NamedTuple):
@@ -302,14 +302,14 @@ def _from_slurm_or_mpi(env: Mapping[str, str]) -> DistEnv | None:
     if ntasks is not None and ntasks > 1:
         raise EnvError(f"{ntasks_name}={ntasks} but SLURM_STEP_ID is not set: this is the sbatch "
                        "script (or salloc shell) itself, not one of the job's tasks. Start the "
-                       "trainer with `srun python -m trainer` (one process per task) or "
-                       "`srun torchrun ... -m trainer` (one torchrun per node)")
+                       "trainer with `srun python -m torchjob.trainer` (one process per task) or "
+                       "`srun torchrun ... -m torchjob.trainer` (one torchrun per node)")
     return None
 
 
 def _from_slurm(env: Mapping[str, str]) -> DistEnv:
     """An srun task without torchrun: ranks from SLURM_*, rank 0 on the first node of the step."""
-    why = "srun sets these for every task; start the trainer with `srun python -m trainer`"
+    why = "srun sets these for every task; start the trainer with `srun python -m torchjob.trainer`"
     world_name = _first_set(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
     world = _need(env, world_name or "SLURM_NTASKS", why, 1)
     rank, local_rank = _need(env, "SLURM_PROCID", why), _need(env, "SLURM_LOCALID", why)

@@ -5,7 +5,7 @@ killer, a lost node), one that hung (the watchdog, trainer.hang, killed it) or o
 lost a peer (a collective failed because another process died: exit ``EXIT_RETRY``) is restarted, up to ``max_restarts``. A worker that raised
 (exit 1, or any other code of its own) fails the job at once, unless the job opts in with
 ``retry_on_error``; a configuration error (exit 2) is never retried. Pure: the agent
-(trainer.elastic_agent) gathers the failures and shares the verdict with the other nodes.
+(torchjob.trainer.elastic_agent) gathers the failures and shares the verdict with the other nodes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.contract import EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED
+from torchjob.trainer.contract import EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED
 
 # what a collective raises when another process of the group is gone (gloo's transport,
 # NCCL's abort); torch's own DistError types are recognised by class
@@ -49,7 +49,7 @@ class Failure:
     exitcode: int
     message: str
     timestamp: float
-    hung: str = ""  # the hang watchdog killed it (trainer.hang): why it was stuck
+    hung: str = ""  # the hang watchdog killed it (torchjob.trainer.hang): why it was stuck
 
     @property
     def kind(self) -> str:

@@ -8,7 +8,7 @@ out on purpose:
 - ``epochs`` and ``max_steps``: a change only extends (or shortens) the same trajectory, so
   the run resumes and trains on to the new end;
 - the world size: an elastic job changes it by design; the position in the epoch is global
-  (``trainer.data``) and FSDP shards are resharded on load;
+  (``torchjob.trainer.data``) and FSDP shards are resharded on load;
 - ``data`` is not a setting: it is what a task read from the machine (the gpt task's corpus,
   ``Task.identity``), which the trainer adds to the config it keeps in a checkpoint. It is
   compared where both sides know it: on the nodes, not by a launcher that builds no task;
@@ -17,7 +17,7 @@ out on purpose:
   learned.
 
 How a run treats checkpoints is the launcher's choice, told to every worker in
-``TORCHJOB_RESUME`` (``trainer.contract.RESUME_ENV``): unset, resume when the fingerprint
+``TORCHJOB_RESUME`` (``torchjob.trainer.contract.RESUME_ENV``): unset, resume when the fingerprint
 matches; ``force``, resume anyway; ``fresh:TOKEN``, set the old checkpoints aside once per
 TOKEN (the job's submission) and start over. Pure: no torch.
 """

@@ -3,6 +3,6 @@ agent's ``multiprocessing.set_forkserver_preload``): the server dies with the ag
 started it (trainer.orphans). It cannot notice the agent's end by itself: every worker holds
 the write end of the pipe it watches for that, and the workers wait on the server."""
 
-from trainer.orphans import die_with_parent
+from torchjob.trainer.orphans import die_with_parent
 
 die_with_parent()

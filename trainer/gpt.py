@@ -10,8 +10,8 @@ text is on both sides and the split never depends on ``--seed``. A fixed list ra
 (``_sysconfigdata*``, ``sysconfig.py``, ``site.py``); the listed modules are in every install
 of a given CPython version, byte for byte, so every node of a job reads the same text. Another
 Python version reads other text: the corpus's SHA-256 is part of the task's identity, so a
-checkpoint is refused by a run on another version (trainer.fingerprint), and ranks reading
-different text stop before the first step (trainer.train).
+checkpoint is refused by a run on another version (torchjob.trainer.fingerprint), and ranks reading
+different text stop before the first step (torchjob.trainer.train).
 
 The tokenizer is the bytes themselves (256 symbols): nothing to download or train, lossless on
 any file (the sources hold some UTF-8 beyond ASCII), identical on every node, and the loss is
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from trainer.config import ConfigError
+from torchjob.trainer.config import ConfigError
 
 # Modules in every CPython 3.x from 3.8 on (none deprecated for removal), largest first; a
 # name is NAME.py or the package NAME/__init__.py (pathlib is a package from 3.13).

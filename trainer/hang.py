@@ -1,7 +1,7 @@
 """The hang watchdog, the agent's side: no progress for ``hang_timeout`` -> stacks written, the
 stuck rank named, the group restarted from its last checkpoint like after a lost worker.
 
-What it reads: each local worker's progress file (trainer.progress): its last step and its
+What it reads: each local worker's progress file (torchjob.trainer.progress): its last step and its
 heartbeat, and the state of its process in ``/proc``. Times are this agent's own clock at the
 read that saw a value change, so no worker's clock is trusted; files are read at most once a
 second (``READ_EVERY_S``), the agent's monitor loop runs every 0.1 s.
@@ -22,7 +22,7 @@ node<N>-rank<R>.txt``) ``DUMP_LEAD_S`` before the timeout (so that every node ha
 before the first one acts); at the timeout a node with a silent rank, or alone in the job, then kills its
 workers with SIGKILL (a stopped process hears SIGTERM only once continued; one blocked in a
 collective not at all) and reports them as failed, which the agent's verdict turns into a
-restart (trainer.failures: kind ``hung``). A node whose ranks are all alive waits
+restart (torchjob.trainer.failures: kind ``hung``). A node whose ranks are all alive waits
 ``others_first_s`` longer: the node where the hang began acts first, its restart reaches this
 node as a lost peer and the verdict names the rank that hung; only a hang that no node can
 pin on a silent rank (a deadlock of live ranks) is acted on by every node after that wait.
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from trainer.progress import BEAT_S, NO_STEP
+from torchjob.trainer.progress import BEAT_S, NO_STEP
 
 READ_EVERY_S = 1.0  # how often the agent reads the progress files
 BEAT_LOST_S = 5 * BEAT_S  # no heartbeat for this long: the process is stopped or frozen
@@ -228,7 +228,7 @@ def proc_view(pid: int) -> str:
 
 
 class Watchdog:
-    """One agent's watch over its local workers (trainer.elastic_agent calls it)."""
+    """One agent's watch over its local workers (torchjob.trainer.elastic_agent calls it)."""
 
     def __init__(self, folder: Path, timeout: float, *, others_first_s: float,
                  say: Callable[[str], None], clock: Callable[[], float] = time.monotonic

@@ -4,13 +4,13 @@
 It lives in the run directory (shared storage on a cluster) and is only ever appended to, so
 it outlives the agents that write it: a Slurm requeue, a pod restart or the next
 ``torchjob run`` of the same run directory adds to the same file. The agent
-(trainer.elastic_agent) writes it; the trainer's summary and the launchers read it.
+(torchjob.trainer.elastic_agent) writes it; the trainer's summary and the launchers read it.
 
 Lines (``event`` says which):
 - ``restart``: the workers are started again. ``time``, ``node`` (the agent's node in the round
   and its host), ``rank`` and ``exit``/``signal`` of the failure it rests on, ``cause`` (one
   line), ``attempt`` (the one that failed), ``step`` (the highest step the node's workers
-  reported, trainer.progress; null when none did), ``checkpoint`` (the newest checkpoint at
+  reported, torchjob.trainer.progress; null when none did), ``checkpoint`` (the newest checkpoint at
   the time: what the next attempt resumes from).
 - ``round``: a rendezvous round completed; written by the round's node 0. ``round``,
   ``nodes`` (each node's name, in node order), ``world_size``, ``attempt``, ``checkpoint``.
@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from trainer.contract import MANIFEST
+from torchjob.trainer.contract import MANIFEST
 
 LEDGER = "ledger.jsonl"
 MAX_LINE = 4096  # one write of at most this: lines of concurrent writers do not interleave
@@ -53,7 +53,7 @@ def node_name() -> str:
 
 def checkpoint_mark(checkpoint_dir: str | os.PathLike[str] | None) -> str | None:
     """The newest checkpoint in ``checkpoint_dir``: the name of the newest finished
-    ``step_*`` (its manifest written, trainer.checkpoint), or for a script that keeps its
+    ``step_*`` (its manifest written, torchjob.trainer.checkpoint), or for a script that keeps its
     checkpoints its own way, the newest modification time of what is in the directory (and
     one level below); None when there is nothing."""
     if not checkpoint_dir:

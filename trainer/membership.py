@@ -1,4 +1,4 @@
-"""A watch on the agent's own membership of the rendezvous (trainer.elastic_agent uses it).
+"""A watch on the agent's own membership of the rendezvous (torchjob.trainer.elastic_agent uses it).
 
 The c10d rendezvous drops a node from its round when the node's
 heartbeat is older than keep_alive_interval x keep_alive_max_attempt (15 s). A healthy node
@@ -19,7 +19,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server import api as agent_api
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 
-from trainer import ledger
+from torchjob.trainer import ledger
 
 log = agent_api.logger  # torchrun's own agent log, with its format
 

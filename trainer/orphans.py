@@ -5,7 +5,7 @@ node agent killed by hand, a container runtime that only kills PID 1) left its w
 holding their GPUs and their peers in a collective until the process-group timeout. Each worker
 asks the kernel for SIGKILL when its parent goes (Linux ``PR_SET_PDEATHSIG``): a user script's
 parent is the agent; the built-in trainer's is the fork server, which asks the same for itself
-as it starts (trainer.forkserver_guard). The other nodes then see a lost peer and restart
+as it starts (torchjob.trainer.forkserver_guard). The other nodes then see a lost peer and restart
 without this one, as for a lost node.
 """
 

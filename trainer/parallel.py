@@ -25,8 +25,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
-from trainer.config import ConfigError, TrainConfig
-from trainer.dist import Group
+from torchjob.trainer.config import ConfigError, TrainConfig
+from torchjob.trainer.dist import Group
 
 RUNNING_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 # torch 2.13 renamed DDP's ``broadcast_buffers`` (deprecated, with a warning) to

@@ -23,8 +23,8 @@ import types
 import torch
 import torch.distributed as dist
 
-from trainer.contract import EXIT_STOPPED as EXIT_PREEMPTED
-from trainer.contract import STOP_SIGNALS
+from torchjob.trainer.contract import EXIT_STOPPED as EXIT_PREEMPTED
+from torchjob.trainer.contract import STOP_SIGNALS
 # A second signal this soon after the first is the same stop delivered twice: to the whole
 # process group (TorchX's local scheduler, scancel of a step) and forwarded by the agent.
 SAME_STOP_S = 1.0
@@ -180,6 +180,6 @@ def ignore_stop_signals() -> None:
     kills the task, and Slurm counts the whole job FAILED. Harmless under torchrun, whose
     agent is done only once every worker process has exited; not for the workers that
     trainer.agent forks, whose agent stops a finished worker with SIGTERM while it waits for
-    its result to be read (trainer.agent.worker)."""
+    its result to be read (torchjob.trainer.agent.worker)."""
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)

@@ -1,6 +1,6 @@
-"""A worker's progress, told to its agent's hang watchdog (trainer.hang): one line to add.
+"""A worker's progress, told to its agent's hang watchdog (torchjob.trainer.hang): one line to add.
 
-    from trainer import progress
+    from torchjob.trainer import progress
     progress.step(n)            # after each optimizer step (n: its number; omitted: one more)
 
 The built-in trainer calls it every step; a user's script may. Not under torchjob's agent
@@ -11,7 +11,7 @@ folder (``TORCHJOB_PROGRESS_DIR``), each worker overwrites ``FOLDER/LOCAL_RANK``
 with its last step, its heartbeat count and its pid (fixed width; the agent ignores a line it
 reads half-written and reads again a second later).
 
-The heartbeat: ``start()`` (the agent's workers call it first thing: trainer.agent for the
+The heartbeat: ``start()`` (the agent's workers call it first thing: torchjob.trainer.agent for the
 built-in trainer, trainer.script for any other) runs a daemon thread that counts one beat per
 ``BEAT_S``. A beat means "this process is scheduled and its interpreter runs": it stops when
 the process is stopped (SIGSTOP, a frozen cgroup, a debugger), when it is stuck in the kernel
@@ -28,7 +28,7 @@ import os
 import threading
 import time
 
-from trainer.contract import PROGRESS_DIR_ENV
+from torchjob.trainer.contract import PROGRESS_DIR_ENV
 
 BEAT_S = 1.0  # one heartbeat per second: a silent second is noise, five are a stop
 RECORD_BYTES = 64

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from trainer import ledger
+from torchjob.trainer import ledger
 
 T = TypeVar("T")
 
@@ -137,7 +137,7 @@ NOT_A_SCORE = ("kind", "time", "step", "epoch", "loss")
 
 def plot(metrics: Path, out: Path) -> None:
     """Train and eval loss on the left; on the right the evaluation's other metric, whichever
-    the task reports (trainer.objectives): accuracy, or a language model's perplexity."""
+    the task reports (torchjob.trainer.objectives): accuracy, or a language model's perplexity."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -18,8 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import IO, Any
 
-from trainer.checkpoint import Position
-from trainer.dist import Group, from_rank0
+from torchjob.trainer.checkpoint import Position
+from torchjob.trainer.dist import Group, from_rank0
 
 FOLDER = "samples"
 NAME = re.compile(r"attempt(\d+)-rank(\d+)\.jsonl")

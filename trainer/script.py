@@ -1,9 +1,10 @@
-"""``python -m trainer.script SCRIPT ARGS...`` (or ``-m MODULE ARGS...``): a user's script run
-exactly as ``python SCRIPT ARGS...`` runs it, with one addition: how it failed is told to its
-agent (trainer.failures). The agent starts every worker that is not the built-in trainer
+"""``python -m torchjob.trainer.script SCRIPT ARGS...`` (or ``-m MODULE ARGS...``): a user's script
+run exactly as ``python SCRIPT ARGS...`` runs it, with one addition: how it failed is told to its
+agent (torchjob.trainer.failures). The agent starts every worker that is not the built-in trainer
 through this.
 
-As the interpreter does: ``sys.argv`` is ``[SCRIPT, *ARGS]``, the script's own directory
+As the interpreter does: ``sys.argv`` is ``[SCRIPT, *ARGS]``, ``__file__`` is the script's
+absolute path (as python makes it since 3.9, and torchrun), the script's own directory
 (symlinks resolved) comes first on ``sys.path``, it runs as ``__main__`` in the directory it
 was started in. An exception that only says another process of the group is gone exits
 ``EXIT_RETRY`` (the agent restarts the group); any other is recorded in torchelastic's error
@@ -18,6 +19,9 @@ exception"), and the exit code the script meant, 0, 1 or its own, would be lost.
 from __future__ import annotations
 
 import atexit
+import builtins
+import importlib.machinery
+import io
 import json
 import os
 import runpy
@@ -25,11 +29,13 @@ import sys
 import threading
 import time
 import traceback
+import types
+import zipfile
 from typing import NoReturn
 
-from trainer import progress
-from trainer.contract import EXIT_CONFIG, EXIT_RETRY
-from trainer.orphans import die_with_parent
+from torchjob.trainer import progress
+from torchjob.trainer.contract import EXIT_CONFIG, EXIT_RETRY
+from torchjob.trainer.orphans import die_with_parent
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set by torch's agent for each worker
 
@@ -50,9 +56,28 @@ def record(exc: BaseException) -> None:
         pass  # the agent then names the exit code alone
 
 
+def run_script(path: str) -> None:
+    """Run the file ``path`` as ``python PATH`` does: as ``__main__`` (what pickle and
+    multiprocessing find), ``__file__`` absolute, ``sys.argv[0]`` left as given (runpy's
+    run_path would set it to the path it ran). A directory or zip file with a __main__.py
+    goes to runpy."""
+    if not os.path.isfile(path) or zipfile.is_zipfile(path):
+        runpy.run_path(path, run_name="__main__")
+        return
+    full = os.path.abspath(path)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=full, __cached__=None, __package__=None, __spec__=None,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", full),
+                         __builtins__=builtins)
+    with io.open_code(full) as file:
+        code = compile(file.read(), full, "exec", dont_inherit=True)
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] == "-m" and len(argv) < 2:
-        print("usage: python -m trainer.script SCRIPT [ARGS...] | -m MODULE [ARGS...]",
+        print("usage: python -m torchjob.trainer.script SCRIPT [ARGS...] | -m MODULE [ARGS...]",
               file=sys.stderr)
         return EXIT_CONFIG
     try:
@@ -62,7 +87,7 @@ def main(argv: list[str]) -> int:
         else:
             sys.argv = list(argv)
             sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
-            runpy.run_path(argv[0], run_name="__main__")
+            run_script(argv[0])
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
@@ -80,7 +105,7 @@ def failed(exc: BaseException) -> int:
     """A worker's exception: recorded for its agent, its traceback printed as the interpreter
     prints it, and the exit code: ``EXIT_RETRY`` when it only says a peer is gone (then one
     line, not the traceback of a collective that lost its peer), else 1."""
-    from trainer.failures import is_peer_loss, last_line
+    from torchjob.trainer.failures import is_peer_loss, last_line
 
     record(exc)
     peer = is_peer_loss(exc)
@@ -108,6 +133,6 @@ def leave(code: int) -> NoReturn:
 
 
 if __name__ == "__main__":
-    die_with_parent()  # the agent (trainer.orphans)
-    progress.start()  # its heartbeat, for the agent's hang watchdog (trainer.progress)
+    die_with_parent()  # the agent (torchjob.trainer.orphans)
+    progress.start()  # its heartbeat, for the agent's hang watchdog (torchjob.trainer.progress)
     leave(main(sys.argv[1:]))

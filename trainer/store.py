@@ -1,4 +1,4 @@
-"""``python -m trainer.store --port PORT``: the rendezvous store of an elastic job, alone.
+"""``python -m torchjob.trainer.store --port PORT``: the rendezvous store of an elastic job, alone.
 
 torch's c10d rendezvous keeps its state (who joined, which round, heartbeats: a few KB) in a
 TCPStore, and by default the agent on the endpoint's host serves it: killing that node killed
@@ -6,7 +6,7 @@ the store, and every survivor died with it (RendezvousConnectionError), though t
 still met nnodes MIN. Here the store is a process of its own that no training node hosts: no
 GPU, no training memory, no workers, nothing a worker's OOM, a hung collective or a lost or
 preempted training node takes down. Every agent of the job is its client (``is_host=false``
-in the rendezvous conf, ``jobs.command``); their connect retries while this starts.
+in the rendezvous conf, ``torchjob.jobs.command``); their connect retries while this starts.
 
 Each backend starts it beside the nodes, never in one (local: a process of the launcher;
 docker: the compose service ``rendezvous``; Slurm: a process of the batch shell on the first
@@ -30,7 +30,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.store",
+    parser = argparse.ArgumentParser(prog="python -m torchjob.trainer.store",
                                      description="the rendezvous store of an elastic job")
     parser.add_argument("--port", type=int, required=True, help="TCP port to serve on")
     args = parser.parse_args(argv)

@@ -7,7 +7,7 @@ backward passes of the micro-batches that accumulate without synchronising). Und
 rank's whole step takes the same time, since the last backward's all-reduce waits for the
 slowest rank; the time before that all-reduce is the rank's own (a wait for DDP's buffer
 broadcast at the start of a forward pass aside, for a model with buffers other than batch-norm
-statistics: trainer.parallel). On a GPU it is the
+statistics: torchjob.trainer.parallel). On a GPU it is the
 host's time: kernels queued, not finished (a synchronisation per step would cost more than the
 report is worth). The times of this attempt's steps only: a restarted group starts afresh.
 """

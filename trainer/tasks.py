@@ -1,6 +1,6 @@
 """What to train: the built-in digits, synthetic and gpt tasks, or a user's factory by import path.
 
-A task is a model, a training set, an evaluation set and its objective (trainer.objectives:
+A task is a model, a training set, an evaluation set and its objective (torchjob.trainer.objectives:
 classification unless it says otherwise). A user's factory ``pkg.module:function`` is called
 with no arguments and returns a :class:`Task` (or a ``(model, train, eval)`` tuple); the
 trainer adds everything distributed around it.
@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from trainer import gpt
-from trainer.config import ConfigError, TrainConfig
-from trainer.objectives import CLASSIFY, NextToken, Objective
+from torchjob.trainer import gpt
+from torchjob.trainer.config import ConfigError, TrainConfig
+from torchjob.trainer.objectives import CLASSIFY, NextToken, Objective
 
 SPLIT_SEED = 1234  # the train/test split never depends on --seed: every run scores the same set
 
@@ -146,4 +146,5 @@ def user_task(target: str) -> Task:
     if isinstance(made, tuple) and len(made) in (2, 3) and isinstance(made[0], nn.Module):
         return Task(*made)
     raise ConfigError(f"--task {target!r} returned {type(made).__name__}; return "
-                      "trainer.tasks.Task(model, train, eval) or a (model, train, eval) tuple")
+                      "torchjob.trainer.tasks.Task(model, train, eval) or a (model, train, "
+                      "eval) tuple")

@@ -1,7 +1,7 @@
 """The training run, top to bottom: environment, process group, data, model, loop, checkpoint.
 
-Runs alone (``python -m trainer``), under torchrun, under ``srun``, under an MPI launcher or
-in a Kubernetes pod; only ``DistEnv.from_environ()`` knows the difference. Exit codes: 0 done,
+Runs alone (``python -m torchjob.trainer``), under torchrun, under ``srun``, under an MPI launcher
+or in a Kubernetes pod; only ``DistEnv.from_environ()`` knows the difference. Exit codes: 0 done,
 2 bad configuration, 1 training failure, 143 stopped by a signal after a checkpoint.
 """
 
@@ -22,22 +22,23 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer import progress, stragglers
-from trainer.checkpoint import Checkpointer, Position
-from trainer.clock import Throughput
-from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, RESUME_ENV
-from trainer.config import ConfigError, TrainConfig, parse_args
-from trainer.data import TrainBatches, eval_batches
-from trainer.dist import Group, process_group
-from trainer.env import DistEnv, EnvError
-from trainer.fingerprint import DATA
-from trainer.parallel import (autocast_context, clip_gradients, gradient_sync, same_statistics,
-                              settle_buckets, use_bf16, wrap)
-from trainer.preempt import EXIT_PREEMPTED, StopRequest
-from trainer.report import Reporter
-from trainer.samples import SampleLog
-from trainer.script import record
-from trainer.tasks import Task, build_task
+from torchjob.trainer import progress, stragglers
+from torchjob.trainer.checkpoint import Checkpointer, Position
+from torchjob.trainer.clock import Throughput
+from torchjob.trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, RESUME_ENV
+from torchjob.trainer.config import ConfigError, TrainConfig, parse_args
+from torchjob.trainer.data import TrainBatches, eval_batches
+from torchjob.trainer.dirs import unusable
+from torchjob.trainer.dist import Group, process_group
+from torchjob.trainer.env import DistEnv, EnvError
+from torchjob.trainer.fingerprint import DATA
+from torchjob.trainer.parallel import (autocast_context, clip_gradients, gradient_sync,
+                                       same_statistics, settle_buckets, use_bf16, wrap)
+from torchjob.trainer.preempt import EXIT_PREEMPTED, StopRequest
+from torchjob.trainer.report import Reporter
+from torchjob.trainer.samples import SampleLog
+from torchjob.trainer.script import record
+from torchjob.trainer.tasks import Task, build_task
 
 
 
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None, *, stopped_after_the_work: int = 0) 
 
 
 def resume_mode(cfg: TrainConfig, environ: Mapping[str, str]) -> str:
-    """How to treat the checkpoints found (trainer.fingerprint): the launcher's
+    """How to treat the checkpoints found (torchjob.trainer.fingerprint): the launcher's
     ``TORCHJOB_RESUME`` (``fresh`` alone: once per run id); ``--resume false``: never resume,
     so every start moves the old ones aside (none is left to be resumed by mistake later)."""
     mode = environ.get(RESUME_ENV, "")
@@ -95,6 +96,10 @@ def tell(line: str) -> None:
 
 
 def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
+    for flag, value in (("--run-dir", cfg.run_dir), ("--checkpoint-dir", cfg.checkpoint_path)):
+        problem = unusable(value)  # before any work, not at the first save
+        if problem is not None:
+            raise ConfigError(f"{flag} {value}: {problem}")
     rep = Reporter(cfg.run_dir, rank=group.rank, world_size=group.world_size,
                    progress=cfg.progress, log_every=cfg.log_every)
     env = group.env
@@ -183,7 +188,7 @@ def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
-                progress.step(step)  # for the agent's hang watchdog (trainer.progress)
+                progress.step(step)  # for the agent's hang watchdog (torchjob.trainer.progress)
                 clock.tick(global_batch)
                 here = Position(step, epoch, batches.position)
                 if step % cfg.log_every == 0 or step == total:

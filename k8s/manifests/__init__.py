@@ -1,6 +1,6 @@
 """The rendered example jobs in this folder, and the one command that regenerates them.
 
-    python -m k8s.manifests          # rewrite every *.yaml here from the renderer
+    python -m torchjob.k8s.manifests          # rewrite every *.yaml here from the renderer
 
 Each variant is an example job spec from ``jobs/examples`` plus overrides; a test fails when
 a file here drifts from what the renderer makes of its variant.
@@ -11,16 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-import jobs.examples
-from jobs.load import loads
-from jobs.spec import JobSpec
-from k8s.pod import manifests_text
-from k8s.pytorchjob import render_pytorchjob
-from k8s.store import render_store
-from k8s.trainjob import render_runtime, render_trainjob
+import torchjob.jobs.examples
+from torchjob.jobs.load import loads
+from torchjob.jobs.spec import JobSpec
+from torchjob.k8s.pod import manifests_text
+from torchjob.k8s.pytorchjob import render_pytorchjob
+from torchjob.k8s.store import render_store
+from torchjob.k8s.trainjob import render_runtime, render_trainjob
 
 HERE = Path(__file__).resolve().parent
-EXAMPLES = Path(jobs.examples.__file__).resolve().parent  # package data, also when installed
+# package data, also when installed
+EXAMPLES = Path(torchjob.jobs.examples.__file__).resolve().parent
 Renderer = Callable[[JobSpec], list[dict[str, Any]]]
 
 
@@ -72,7 +73,7 @@ def render_variant(name: str) -> str:
     example, overrides, renderer = VARIANTS[name]
     head = f"# Rendered from jobs/examples/{example}.yaml"
     head += f" with {' '.join(overrides)}" if overrides else ""
-    head += ".\n# Regenerate with: python -m k8s.manifests (do not edit by hand)\n"
+    head += ".\n# Regenerate with: python -m torchjob.k8s.manifests (do not edit by hand)\n"
     return head + manifests_text(renderer(variant_spec(name)))
 
 

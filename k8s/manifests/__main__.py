@@ -1,6 +1,6 @@
-"""``python -m k8s.manifests``: regenerate the rendered example jobs in k8s/manifests/."""
+"""``python -m torchjob.k8s.manifests``: regenerate the rendered example jobs in k8s/manifests/."""
 
-from k8s.manifests import regenerate_manifests
+from torchjob.k8s.manifests import regenerate_manifests
 
 for path in regenerate_manifests():
     print(path)

@@ -107,7 +107,8 @@ class Reference:
             if self.found is None:
                 proc = subprocess.run(
                     [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                     "2", "-m", "trainer", "--run-dir", str(self.folder), *trainer_flags()],
+                     "2", "-m", "torchjob.trainer", "--run-dir", str(self.folder),
+                     *trainer_flags()],
                     cwd=self.folder, env=env_for_tests(), capture_output=True, text=True,
                     timeout=300, stdin=subprocess.DEVNULL)
                 assert proc.returncode == 0, proc.stderr[-3000:]

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from trainer.tasks import Task, digits_task
+from torchjob.trainer.tasks import Task, digits_task
 
 GATE_ENV = "CONFORMANCE_GATE"
 RAISE_ENV = "CONFORMANCE_RAISE_RANK"
@@ -65,7 +65,7 @@ def at_gate(rank: str) -> None:
 
 
 def stop_requested() -> bool:
-    """The trainer's stop handler (trainer.preempt.StopRequest) has seen a stop signal."""
+    """The trainer's stop handler (torchjob.trainer.preempt.StopRequest) has seen a stop signal."""
     handler = signal.getsignal(signal.SIGTERM)
     return getattr(getattr(handler, "__self__", None), "signum", None) is not None
 

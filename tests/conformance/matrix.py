@@ -142,7 +142,7 @@ class Column:
     command: tuple[str, ...] = ()  # what runs the job, if not `torchjob run --to BACKEND`
 
     def argv(self) -> list[str]:
-        return list(self.command or (PYTHON, "-m", "jobs", "run", "--to", self.backend))
+        return list(self.command or (PYTHON, "-m", "torchjob.jobs", "run", "--to", self.backend))
 
 
 # The venv activated: TorchX runs `python` on the nodes, not this interpreter (README, TorchX)
@@ -235,7 +235,7 @@ class Cell:
         return run.wait(), run.text()
 
     def torchjob(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([PYTHON, "-m", "jobs", *argv], cwd=self.workdir,
+        return subprocess.run([PYTHON, "-m", "torchjob.jobs", *argv], cwd=self.workdir,
                               env=self.env(), capture_output=True, text=True,
                               timeout=120, stdin=subprocess.DEVNULL)
 

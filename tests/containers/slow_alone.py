@@ -18,8 +18,8 @@ from typing import Any
 
 from torch import nn
 
-from trainer.config import TrainConfig
-from trainer.tasks import Task, synthetic_task
+from torchjob.trainer.config import TrainConfig
+from torchjob.trainer.tasks import Task, synthetic_task
 
 
 def task() -> Task:

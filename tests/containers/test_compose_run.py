@@ -23,14 +23,14 @@ from typing import IO
 import pytest
 import yaml
 
-from jobs.backend import GRACE_S
-from jobs.backends.docker.render import compose_text, render_compose
-from jobs.load import loads
-from jobs.runs import LAUNCHER_LOG, RECORD, RECORD_DIR
+from torchjob.jobs.backend import GRACE_S
+from torchjob.jobs.backends.docker.render import compose_text, render_compose
+from torchjob.jobs.load import loads
+from torchjob.jobs.runs import LAUNCHER_LOG, RECORD, RECORD_DIR
 from tests.procs import (PYTHON, ROOT, assert_bitwise_equal, env_for_tests, final_params,
                          last_step, wait_for)
 from tests.readme_sessions import run_session, sessions
-from trainer.contract import parse_log_prefix
+from torchjob.trainer.contract import parse_log_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 EXAMPLES = ROOT / "jobs" / "examples"
@@ -45,7 +45,7 @@ def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
 
 
 def torchjob_argv(job: str, *sets: str, to: str = "docker") -> list[str]:
-    return [PYTHON, "-m", "jobs", "run", "--to", to, str(EXAMPLES / job),
+    return [PYTHON, "-m", "torchjob.jobs", "run", "--to", to, str(EXAMPLES / job),
             *[a for s in sets for a in ("--set", s)]]
 
 
@@ -286,7 +286,8 @@ dist.barrier()  # rank 0 loses its peer here: not a failure of its own
 
 def test_user_scripts_run_from_the_working_directory_and_their_exceptions_are_not_retried(
         container_image: str, tmp_path: Path) -> None:
-    """jobs/examples/script.yaml on two node containers: the script comes from the directory
+    """jobs/examples/script.yaml's job on two node containers, started as torchrun takes it
+    (``torchjob run --to docker --nnodes 2 SCRIPT.py ARGS``): the script comes from the directory
     torchjob runs in (mounted at /workspace) and writes its result there. A script that
     raises on rank 1 fails the job at once with exit 1: no worker restart, no container
     restart, the last line names node 1 rank 1 and the exception. A working directory the
@@ -308,7 +309,11 @@ def test_user_scripts_run_from_the_working_directory_and_their_exceptions_are_no
             break
         parent.chmod(parent.stat().st_mode | 0o005)
 
-    with running(torchjob_argv("script.yaml", *nodes), cwd, tmp_path / "ok.log") as proc:
+    # torchrun's form, no YAML (the same job as script.yaml)
+    cli = [PYTHON, "-m", "torchjob.jobs", "run", "--to", "docker", "--nnodes", "2",
+           "--nproc-per-node", "1", "--name", "script-demo", "jobs/examples/ddp_script.py",
+           "--steps", "60"]
+    with running(cli, cwd, tmp_path / "ok.log") as proc:
         code = proc.wait(timeout=600)
     out = (tmp_path / "ok.log").read_text()
     assert code == 0, out[-4000:]

@@ -48,8 +48,8 @@ def test_agent_trains_the_default_job_with_two_processes(container_image: str,
                                                          tmp_path: Path) -> None:
     runs = writable_dir(tmp_path / "runs")
     proc = podman("run", "--rm", "--shm-size", "256m", "-v", f"{runs}:/workspace/runs",
-                  container_image, "python", "-m", "trainer.agent", "--standalone",
-                  "--nproc-per-node", "2", "-m", "trainer", "--epochs", "12",
+                  container_image, "python", "-m", "torchjob.trainer.agent", "--standalone",
+                  "--nproc-per-node", "2", "-m", "torchjob.trainer", "--epochs", "12",
                   "--run-dir", "/workspace/runs/x", timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     summary = json.loads((runs / "x" / "summary.json").read_text())
@@ -64,7 +64,8 @@ def test_agent_reads_pet_variables_as_in_a_pytorchjob_pod(container_image: str,
     runs = writable_dir(tmp_path / "runs")
     proc = podman("run", "--rm", "-v", f"{runs}:/workspace/runs",
                   "-e", "PET_STANDALONE=1", "-e", "PET_NPROC_PER_NODE=2", container_image,
-                  "python", "-m", "trainer.agent", "-m", "trainer", "--epochs", "1",
+                  "python", "-m", "torchjob.trainer.agent", "-m", "torchjob.trainer",
+                  "--epochs", "1",
                   "--run-dir", "/workspace/runs/pet", timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert json.loads((runs / "pet" / "summary.json").read_text())["world_size"] == 2

@@ -80,7 +80,7 @@ def test_podman_stopped_state_reads_as_the_exit_code(container_image: str,
     as torchx does, only faster) and read it through torchjob's local_docker scheduler."""
     import docker
 
-    from jobs.backends.torchx.podman import DockerOrPodmanScheduler
+    from torchjob.jobs.backends.torchx.podman import DockerOrPodmanScheduler
 
     client = docker.DockerClient(base_url=docker_host)
     scheduler = DockerOrPodmanScheduler(session_name="test")

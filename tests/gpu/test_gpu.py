@@ -27,7 +27,7 @@ RESTARTS = ["trainer.args.epochs=3", "trainer.args.checkpoint_every=10",
 
 
 def torchjob(example: str, run_dir: Path, *sets: str) -> list[str]:
-    cmd = [PYTHON, "-m", "jobs", "run", str(ROOT / "jobs/examples" / example),
+    cmd = [PYTHON, "-m", "torchjob.jobs", "run", str(ROOT / "jobs/examples" / example),
            "--set", "nproc_per_node=1", "--set", f"run_dir={run_dir}"]
     return cmd + [arg for s in sets for arg in ("--set", s)]
 
@@ -116,7 +116,7 @@ def test_sigterm_checkpoints_exits_143_and_resumes(tmp_path: Path, reference: di
 
 ASYNC_ROUND_TRIP = """
 import sys, torch
-from trainer.checkpoint import Checkpointer, Position
+from torchjob.trainer.checkpoint import Checkpointer, Position
 device = torch.device(sys.argv[2])
 def build():
     torch.manual_seed(0)
@@ -168,7 +168,7 @@ def test_user_code_over_nccl(tmp_path: Path, how: str) -> None:
     """jobs/examples/ddp_script.py, which picks NCCL itself when CUDA is there."""
     sets = ["trainer.args.steps=20", "env.NCCL_DEBUG=INFO"]
     if how == "module":
-        sets += ["trainer.script=", "trainer.module=jobs.examples.ddp_script"]
+        sets += ["trainer.script=", "trainer.module=torchjob.jobs.examples.ddp_script"]
     out = run_ok(torchjob("script.yaml", tmp_path, *sets))
     assert json.loads((tmp_path / "result.json").read_text())["world_size"] == 1
     assert ("NCCL INFO" in out) == CUDA, out[-3000:]

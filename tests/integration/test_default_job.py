@@ -14,7 +14,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_default_job_reaches_95_percent_with_2_processes(tmp_path: Path) -> None:
-    proc = subprocess.run([PYTHON, "-m", "jobs", "run", str(ROOT / "jobs/examples/default.yaml"),
+    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run",
+                           str(ROOT / "jobs/examples/default.yaml"),
                            "--set", f"run_dir={tmp_path}"], env=env_for_tests(),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -30,7 +31,8 @@ def test_default_job_reaches_95_percent_with_2_processes(tmp_path: Path) -> None
 
 
 def test_elastic_example_runs_two_local_nodes(tmp_path: Path) -> None:
-    proc = subprocess.run([PYTHON, "-m", "jobs", "run", str(ROOT / "jobs/examples/elastic.yaml"),
+    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run",
+                           str(ROOT / "jobs/examples/elastic.yaml"),
                            "--set", f"run_dir={tmp_path}", "--set", "trainer.args.epochs=2"],
                           env=env_for_tests(), capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr

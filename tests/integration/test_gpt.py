@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.procs import PYTHON, ROOT, env_for_tests
-from trainer import gpt
+from torchjob.trainer import gpt
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ MARGIN = 0.5  # nats per byte below the unigram baseline
 
 def torchjob_run(run_dir: Path, **args: object) -> subprocess.CompletedProcess[str]:
     sets = [f"run_dir={run_dir}", *(f"trainer.args.{k}={v}" for k, v in args.items())]
-    cmd = [PYTHON, "-m", "jobs", "run", str(ROOT / "jobs/examples/gpt.yaml")]
+    cmd = [PYTHON, "-m", "torchjob.jobs", "run", str(ROOT / "jobs/examples/gpt.yaml")]
     for item in sets:
         cmd += ["--set", item]
     proc = subprocess.run(cmd, env=env_for_tests(), capture_output=True, text=True,

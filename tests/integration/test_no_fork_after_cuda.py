@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 JOBS = {
     "trainer": [str(ROOT / "jobs/examples/default.yaml"), "--set", "trainer.args.epochs=1"],
     "module": [str(ROOT / "jobs/examples/script.yaml"), "--set", "trainer.script=",
-               "--set", "trainer.module=jobs.examples.ddp_script",
+               "--set", "trainer.module=torchjob.jobs.examples.ddp_script",
                "--set", "trainer.args.steps=5"],
     "script": [str(ROOT / "jobs/examples/script.yaml"), "--set", "trainer.args.steps=5"],
 }
@@ -28,7 +28,8 @@ JOBS = {
 def test_no_process_forks_after_querying_cuda(tmp_path: Path, path: str) -> None:
     record = tmp_path / "record"
     # one process: on a machine with one GPU (where this test means most) two are refused
-    proc = subprocess.run([PYTHON, "-m", "jobs", "run", *JOBS[path], "--set", "nproc_per_node=1",
+    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run", *JOBS[path], "--set",
+                           "nproc_per_node=1",
                            "--set", f"run_dir={tmp_path / 'run'}"], cwd=ROOT,
                           env=env_for_tests(**cuda_forks.recording_env(record)),
                           capture_output=True, text=True, timeout=300)

@@ -20,7 +20,7 @@ import pytest
 
 from tests.procs import (PYTHON, alive, cmdline, children, descendants, env_for_tests,
                          last_step, wait_for)
-from trainer.contract import EXIT_STORE_LOST, FINISHED
+from torchjob.trainer.contract import EXIT_STORE_LOST, FINISHED
 
 pytestmark = pytest.mark.integration
 TRIALS = int(os.environ.get("TORCHJOB_TRIALS", "1"))  # more by hand
@@ -33,19 +33,19 @@ max_restarts: 3
 local:
   nodes: 2
 trainer:
-  module: trainer
+  module: torchjob.trainer
   args: {epochs: 30, log_every: 1, eval_every: 0, progress: lines, checkpoint_every: 20}
 """
 
 
 def agents(launcher: int) -> list[int]:
     """The launcher's node agents, in the order it started them."""
-    return sorted(pid for pid in children(launcher) if "trainer.agent" in cmdline(pid))
+    return sorted(pid for pid in children(launcher) if "torchjob.trainer.agent" in cmdline(pid))
 
 
 def store(launcher: int) -> list[int]:
-    """The launcher's rendezvous store process (trainer.store)."""
-    return [pid for pid in children(launcher) if "trainer.store" in cmdline(pid)]
+    """The launcher's rendezvous store process (torchjob.trainer.store)."""
+    return [pid for pid in children(launcher) if "torchjob.trainer.store" in cmdline(pid)]
 
 
 @contextlib.contextmanager
@@ -54,7 +54,7 @@ def training(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], list[int
     its store, its output so far); killed at the end if still running."""
     (tmp_path / "job.yaml").write_text(JOB)
     log = open(tmp_path / "out.txt", "w+")
-    proc = subprocess.Popen([PYTHON, "-m", "jobs", "run", "job.yaml"], cwd=tmp_path,
+    proc = subprocess.Popen([PYTHON, "-m", "torchjob.jobs", "run", "job.yaml"], cwd=tmp_path,
                             env=env_for_tests(), stdout=log, stderr=subprocess.STDOUT)
     try:
         nodes = wait_for(lambda: len(found := agents(proc.pid)) == 2 and found, 60,

@@ -17,7 +17,7 @@ ARGS = ["--epochs", "3", "--checkpoint-every", "0", "--log-every", "1", "--progr
 
 
 def trainer(run_dir: Path) -> list[str]:
-    return [PYTHON, "-m", "trainer", "--run-dir", str(run_dir), *ARGS]
+    return [PYTHON, "-m", "torchjob.trainer", "--run-dir", str(run_dir), *ARGS]
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,8 @@ def test_a_stop_signal_while_a_finished_trainer_exits_changes_nothing(
     window = tmp_path / "exiting"
     window.mkdir()
     run = tmp_path / "run"
-    proc = subprocess.Popen([PYTHON, "-m", "trainer", "--run-dir", str(run), "--epochs", "1",
-                             "--progress", "lines"],
+    proc = subprocess.Popen([PYTHON, "-m", "torchjob.trainer", "--run-dir", str(run), "--epochs",
+                             "1", "--progress", "lines"],
                             env=env_for_tests(**linger_at_exit(window, 4)),
                             stderr=subprocess.PIPE, text=True)
     wait_for(lambda: lingering(window) or proc.poll() is not None, 120, "the process's exit")

@@ -28,7 +28,7 @@ SETTINGS = ["trainer.args.epochs=3", "trainer.args.checkpoint_every=10",
 
 def torchjob_run(run_dir: Path) -> list[str]:
     sets = [arg for s in [*SETTINGS, f"run_dir={run_dir}"] for arg in ("--set", s)]
-    return [PYTHON, "-m", "jobs", "run", str(JOB), *sets]
+    return [PYTHON, "-m", "torchjob.jobs", "run", str(JOB), *sets]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ The stop: the uninterrupted 4-rank run writes a checkpoint after step 7 of its 1
 (896 samples: a multiple of neither 3 x 16 nor 3 x 32, the sizes a 3-rank micro-batch and
 step take); each resumed run starts from a copy of that checkpoint and of the sample records,
 as if the job had stopped right after writing it. The records the 4-rank run wrote after step
-7 are replaced by the resumed run's (trainer.samples.trained).
+7 are replaced by the resumed run's (torchjob.trainer.samples.trained).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from tests.procs import PYTHON, ROOT, assert_bitwise_equal, env_for_tests, final_params
-from trainer.samples import trained
-from trainer.tasks import digits_task
+from torchjob.trainer.samples import trained
+from torchjob.trainer.tasks import digits_task
 
 pytestmark = pytest.mark.integration
 JOB = ROOT / "jobs" / "examples" / "default.yaml"
@@ -52,7 +52,7 @@ def run(run_dir: Path, nproc: int, parallel: str, *, log_samples: bool = True
             "trainer.args.keep_checkpoints=10", f"trainer.args.parallel={parallel}",
             f"trainer.args.log_samples={str(log_samples).lower()}",
             "trainer.args.log_every=1", "trainer.args.progress=lines"]
-    proc = subprocess.run([PYTHON, "-m", "jobs", "run", str(JOB),
+    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run", str(JOB),
                            *[a for s in sets for a in ("--set", s)]],
                           env=env_for_tests(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -141,7 +141,7 @@ def test_more_max_steps_trains_on_from_where_the_last_stopped(tmp_path: Path) ->
     """A run that max_steps ended mid-epoch keeps its place there (it used to record the end
     of all epochs, so raising max_steps trained nothing more)."""
     def trainer(max_steps: int) -> None:
-        proc = subprocess.run([PYTHON, "-m", "trainer", "--run-dir", str(tmp_path),
+        proc = subprocess.run([PYTHON, "-m", "torchjob.trainer", "--run-dir", str(tmp_path),
                                "--max-steps", str(max_steps), "--log-every", "1",
                                "--eval-every", "0", "--checkpoint-every", "0",
                                "--progress", "lines"],

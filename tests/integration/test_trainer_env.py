@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.procs import PYTHON, env_for_tests, free_port
-from trainer.env import slurm_port
+from torchjob.trainer.env import slurm_port
 
 pytestmark = pytest.mark.integration
 QUICK = ["--max-steps", "3", "--eval-every", "0", "--checkpoint-every", "0",
@@ -34,7 +34,7 @@ def free_slurm_job_id() -> tuple[int, int]:
 
 
 def launch(tmp_path: Path, per_rank_env: list[dict[str, str]]) -> list[tuple[str, ...]]:
-    procs = [subprocess.Popen([PYTHON, "-m", "trainer", "--run-dir", str(tmp_path / "run"),
+    procs = [subprocess.Popen([PYTHON, "-m", "torchjob.trainer", "--run-dir", str(tmp_path / "run"),
                                *QUICK], env=env_for_tests(**extra), stderr=subprocess.PIPE,
                               text=True) for extra in per_rank_env]
     lines = []
@@ -76,7 +76,7 @@ def test_pytorchjob_pod_one_process_per_pod(tmp_path: Path) -> None:
 
 def test_torchrun(tmp_path: Path) -> None:
     proc = subprocess.run([PYTHON, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", "-m", "trainer", "--run-dir",
+                           "--nproc-per-node", "2", "-m", "torchjob.trainer", "--run-dir",
                            str(tmp_path / "run"), *QUICK], env=env_for_tests(),
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -104,7 +104,7 @@ def test_single_process(tmp_path: Path) -> None:
 ])
 def test_contradictions_exit_2_with_the_variables_named(tmp_path: Path, env: dict[str, str],
                                                         names: list[str]) -> None:
-    proc = subprocess.run([PYTHON, "-m", "trainer", "--run-dir", str(tmp_path), *QUICK],
+    proc = subprocess.run([PYTHON, "-m", "torchjob.trainer", "--run-dir", str(tmp_path), *QUICK],
                           env=env_for_tests(**env), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 def torchrun(run_dir: Path, *args: str) -> list[str]:
     return [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "-m", "trainer", "--run-dir", str(run_dir), "--progress", "lines", *args]
+            "-m", "torchjob.trainer", "--run-dir", str(run_dir), "--progress", "lines", *args]
 
 
 def run_ok(cmd: list[str], **env: str) -> subprocess.CompletedProcess[str]:
@@ -84,7 +84,7 @@ def test_user_task_by_import_path(tmp_path: Path) -> None:
     (tmp_path / "mytask.py").write_text(textwrap.dedent("""
         import torch
         from torch.utils.data import TensorDataset
-        from trainer.tasks import Task
+        from torchjob.trainer.tasks import Task
 
         def make():
             g = torch.Generator().manual_seed(0)

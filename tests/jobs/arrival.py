@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from torchx import specs
 
-from jobs.backend import Request
+from torchjob.jobs.backend import Request
 from tests.k8s.kubelet import Everything, expand
 
 MARKER = "pwned"  # a file a hostile value tries to create in the working directory
@@ -68,7 +68,7 @@ export -f python srun scontrol scancel
 """
 
 
-STORE = b"python\0-m\0trainer.store\0"
+STORE = b"python\0-m\0torchjob.trainer.store\0"
 
 
 def _bash(script: str, cwd: Path, env: Mapping[str, str] = {}) -> Arrival:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.load import build, loads
-from jobs.spec import JobSpec, TrainerSection
-from jobs.sweep import sweep_specs
-from jobs.values import SpecError
+from torchjob.jobs.load import build, loads
+from torchjob.jobs.spec import JobSpec, TrainerSection
+from torchjob.jobs.sweep import sweep_specs
+from torchjob.jobs.values import SpecError
 from tests.procs import ROOT, env_for_tests
 
 
@@ -76,7 +76,7 @@ def test_list_args_for_the_builtin_trainer_are_parsed_by_its_parser(
 def test_bad_list_item_is_exit_2_with_the_field_path(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text("name: s\ntrainer:\n  script: t.py\n  args: [--a=1, {model.depth: 4}]\n")
-    out = subprocess.run([sys.executable, "-m", "jobs", "render", str(job)], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "torchjob.jobs", "render", str(job)], cwd=ROOT,
                          env=env_for_tests(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert f"{job}: trainer.args[1]: {{'model.depth': 4}} is a mapping" in out.stderr

@@ -13,13 +13,13 @@ import pytest
 import yaml
 from torchx import specs
 
-from jobs.backends.docker.render import render_compose
-from jobs.backends.torchx.render import render_appdef
-from jobs.hosts import MAX_HOST_NODES, system_dir
-from jobs.load import MAX_SPEC_BYTES, loads
-from jobs.spec import MAX_NPROC_PER_NODE
-from jobs.values import MAX_NNODES, MAX_TOTAL_BYTES, MAX_VALUE_BYTES, SpecError
-from k8s.pytorchjob import render_pytorchjob
+from torchjob.jobs.backends.docker.render import render_compose
+from torchjob.jobs.backends.torchx.render import render_appdef
+from torchjob.jobs.hosts import MAX_HOST_NODES, system_dir
+from torchjob.jobs.load import MAX_SPEC_BYTES, loads
+from torchjob.jobs.spec import MAX_NPROC_PER_NODE
+from torchjob.jobs.values import MAX_NNODES, MAX_TOTAL_BYTES, MAX_VALUE_BYTES, SpecError
+from torchjob.k8s.pytorchjob import render_pytorchjob
 from tests.jobs.arrival import interpolate
 from tests.jobs.test_jobs_hostile import cli, time_limit
 from tests.k8s.kubelet import Everything, expand
@@ -139,9 +139,43 @@ def test_system_directories_are_found_however_spelled(path: str) -> None:
     assert system_dir("/etc/app") is None and system_dir("/data") is None
 
 
-def test_run_dir_etc_is_refused_for_docker(tmp_path: Path) -> None:
-    refused(tmp_path, "name: x\nrun_dir: /usr/../etc\n", "run_dir: '/usr/../etc' is the host's "
-            "system directory /etc", to="docker")
+EVERY_BACKEND = ["local", "docker", "slurm", "slurm:sbatch", "torchx", "torchx:local_cwd",
+                 "torchx:kubernetes", "k8s", "k8s:trainjob"]
+
+
+@pytest.mark.parametrize("to", EVERY_BACKEND)
+def test_a_system_run_or_checkpoint_dir_is_refused_by_every_backend(tmp_path: Path,
+                                                                    to: str) -> None:
+    (tmp_path / ".torchxconfig").write_text("[kubernetes]\nqueue = default\n")
+    for field in ("run_dir", "checkpoint_dir"):
+        refused(tmp_path, f"name: x\n{field}: /usr/../etc\n", f"{field}: '/usr/../etc' is the "
+                "system directory /etc", to=to)
+
+
+@pytest.mark.parametrize("to", ["local", "docker", "slurm", "torchx:local_cwd"])
+def test_a_relative_run_dir_is_resolved_where_the_job_starts(tmp_path: Path, to: str) -> None:
+    """The backends whose nodes write where torchjob runs: ../../.. from a folder is /."""
+    from tests.jobs.test_jobs_cli import torchjob
+    depth = len(tmp_path.parts) - 1
+    (tmp_path / "job.yaml").write_text(f"name: x\nrun_dir: {'../' * depth}etc\n")
+    result = torchjob("render", "--to", to, "job.yaml", cwd=tmp_path)
+    assert result.returncode == 2 and "is the host's system directory /etc" in result.stderr, \
+        result.stderr
+
+
+@pytest.mark.parametrize("target", ["/etc", "/data/../usr", "//bin/", "/x/..", "/lib64"])
+def test_a_mount_target_that_normalises_to_a_system_dir_is_refused(target: str) -> None:
+    with pytest.raises(SpecError, match="mounts.0..target: .* is the container's system "
+                                        "directory"):
+        loads(yaml.safe_dump({"name": "x", "mounts": [{"source": "d", "target": target}]}))
+    loads(yaml.safe_dump({"name": "x", "mounts": [{"source": "d", "target": "/data/etc"}]}))
+
+
+def test_a_mount_source_reaching_a_system_dir_through_dots_is_refused(tmp_path: Path) -> None:
+    depth = len(Path.cwd().parts) - 1
+    spec = f"name: x\nmounts: [{{source: ./{'../' * depth}usr, target: /data}}]\n"
+    for to in ("docker", "torchx:local_cwd"):
+        refused(tmp_path, spec, "mounts[0].source", "system directory /usr", to=to)
 
 
 def test_a_relative_run_dir_from_the_root_is_refused_for_docker() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,10 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[2] / "jobs" / "examples"
 
 
-def torchjob(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobs", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=60)
+def torchjob(*args: str, cwd: Path | None = None,
+             timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torchjob.jobs", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -34,31 +36,58 @@ MALFORMED = {
                      "secretKeyRef"),
     "yaml": ("name: [x\n", "not valid YAML"),
     "not-mapping": ("- 1\n", "top level must be a mapping"),
+    "recursive-alias": ("name: x\nenv: &e {A: *e}\n", "a YAML alias inside itself"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(MALFORMED))
-@pytest.mark.parametrize("command", ["run", "render"])
-def test_malformed_spec_exits_2_with_one_line(tmp_path: Path, name: str, command: str) -> None:
+@pytest.mark.parametrize("command", [["run"], ["render"], ["submit", "--to", "slurm"],
+                                     ["render", "--to", "torchx"]])
+def test_malformed_spec_exits_2_with_one_line(tmp_path: Path, name: str,
+                                              command: list[str]) -> None:
+    """On every command within 10 s (a recursive alias once kept them busy for good)."""
     text, fragment = MALFORMED[name]
     (tmp_path / "job.yaml").write_text(text)
-    result = torchjob(command, "job.yaml", cwd=tmp_path)
+    result = torchjob(*command, "job.yaml", cwd=tmp_path, timeout=10)
     assert_user_error(result, "torchjob: job.yaml: ", fragment)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("to", ["local", "torchx:local_cwd"])
+def test_unusable_run_and_checkpoint_dirs_stop_before_anything_starts(tmp_path: Path,
+                                                                      to: str) -> None:
+    """A file where a directory should be, or a directory nobody may write (immutable: root
+    too), is refused with exit 2 before any process starts, not at the first save."""
+    (tmp_path / "t.py").write_text("raise SystemExit('started')\n")
+    (tmp_path / "afile").write_text("")
+    for sets, fragment in ((["checkpoint_dir=afile"], "checkpoint_dir: 'afile': "),
+                           (["run_dir=afile/run"], "(on its path) is a file, not a directory")):
+        result = torchjob("run", "--to", to, *[w for s in sets for w in ("--set", s)], "t.py",
+                          cwd=tmp_path)
+        assert_user_error(result, fragment, "is a file, not a directory")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    subprocess.run(["chattr", "+i", str(locked)], check=True)
+    try:
+        result = torchjob("run", "--to", to, "--set", "checkpoint_dir=locked/ck", "t.py",
+                          cwd=tmp_path)
+    finally:
+        subprocess.run(["chattr", "-i", str(locked)], check=True)
+    assert_user_error(result, "checkpoint_dir: 'locked/ck': ", "(on its path) cannot be written")
 
 
 def test_render_examples() -> None:
     default = torchjob("render", "--to", "local", str(EXAMPLES / "default.yaml"))
     assert default.returncode == 0 and default.stderr == ""
     (line,) = default.stdout.splitlines()
-    assert "--nproc-per-node 2" in line and "-m trainer" in line and "--epochs 12" in line
+    assert "--nproc-per-node 2" in line and "-m torchjob.trainer" in line and "--epochs 12" in line
     assert line.startswith("OMP_NUM_THREADS=")
-    assert f"{sys.executable} -m trainer.agent" in line
+    assert f"{sys.executable} -m torchjob.trainer.agent" in line
     elastic = torchjob("render", str(EXAMPLES / "elastic.yaml"))
     lines = elastic.stdout.splitlines()
     # the rendezvous store first (its own process), the two agents, then the store stopped
     assert elastic.returncode == 0 and len(lines) == 4 and lines[-1] == "wait %2 %3; kill %1"
-    assert "-m trainer.store --port" in lines[0]
+    assert "-m torchjob.trainer.store --port" in lines[0]
     assert all("--nnodes 1:2" in line and line.endswith(" &") for line in lines[1:3])
 
 
@@ -132,3 +161,145 @@ def test_missing_secret_exits_2_before_starting(tmp_path: Path) -> None:
     result = torchjob("run", "job.yaml", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "TORCHJOB_TEST_UNSET" in result.stderr and "torch.distributed" not in result.stderr
+
+
+# -- torchjob run [OPTIONS] SCRIPT.py [ARGS...]: no YAML needed, as torchrun takes it ----------
+
+def rendered(*args: str, cwd: Path) -> str:
+    result = torchjob("render", *args, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("to", ["local", "docker", "slurm", "torchx", "k8s"])
+def test_a_script_and_its_args_without_yaml_on_every_backend(tmp_path: Path, to: str) -> None:
+    """Everything after the script is the script's, also words that look like our options;
+    the same job as the spec that says so, on every backend."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    words = ["3", "--set", "x=1", "--nproc-per-node", "9", "--to", "k8s"]
+    (tmp_path / "job.yaml").write_text(
+        "name: train\nnproc_per_node: 2\nnnodes: 1:2\nmax_restarts: 1\n"
+        "k8s: {checkpoints: pod-local}\n"
+        f"trainer: {{script: train.py, args: {words!r}}}\n")
+    cli = rendered("--to", to, "--nproc-per-node", "2", "--nnodes", "1:2", "--max-restarts",
+                   "1", "--set", "k8s.checkpoints=pod-local", "train.py", *words, cwd=tmp_path)
+    spec = rendered("--to", to, "job.yaml", cwd=tmp_path)
+    assert [line for line in cli.splitlines() if not line.startswith("#")] == \
+        [line for line in spec.splitlines() if not line.startswith("#")]
+    assert "train.py" in cli
+
+
+def test_module_form_names_the_job_after_the_module(tmp_path: Path) -> None:
+    out = rendered("--nproc_per_node=2", "-m", "mypkg.train_gpt", "--lr", "0.1", cwd=tmp_path)
+    assert "--rdzv-id train-gpt " in out and out.rstrip().endswith("-m mypkg.train_gpt --lr 0.1")
+    # torchrun's own -m torchjob.trainer: the built-in trainer, its arguments as words
+    out = rendered("-m", "torchjob.trainer", "--epochs", "1", cwd=tmp_path)
+    assert out.rstrip().endswith("-m torchjob.trainer --run-dir runs/trainer --checkpoint-dir "
+                                 "runs/trainer/checkpoints --epochs 1")
+
+
+def test_save_spec_writes_the_job_that_runs_again(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    first = rendered("--save-spec", "saved.yaml", "--nproc-per-node", "2", "--set",
+                     "env.A=b", "train.py", "--lr", "0.1", cwd=tmp_path)
+    assert rendered("saved.yaml", cwd=tmp_path) == first
+    assert (tmp_path / "saved.yaml").read_text().startswith("# Written by torchjob render")
+    # a spec file's overrides are saved with it
+    rendered(str(EXAMPLES / "default.yaml"), "--set", "trainer.args.epochs=3", "--save-spec",
+             "d.yaml", cwd=tmp_path)
+    assert rendered("d.yaml", cwd=tmp_path) == rendered(
+        str(EXAMPLES / "default.yaml"), "--set", "trainer.args.epochs=3", cwd=tmp_path)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["run", "--nproc-per-node", "0", "t.py"], ["--nproc-per-node: nproc_per_node: 0"]),
+    (["run", "--nnodes", "3:2", "t.py"], ["--nnodes: nnodes: '3:2'"]),
+    (["run", "--name", "Bad_Name", "t.py"], ["is not a job name"]),
+    (["run", str(EXAMPLES / "default.yaml"), "extra"], ["'extra' after", "SCRIPT.py [ARGS...]"]),
+    (["run", "--save-spec", "/nonexistent/dir/s.yaml", "t.py"], ["--save-spec", "cannot write"]),
+    (["run", "--save-spec", ".", "t.py"], ["--save-spec", "is a directory"]),
+    (["run", "nowhere.py"], ["nowhere.py", "is not a file"]),
+])
+def test_command_line_job_errors(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
+    (tmp_path / "t.py").write_text("pass\n")
+    assert_user_error(torchjob(*args, cwd=tmp_path), *fragments)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_job_names_from_scripts() -> None:
+    from torchjob.jobs.cli import job_name
+    assert [job_name(t) for t in ("train.py", "src/Train_GPT-2.py", "9lives.py", "a.b.c", "_.py",
+                                  "x" * 80 + ".py")] == \
+        ["train", "train-gpt-2", "job-9lives", "c", "job", "x" * 40]
+
+
+def test_validate_reads_job_specs_too(tmp_path: Path) -> None:
+    """A job spec is loaded (and with --to rendered for that backend); a manifest still goes to
+    the Kubernetes validator. Exit 2 when anything is wrong, each problem on stderr."""
+    (tmp_path / "two.yaml").write_text("name: two\nnnodes: 2\n")
+    (tmp_path / "bad.yaml").write_text("name: Bad\n")
+    ok = torchjob("validate", str(EXAMPLES / "default.yaml"), "two.yaml", cwd=tmp_path)
+    assert ok.returncode == 0 and ok.stdout.count("valid job spec") == 2, ok
+    bad = torchjob("validate", "bad.yaml", cwd=tmp_path)
+    assert bad.returncode == 2 and "bad.yaml: name: 'Bad' is not a job name" in bad.stderr
+    assert "kind" not in bad.stderr + bad.stdout  # never read as a manifest
+    for_k8s = torchjob("validate", "--to", "k8s", "two.yaml", cwd=tmp_path)
+    assert for_k8s.returncode == 2 and "two.yaml: k8s.pvc: is not set" in for_k8s.stderr
+    assert torchjob("validate", "--to", "slurm", "two.yaml", cwd=tmp_path).returncode == 0
+    manifest = Path(__file__).resolve().parents[2] / "k8s" / "manifests" / "trainjob.yaml"
+    both = torchjob("validate", str(manifest), "two.yaml", cwd=tmp_path)
+    assert both.returncode == 0 and f"{manifest}: valid\n" in both.stdout, both
+
+
+def test_list_has_a_header_and_is_quiet_about_backends_not_set_up(tmp_path: Path) -> None:
+    """No Kubernetes cluster, no TorchX scheduler named: not listed, without a word; with -v,
+    why. An empty state directory: the header alone."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "none")}
+    quiet = subprocess.run([sys.executable, "-m", "torchjob.jobs", "list", "--to", "local"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert quiet.stdout.split() == ["JOB", "STATE", "NAME", "AGE", "RUN", "DIR"]
+    told = subprocess.run([sys.executable, "-m", "torchjob.jobs", "list", "-v"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert told.returncode == 0 and "torchjob: k8s: not listed: " in told.stderr, told.stderr
+    assert "torchjob: torchx: not listed: say which TorchX scheduler" in told.stderr
+
+
+def test_ages_as_kubectl_shows_them() -> None:
+    from torchjob.jobs.cli import age
+    assert [age(1000 - s, 1000) for s in (5, 59, 60, 3599, 3600, 86400 * 3)] == \
+        ["5s", "59s", "1m", "59m", "1h", "3d"]
+    assert age(None, 0) == "-"
+
+
+@pytest.mark.parametrize("to, package, extra", [("slurm", "submitit", "slurm"),
+                                                ("torchx", "torchx", "torchx")])
+def test_a_backend_whose_package_is_missing_names_its_extra(tmp_path: Path, to: str,
+                                                            package: str, extra: str) -> None:
+    """The backends' packages are extras (pip install 'torchjob[slurm]'): without one, that
+    backend says what to install, exit 2, and the local backend still runs."""
+    from tests.procs import with_sitecustomize
+    blocked = f"import sys\nsys.modules[{package!r}] = None  # as if not installed\n"
+    env = {**os.environ, "PYTHONPATH": with_sitecustomize(tmp_path / "site", blocked)}
+    (tmp_path / "t.py").write_text("pass\n")
+    proc = subprocess.run([sys.executable, "-m", "torchjob.jobs", "render", "--to", to, "t.py"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert_user_error(proc, f"the {to} backend needs the Python package {package}, which is "
+                      f"not installed here: pip install 'torchjob[{extra}]'")
+    local = subprocess.run([sys.executable, "-m", "torchjob.jobs", "render", "t.py"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert local.returncode == 0, local.stderr
+
+
+def test_k8s_without_its_client_package_names_its_extra(tmp_path: Path) -> None:
+    """Rendering needs no Kubernetes client; talking to a cluster does."""
+    from tests.procs import with_sitecustomize
+    env = {**os.environ, "PYTHONPATH": with_sitecustomize(
+        tmp_path / "site", "import sys\nsys.modules['kubernetes'] = None\n")}
+    rendered = subprocess.run([sys.executable, "-m", "torchjob.jobs", "render", "--to", "k8s",
+                               str(EXAMPLES / "default.yaml")], capture_output=True, text=True,
+                              env=env, timeout=60)
+    assert rendered.returncode == 0, rendered.stderr
+    status = subprocess.run([sys.executable, "-m", "torchjob.jobs", "status", "k8s:default/x"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert_user_error(status, "pip install 'torchjob[k8s]'")

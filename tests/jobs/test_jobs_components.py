@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from torchx.specs.file_linter import validate
 
-from jobs.components import train
-from jobs.values import SpecError
+from torchjob.jobs.components import train
+from torchjob.jobs.values import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = f"{ROOT}/jobs/components.py:train"
@@ -48,7 +48,8 @@ def test_appdef_shape() -> None:
     script = role.args[1]
     # the user's env as words of the script, quoted against the kubelet's $(VAR) expansion
     assert script.startswith("env A=b python ") and "A" not in role.env
-    assert "-m trainer.agent --run-dir runs/torchjob --checkpoint-dir runs/torchjob/checkpoints " \
+    assert "-m torchjob.trainer.agent --run-dir runs/torchjob " \
+        "--checkpoint-dir runs/torchjob/checkpoints " \
         "--hang-timeout 180 " \
         "--nnodes 1:2 --nproc-per-node 2" in script
     assert "--rdzv-endpoint $${${rank0_env}:=localhost}:29400" in script
@@ -74,7 +75,7 @@ def test_local_cwd_trains_like_torchjob_run(tmp_path: Path) -> None:
                             timeout=600)
     assert torchx.returncode == 0, torchx.stderr[-3000:]
     assert "SUCCEEDED" in torchx.stderr + torchx.stdout
-    local = subprocess.run([sys.executable, "-m", "jobs", "run",
+    local = subprocess.run([sys.executable, "-m", "torchjob.jobs", "run",
                             str(ROOT / "jobs/examples/default.yaml"), "--set",
                             f"run_dir={tmp_path}/local", "--set", "trainer.args.epochs=4"],
                            env=torchx_env(), capture_output=True, text=True, timeout=600)
@@ -89,7 +90,7 @@ def test_local_cwd_trains_like_torchjob_run(tmp_path: Path) -> None:
 
 
 def torchjob(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobs", *argv], cwd=cwd, env=torchx_env(),
+    return subprocess.run([sys.executable, "-m", "torchjob.jobs", *argv], cwd=cwd, env=torchx_env(),
                           capture_output=True, text=True, timeout=600)
 
 
@@ -97,7 +98,7 @@ def test_render_to_torchx_prints_the_appdef() -> None:
     proc = torchjob("render", "--to", "torchx", "jobs/examples/elastic.yaml")
     assert proc.returncode == 0, proc.stderr
     assert "min_replicas: 1" in proc.stdout and "num_replicas: 2" in proc.stdout
-    assert "-m trainer.agent --run-dir runs/digits-elastic" in proc.stdout \
+    assert "-m torchjob.trainer.agent --run-dir runs/digits-elastic" in proc.stdout \
         and "--nnodes 1:2" in proc.stdout
 
 

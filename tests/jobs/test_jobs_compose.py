@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.command import agent_command
-from jobs.backends.docker.render import (RESTARTS, compose_text, escape, render_compose,
-                                         run_mounts)
-from jobs.backends.docker import launch
-from jobs.backends.docker.launch import find_engine
-from jobs.launcher import Stops
-from jobs.load import load, loads
-from jobs.values import SpecError, UserError
+from torchjob.jobs.command import agent_command
+from torchjob.jobs.backends.docker.render import (RESTARTS, compose_text, escape, render_compose,
+                                                  run_mounts)
+from torchjob.jobs.backends.docker import launch
+from torchjob.jobs.backends.docker.launch import find_engine
+from torchjob.jobs.launcher import Stops
+from torchjob.jobs.load import load, loads
+from torchjob.jobs.values import SpecError, UserError
 from tests.procs import PYTHON, ROOT, env_for_tests
 
 HERE = Path(__file__).resolve().parent
@@ -36,7 +36,7 @@ HOSTILE = ["a'; touch /tmp/x", 'b"; echo "', "$(id)", "`id`", "${HOME}", "$HOME"
 
 
 def torchjob(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "jobs", *args], cwd=cwd, env=env_for_tests(**env),
+    return subprocess.run([PYTHON, "-m", "torchjob.jobs", *args], cwd=cwd, env=env_for_tests(**env),
                           capture_output=True, text=True, timeout=120)
 
 
@@ -84,7 +84,7 @@ def test_one_service_per_node_running_the_one_agent_command() -> None:
     # node hosts: the nodes depend on it and all are its clients
     assert list(doc["services"]) == ["rendezvous", "node0", "node1"]
     store = doc["services"].pop("rendezvous")
-    assert store["command"] == ["python", "-m", "trainer.store", "--port", "29400"]
+    assert store["command"] == ["python", "-m", "torchjob.trainer.store", "--port", "29400"]
     assert "volumes" not in store and "deploy" not in store and store["restart"] == "no"
     # the rendezvous id: each torchjob run's own project name, else the job's name
     want = list(agent_command(spec, python="python", rdzv_endpoint="rendezvous:29400",

@@ -13,8 +13,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.load import SpecError, build, loads
-from jobs.spec import JobSpec, Section
+from torchjob.jobs.load import SpecError, build, loads
+from torchjob.jobs.spec import JobSpec, Section
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -49,7 +49,7 @@ def shaped(cls: Any) -> st.SearchStrategy[dict[str, Any]]:
         if isinstance(inner, type) and issubclass(inner, Section):
             optional[name] = st.one_of(shaped(inner), data)
         elif name in ("secrets", "mounts"):
-            from jobs.spec import Mount, SecretRef
+            from torchjob.jobs.spec import Mount, SecretRef
             optional[name] = st.lists(shaped(SecretRef if name == "secrets" else Mount),
                                       max_size=2) | data
         else:

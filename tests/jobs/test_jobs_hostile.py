@@ -25,16 +25,16 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs import backend as registry
-from jobs.backend import Context
-from jobs.cli import main
-from jobs.command import entry_args
-from jobs.load import load
-from jobs.values import MAX_TOTAL_BYTES, MAX_VALUE_BYTES
+from torchjob.jobs import backend as registry
+from torchjob.jobs.backend import Context
+from torchjob.jobs.cli import main
+from torchjob.jobs.command import entry_args
+from torchjob.jobs.load import load
+from torchjob.jobs.values import MAX_TOTAL_BYTES, MAX_VALUE_BYTES
 from tests.jobs.arrival import MARKER, arrival
 from tests.jobs.test_jobs_fuzz import shaped
-from jobs.spec import JobSpec
-from trainer.contract import RUN_DIR_ENV, RUN_DIR_OPTION
+from torchjob.jobs.spec import JobSpec
+from torchjob.trainer.contract import RUN_DIR_ENV, RUN_DIR_OPTION
 
 # Every registered backend family with the variants tested here (a new family fails
 # test_every_registered_backend_is_covered until it is added).
@@ -82,6 +82,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Where the renders run: TorchX's Kubernetes scheduler needs its queue from here."""
     path = tmp_path_factory.mktemp("hostile")
     (path / ".torchxconfig").write_text("[kubernetes]\nqueue = default\n")
+    (path / "tool.py").write_text("")  # the jobs' module: shipped to the image backends
     here = os.getcwd()
     os.chdir(path)
     try:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.backends.local.launch import run_local
-from jobs.backends.local.render import LocalPlan
-from jobs.cli import free_port as find_free_port
-from jobs.launcher import Stops
+from torchjob.jobs.backends.local.launch import run_local
+from torchjob.jobs.backends.local.render import LocalPlan
+from torchjob.jobs.cli import free_port as find_free_port
+from torchjob.jobs.launcher import Stops
 from tests.procs import ROOT
 
 pytestmark = pytest.mark.integration
@@ -53,7 +53,7 @@ def start(tmp_path: Path, mode: str, *, nodes: int = 1, nproc: int = 2, restarts
         f"env: {{PYTHONPATH: {os.pathsep.join([str(tmp_path), str(ROOT)])!r}}}\n"
         f"rdzv: {{join_timeout: 60}}\n"
         f"trainer: {{module: tinyworker, args: {{out: {str(tmp_path)!r}, mode: {mode}}}}}\n")
-    return subprocess.Popen([sys.executable, "-m", "jobs", "run", "job.yaml", *extra],
+    return subprocess.Popen([sys.executable, "-m", "torchjob.jobs", "run", "job.yaml", *extra],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 

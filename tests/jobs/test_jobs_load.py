@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from jobs.load import SpecError, load, loads
-from jobs.spec import JobSpec, Section, trainer_argv
-from jobs.values import FrozenMap, Nnodes, Quantity
+from torchjob.jobs.load import SpecError, load, loads
+from torchjob.jobs.spec import JobSpec, Section, trainer_argv
+from torchjob.jobs.values import FrozenMap, Nnodes, Quantity
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "jobs" / "examples"
 
@@ -31,7 +31,7 @@ mounts:
 run_dir: /shared/runs/full
 max_restarts: 0
 trainer:
-  module: trainer
+  module: torchjob.trainer
   args: {epochs: 3, grad_accum: 2, lr: 1e-3, resume: false, schedule: constant}
 rdzv: {backend: c10d, port: 29500, join_timeout: 900, last_call_timeout: 10}
 local: {nodes: 3}
@@ -53,7 +53,7 @@ def test_minimal_spec_takes_every_default() -> None:
     assert dict(spec.env) == {} and spec.secrets == () and spec.mounts == ()
     assert (spec.run_dir, spec.checkpoint_dir) == ("runs/x", "runs/x/checkpoints")
     assert spec.max_restarts == 3
-    assert spec.trainer.module == "trainer" and dict(spec.trainer.args) == {}
+    assert spec.trainer.module == "torchjob.trainer" and dict(spec.trainer.args) == {}
     assert (spec.rdzv.backend, spec.rdzv.port, spec.rdzv.join_timeout,
             spec.rdzv.last_call_timeout) == ("c10d", 29400, 600, 5)
     assert spec.local.nodes == 1 == spec.local_nodes
@@ -200,7 +200,7 @@ def _sections(cls: Any) -> list[Any]:
 
 
 def test_every_field_has_help() -> None:
-    from jobs.spec import Mount, SecretRef
+    from torchjob.jobs.spec import Mount, SecretRef
     for cls in _sections(JobSpec) + [Mount, SecretRef]:
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from jobs.load import load, loads
-from jobs.backends.local.render import LocalPlan, render_local, render_text
-from trainer.contract import omp_threads
+from torchjob.jobs.load import load, loads
+from torchjob.jobs.backends.local.render import LocalPlan, render_local, render_text
+from torchjob.trainer.contract import omp_threads
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parents[1] / "jobs" / "examples"
@@ -48,19 +48,19 @@ def test_plan_shape() -> None:
     plan = render_local(spec, port=1234, python="py", run_id="rid", cpu_count=16)
     assert len(plan.commands) == 2 and plan.commands[0] == plan.commands[1]
     assert list(plan.commands[0]) == [
-        "py", "-m", "trainer.agent", "--run-dir", "runs/job", "--checkpoint-dir",
+        "py", "-m", "torchjob.trainer.agent", "--run-dir", "runs/job", "--checkpoint-dir",
         "runs/job/checkpoints", "--hang-timeout", "180", "--nnodes", "1:3",
         "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1234", "--rdzv-id", "rid",
         "--rdzv-conf", "join_timeout=30,last_call_timeout=2,is_host=false", "--max-restarts", "1",
-        "--monitor-interval", "0.1", "-m", "trainer", "--run-dir", "runs/job",
+        "--monitor-interval", "0.1", "-m", "torchjob.trainer", "--run-dir", "runs/job",
         "--checkpoint-dir", "runs/job/checkpoints", "--epochs", "2", "--resume", "false"]
     assert dict(plan.env) == {"OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1", "A": "b"}
     assert plan.secrets == ("TOKEN",) and "TOKEN" not in plan.env
     assert render_text(plan).startswith("# secrets read from your environment: TOKEN\n")
     assert plan == render_local(spec, port=1234, python="py", run_id="rid", cpu_count=16)
     # elastic: the rendezvous store is a process of its own, started first, stopped last
-    assert plan.store == ("py", "-m", "trainer.store", "--port", "1234")
+    assert plan.store == ("py", "-m", "torchjob.trainer.store", "--port", "1234")
     assert render_text(plan).splitlines()[-1] == "wait %2 %3; kill %1"
     fixed = render_local(loads("name: job\nnnodes: 2"), **FIXED)
     assert fixed.store is None and "is_host" not in " ".join(fixed.commands[0])

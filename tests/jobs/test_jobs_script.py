@@ -16,17 +16,17 @@ from typing import Callable
 
 import pytest
 
-from jobs.backends.docker.render import render_compose
-from jobs.backends.local.render import render_local
-from jobs.backends.torchx.render import render_appdef
-from jobs.command import agent_command
-from jobs.components import train
-from jobs.load import build
-from jobs.spec import JobSpec
-from jobs.values import Nnodes, SpecError
-from k8s.pytorchjob import render_pytorchjob
-from k8s.trainjob import render_trainjob
-from slurm.sbatch import render_sbatch
+from torchjob.jobs.backends.docker.render import render_compose
+from torchjob.jobs.backends.local.render import render_local
+from torchjob.jobs.backends.torchx.render import render_appdef
+from torchjob.jobs.command import agent_command
+from torchjob.jobs.components import train
+from torchjob.jobs.load import build
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import Nnodes, SpecError
+from torchjob.k8s.pytorchjob import render_pytorchjob
+from torchjob.k8s.trainjob import render_trainjob
+from torchjob.slurm.sbatch import render_sbatch
 from tests.jobs.test_jobs_components import torchx_env
 from tests.procs import ROOT, env_for_tests
 
@@ -69,7 +69,7 @@ def test_the_builtin_trainer_still_gets_its_directories_as_flags() -> None:
     command = agent_command(spec(args=["--epochs=2"]), python="py", rdzv_endpoint="h:1",
                             run_id="r")
     assert command[3:7] == DIRS
-    assert command[command.index("trainer", 4) + 1:] == (*DIRS, "--epochs=2")
+    assert command[command.index("torchjob.trainer", 4) + 1:] == (*DIRS, "--epochs=2")
 
 
 WORDS = ["10", "5", "--batch_size=32", "model.depth=4", "--name", "a b'; echo x", "--", "-1"]
@@ -110,17 +110,17 @@ def test_every_backend_runs_the_script_with_exactly_its_args(backend: str) -> No
     command = RENDERS[backend](job)
     assert script_argv(command) == WORDS
     assert "--run-dir" not in script_argv(command)
-    assert command[command.index("trainer.agent") + 1:][:4] == list(DIRS)
+    assert command[command.index("torchjob.trainer.agent") + 1:][:4] == list(DIRS)
 
 
 def test_slurm_sweep_of_a_script_puts_its_directories_on_the_agent() -> None:
-    from jobs.sweep import parse_sweep
+    from torchjob.jobs.sweep import parse_sweep
 
     job = spec(script="/app/train.py", args={"lr": 0.1})
     text = render_sbatch(job, python="py", workdir="/w", sweep=parse_sweep(["lr=1,2"]))
     assert "dirs=(--run-dir runs/s/lr=1 --checkpoint-dir runs/s/lr=1/checkpoints)" in text
     assert "point=(--lr 1.0) ;;" in text
-    assert 'py -m trainer.agent "${dirs[@]}" --hang-timeout 180 --nnodes' in text
+    assert 'py -m torchjob.trainer.agent "${dirs[@]}" --hang-timeout 180 --nnodes' in text
     assert '/app/train.py "${point[@]}" &' in text
 
 
@@ -134,7 +134,7 @@ def test_component_takes_a_script_or_a_module() -> None:
     args = train("--steps", "5", script=SCRIPT, j="1x2").roles[0].args[1]
     assert args.endswith(f"--monitor-interval 0.1 {SCRIPT} --steps 5")
     assert train(m="mypkg.train").roles[0].args[1].endswith("0.1 -m mypkg.train")
-    assert train().roles[0].args[1].endswith("-m trainer --run-dir runs/torchjob "
+    assert train().roles[0].args[1].endswith("-m torchjob.trainer --run-dir runs/torchjob "
                                              "--checkpoint-dir runs/torchjob/checkpoints")
     with pytest.raises(ValueError, match="give one"):
         train(m="trainer", script=SCRIPT)
@@ -146,7 +146,7 @@ def test_slurm_script_runs_the_script_under_each_nodes_agent() -> None:
 
 
 def test_missing_script_is_a_user_error_and_nothing_starts(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "jobs", "run", "jobs/examples/script.yaml",
+    out = subprocess.run([sys.executable, "-m", "torchjob.jobs", "run", "jobs/examples/script.yaml",
                           "--set", "trainer.script=nowhere/train.py",
                           "--set", f"run_dir={tmp_path}/run"], cwd=ROOT, env=env_for_tests(),
                          capture_output=True, text=True, timeout=120)

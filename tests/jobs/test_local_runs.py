@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs import backend as registry
-from jobs import runs
-from jobs.backend import Context
-from jobs.backends.local.backend import plan_data
-from jobs.load import load
+from torchjob.jobs import backend as registry
+from torchjob.jobs import runs
+from torchjob.jobs.backend import Context
+from torchjob.jobs.backends.local.backend import plan_data
+from torchjob.jobs.load import load
 from tests.procs import ROOT, cmdline
 from tests.readme_sessions import run_session, sessions
 from tests.recorded import status, submit, torchjob, wait_until
@@ -62,6 +62,8 @@ def test_the_command_lines_started_are_the_rendered_request(tmp_path: Path) -> N
     handle = submit("local", job, tmp_path)
     running = status(handle, tmp_path)
     assert running["state"] == "RUNNING", running
+    # the job's name means its latest run: the one just submitted
+    assert status("local:tiny", tmp_path)["handle"] == running["handle"]
     record = json.loads((Path(running["raw"]["record"]) / "run.json").read_text())
     request = record["request"]
     context = Context(**request["context"])
@@ -91,3 +93,32 @@ def test_the_command_lines_started_are_the_rendered_request(tmp_path: Path) -> N
     lines = torchjob("logs", handle, cwd=tmp_path).stdout.splitlines()
     assert "[node 0 rank 0 attempt 0] worker 0 up" in lines, lines
     assert "[node 1 rank 1 attempt 0] worker 1 up" in lines, lines
+
+
+TALKER = '''
+import os
+for i in range(3):
+    print(f"rank {os.environ['RANK']} line {i}", flush=True)
+'''
+
+
+def test_logs_come_in_time_order_by_rank_and_tail(tmp_path: Path) -> None:
+    """``torchjob logs``: the launcher's first line first and its last line last, the workers'
+    between (the order they came, not node logs then launcher log); ``--rank 1`` only rank 1's
+    lines; ``--tail 2`` the last two; a job's name means its latest run."""
+    (tmp_path / "talk.py").write_text(TALKER)
+    ran = torchjob("run", "--nproc-per-node", "2", "--name", "talker", "talk.py", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    lines = torchjob("logs", "local:talker", cwd=tmp_path).stdout.splitlines()
+    assert lines[0].startswith("torchjob: talker: 1 node(s) x 2 process(es)"), lines
+    assert "the job finished" in lines[-1], lines
+    assert [line.partition("] ")[2] for line in lines if "] rank 1 line" in line] == \
+        [f"rank 1 line {i}" for i in range(3)]
+    ranked = torchjob("logs", "local:talker", "--rank", "1", cwd=tmp_path).stdout.splitlines()
+    assert [line.partition("] ")[2] for line in ranked] == [f"rank 1 line {i}" for i in range(3)]
+    assert all(line.startswith("[node 0 rank 1 attempt 0] ") for line in ranked), ranked
+    tail = torchjob("logs", "local:talker", "--tail", "2", cwd=tmp_path).stdout.splitlines()
+    assert tail == lines[-2:]
+    assert torchjob("logs", "local:talker", "--rank", "0", "--tail", "1",
+                    cwd=tmp_path).stdout.splitlines() == [
+        next(line for line in reversed(lines) if "rank 0 attempt" in line)]

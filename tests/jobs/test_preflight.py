@@ -1,5 +1,5 @@
 """Checkpoints of another configuration are refused before anything is submitted (exit 2),
-where the backend's nodes see this machine's run directory (jobs.preflight)."""
+where the backend's nodes see this machine's run directory (torchjob.jobs.preflight)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from jobs import backend as registry
-from jobs.cli import main
-from jobs.load import loads
-from jobs.preflight import check_checkpoints
-from jobs.values import UserError
-from trainer.config import parse_args
+from torchjob.jobs import backend as registry
+from torchjob.jobs.cli import main
+from torchjob.jobs.load import loads
+from torchjob.jobs.preflight import check_checkpoints
+from torchjob.jobs.values import UserError
+from torchjob.trainer.config import parse_args
 
 JOB = "name: pre\ntrainer:\n  args: {epochs: 2, lr: 0.003}\n"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs import launcher, runs
-from jobs.backend import BackendError, Handle, State
-from jobs.values import UserError
+from torchjob.jobs import launcher, runs
+from torchjob.jobs.backend import BackendError, Handle, State
+from torchjob.jobs.values import UserError
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +24,7 @@ def own_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def record(tmp_path: Path, run_id: str = "tiny-1a2b3c") -> runs.Record:
     return runs.create("local", run_id, tmp_path / "runs" / "tiny", name="tiny",
-                       request={"text": "python -m trainer.agent ...\n"})
+                       request={"text": "python -m torchjob.trainer.agent ...\n"})
 
 
 def dead_process() -> runs.Proc:

@@ -14,7 +14,7 @@ import pytest
 from torchx.schedulers import DEFAULT_SCHEDULER_MODULES, get_scheduler_factories
 from torchx.specs import AppState
 
-from jobs.backends.torchx.podman import DockerOrPodmanScheduler
+from torchjob.jobs.backends.torchx.podman import DockerOrPodmanScheduler
 
 
 def test_the_registered_table_is_torchx_own_but_for_local_docker() -> None:
@@ -22,7 +22,7 @@ def test_the_registered_table_is_torchx_own_but_for_local_docker() -> None:
                   metadata.entry_points().select(group="torchx.schedulers")}
     expected = {name: f"{module}:create_scheduler"
                 for name, module in DEFAULT_SCHEDULER_MODULES.items()}
-    expected["local_docker"] = "jobs.backends.torchx.podman:create_scheduler"
+    expected["local_docker"] = "torchjob.jobs.backends.torchx.podman:create_scheduler"
     assert registered == expected
 
 

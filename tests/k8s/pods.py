@@ -17,7 +17,7 @@ again in all), success (the Master's, else every Worker's, or for an elastic job
 Worker's), ``cleanPodPolicy`` Running (a finished job's running pods are deleted: SIGTERM,
 then SIGKILL after the grace period). Deleting the job (``PodJob.delete``) deletes its pods.
 
-The objects submitted beside the job (an elastic job's rendezvous store, ``k8s.store``) run
+The objects submitted beside the job (an elastic job's rendezvous store, ``torchjob.k8s.store``) run
 too: each Deployment's pod is a container (created again whenever it ends, as the Deployment
 controller would), reachable by the name of every Service whose selector matches its labels
 (the Service's ClusterIP stands for the pod; ports must equal targetPorts).
@@ -50,11 +50,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.backend import Closings
-from jobs.values import UserError
-from k8s.follow import Run, follow_runs, node_rank
+from torchjob.jobs.backend import Closings
+from torchjob.jobs.values import UserError
+from torchjob.k8s.follow import Run, follow_runs, node_rank
 from tests.k8s.pods_operator import forbidden, injected
-from trainer.contract import EXIT_OK, EXIT_STOPPED
+from torchjob.trainer.contract import EXIT_OK, EXIT_STOPPED
 
 GRACE_S = 30.0  # terminationGracePeriodSeconds' default
 JOB_LABEL = "io.torchjob.pods.job"  # every container of one emulated job

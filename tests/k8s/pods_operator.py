@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from k8s.validate import validate
+from torchjob.k8s.validate import validate
 
 OPERATOR_PORT = 23456  # pytorchjob-port, unless the container names a port so
 INIT_IMAGE, INIT_TRIES = "alpine:3.10", 100  # the operator's defaults for its init container

@@ -1,9 +1,9 @@
 """``torchjob run --to k8s`` against the pod emulator (``tests/k8s/pods.py``):
 
-``python -m tests.k8s.pods_run [--claim NAME=DIR] [--grace S] [--fresh] JOB.yaml [--set K=V]``
+``python -m tests.k8s.pods_run [--claim NAME=DIR] [--grace S] [OPTIONS] JOB.yaml|SCRIPT.py ...``
 
 runs the objects that command would submit (an elastic job's store too;
-``jobs.cli.requests``, nothing rebuilt), prints
+``torchjob.jobs.cli.requests``, nothing rebuilt), prints
 the pods' logs labelled as ``torchjob logs`` does; Ctrl-C or SIGTERM deletes the
 job; the exit code is the job's as the operator judges it from its containers (0, the failed
 container's code, 143 when deleted after the pods checkpointed). A PersistentVolumeClaim the
@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jobs import backend as registry
-from jobs.cli import build_parser, requests
-from jobs.spec import JobSpec
-from jobs.values import SpecError, UserError
+from torchjob.jobs import backend as registry
+from torchjob.jobs.cli import build_parser, finish_target, requests, ship
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import SpecError, UserError
 from tests.k8s.pods import GRACE_S, run
-from trainer.contract import EXIT_CONFIG, EXIT_FAILED
+from torchjob.trainer.contract import EXIT_CONFIG, EXIT_FAILED
 
 Obj = dict[str, Any]
 
@@ -30,9 +30,12 @@ Obj = dict[str, Any]
 def manifest(argv: list[str]) -> tuple[list[Obj], JobSpec]:
     """The objects ``torchjob run --to k8s ARGV`` would submit (the PyTorchJob, then an
     elastic job's rendezvous store), and its spec."""
-    args = build_parser().parse_args(["run", "--to", "k8s", *argv])
+    argv = ["run", "--to", "k8s", *argv]
+    args = build_parser().parse_args(argv)
+    finish_target(args, argv)
     (request,) = requests(registry.get("k8s"), args, fresh=True)
     assert request.spec is not None
+    ship(request)  # a script or module job's workspace image, as torchjob run builds it
     return request.data, request.spec
 
 

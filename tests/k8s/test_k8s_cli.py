@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def torchjob(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobs", *argv], cwd=ROOT, input=stdin,
+    return subprocess.run([sys.executable, "-m", "torchjob.jobs", *argv], cwd=ROOT, input=stdin,
                           capture_output=True, text=True, timeout=120)
 
 

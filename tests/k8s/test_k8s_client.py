@@ -20,7 +20,7 @@ PODS = "pytorchjobs"
 
 def torchjob(kubeconfig: str, *argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KUBECONFIG": kubeconfig}
-    return subprocess.run([sys.executable, "-m", "jobs", *argv], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "torchjob.jobs", *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from k8s.validate import validate, validate_text
+from torchjob.k8s.validate import validate, validate_text
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,8 +75,8 @@ def test_every_cel_rule_of_the_vendored_crds_evaluates() -> None:
     """cel-python compiles and runs each create-time rule of every CRD in k8s/schemas and
     /work/shared/k8s-schemas (when present) on a value that satisfies it and one that does
     not; transition rules (oldSelf) are skipped on create, as by the API server."""
-    from k8s.cel import holds, is_transition_rule, rule_problems
-    from k8s.schema import SCHEMA_DIR
+    from torchjob.k8s.cel import holds, is_transition_rule, rule_problems
+    from torchjob.k8s.schema import SCHEMA_DIR
     rules: set[str] = set()
 
     def walk(node: object) -> None:
@@ -152,7 +152,7 @@ def check_everything(text: str) -> None:
 def _variants() -> list[tuple[str, list[str], str]]:
     """(example, --set overrides, target) for every kind of job we render: the variants of
     k8s/manifests plus Kueue, Volcano, GPU and PVC on each target that takes them."""
-    from k8s.manifests import VARIANTS, pytorchjob
+    from torchjob.k8s.manifests import VARIANTS, pytorchjob
     shipped = [(example, overrides, "pytorchjob" if renderer is pytorchjob else "trainjob")
                for example, overrides, renderer in VARIANTS.values()]
     return shipped + [
@@ -178,10 +178,10 @@ MANIFESTS = sorted(p.name for p in (ROOT / "k8s" / "manifests").glob("*.yaml"))
 def _rendered(example: str, overrides: list[str], target: str) -> list[dict[str, Any]]:
     """The objects the public render entry makes (which validates them too, naming each
     broken rule)."""
-    import jobs.examples
-    from jobs.load import loads
-    from k8s import render
-    path = Path(jobs.examples.__file__).resolve().parent / f"{example}.yaml"
+    import torchjob.jobs.examples
+    from torchjob.jobs.load import loads
+    from torchjob.k8s import render
+    path = Path(torchjob.jobs.examples.__file__).resolve().parent / f"{example}.yaml"
     spec = loads(path.read_text(), overrides, source=str(path))
     return render.render_objects(spec, target)
 
@@ -195,14 +195,14 @@ def test_the_shipped_example_manifests_pass_everything(name: str) -> None:
 @pytest.mark.parametrize("variant", _variants(), ids=VARIANT_IDS)
 def test_every_rendered_variant_passes_schema_cel_webhooks_and_restricted(
         variant: tuple[str, list[str], str]) -> None:
-    from k8s.pod import manifests_text
+    from torchjob.k8s.pod import manifests_text
     check_everything(manifests_text(_rendered(*variant)))
 
 
 def test_a_render_that_breaks_a_rule_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """The render entry validates what it makes: a renderer bug is a UserError, not output."""
-    from jobs.values import UserError
-    from k8s import render
+    from torchjob.jobs.values import UserError
+    from torchjob.k8s import render
     render_fn: Callable[..., Any] = render.TARGETS["pytorchjob"]
 
     def hostile(spec: Any) -> dict[str, Any]:
@@ -211,9 +211,9 @@ def test_a_render_that_breaks_a_rule_is_refused(monkeypatch: pytest.MonkeyPatch)
             rs["template"]["spec"]["hostNetwork"] = True
         return dict(obj)
     monkeypatch.setitem(render.TARGETS, "pytorchjob", hostile)
-    import jobs.examples
-    from jobs.load import loads
-    path = Path(jobs.examples.__file__).resolve().parent / "default.yaml"
+    import torchjob.jobs.examples
+    from torchjob.jobs.load import loads
+    path = Path(torchjob.jobs.examples.__file__).resolve().parent / "default.yaml"
     with pytest.raises(UserError, match="hostNetwork"):
         render.render_objects(loads(path.read_text(), [], source=str(path)))
 

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from hypothesis import given, strategies as st
 
-from k8s.backend import STATES
-from k8s.client import ENDED, readable_run
-from k8s.follow import labelled, node_rank, split_lines
+from torchjob.k8s.backend import STATES
+from torchjob.k8s.client import ENDED, readable_run
+from torchjob.k8s.follow import labelled, node_rank, split_lines
 from tests.k8s.emulator import Emulator
 from tests.procs import PYTHON, ROOT, env_for_tests
-from trainer.contract import log_prefix
+from torchjob.trainer.contract import log_prefix
 
 JOB = ("pytorchjobs", "default", "digits")
 SPEC = "jobs/examples/default.yaml"
@@ -35,11 +35,12 @@ def labels(kind: str, index: int) -> dict[str, str]:
 
 
 class Torchjob:
-    """``python -m jobs ARGV`` running against the emulator, its output read as it comes."""
+    """``python -m torchjob.jobs ARGV`` running against the emulator, its output read as it
+    comes."""
 
     def __init__(self, config: str, *argv: str) -> None:
         self.argv = argv
-        self.proc = subprocess.Popen([PYTHON, "-m", "jobs", *argv], cwd=ROOT,
+        self.proc = subprocess.Popen([PYTHON, "-m", "torchjob.jobs", *argv], cwd=ROOT,
                                      env=env_for_tests(KUBECONFIG=config),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, encoding="utf-8")

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from jobs.load import load
-from k8s.render import render_objects
-from jobs.spec import JobSpec
+from torchjob.jobs.load import load
+from torchjob.k8s.render import render_objects
+from torchjob.jobs.spec import JobSpec
 from tests.k8s.pods import Pod, PodJob, leftovers, run
 from tests.procs import ROOT, assert_bitwise_equal, final_params, last_step, wait_for
-from trainer.contract import EXIT_STORE_LOST
+from torchjob.trainer.contract import EXIT_STORE_LOST
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 
@@ -210,3 +210,50 @@ def test_an_elastic_job_survives_losing_worker_0(container_image: str, tmp_path:
         if problem:
             failures.append(f"trial {trial}: {problem}\n{logs[-6000:]}")
     assert not failures, f"{len(failures)}/{TRIALS} trials failed:\n" + "\n".join(failures)
+
+
+USER_SCRIPT = '''
+import json, os
+import torch, torch.distributed as dist
+from helpers import greeting  # a module of the user's, next to the script
+dist.init_process_group("gloo")
+total = torch.ones(1)
+dist.all_reduce(total)
+if dist.get_rank() == 0:
+    with open(os.path.join(os.environ["TORCHJOB_RUN_DIR"], "result.json"), "w") as f:
+        json.dump({"sum": total.item(), "greeting": greeting(), "file": __file__,
+                   "cwd": os.getcwd()}, f)
+dist.destroy_process_group()
+'''
+
+
+def test_a_users_script_runs_in_pods_from_an_image_built_from_the_working_directory(
+        container_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torchjob run --to k8s train.py`` where train.py and its helper module are only on this
+    machine: the working directory is built into an image on top of the job's (what render
+    shows), and two pods run the script from it, with no mount of this machine's files."""
+    from tests.k8s.pods import podman
+    from tests.k8s.pods_run import manifest
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "train.py").write_text(USER_SCRIPT)
+    (folder / "helpers.py").write_text("def greeting():\n    return 'from the image'\n")
+    claim = tmp_path / "claim"
+    claim.mkdir()
+    monkeypatch.chdir(folder)
+    name = f"ws-{secrets.token_hex(2)}"
+    objects, spec = manifest(["--nnodes", "2", "--name", name, "--set", "image=" + container_image,
+                              "--set", "k8s.pvc=runs", "--set", "k8s.pvc_mount_path=/data",
+                              "train.py"])
+    try:
+        assert spec.image.startswith(f"localhost/torchjob-workspace:{name}-"), spec.image
+        code, pods = run(objects, {"runs": claim})
+        logs = "\n".join(pods.logs_of(pod)[-3000:] for pod in pods.pods)
+        assert code == 0 and pods.why == "Succeeded", logs
+        assert not leftovers(pods.token)
+        result = json.loads((claim / "runs" / name / "result.json").read_text())
+        assert result == {"sum": 2.0, "greeting": "from the image",
+                          "file": "/workspace/train.py", "cwd": "/workspace"}, result
+    finally:
+        podman("rmi", "--force", spec.image)  # the test leaves no image behind

@@ -1,7 +1,7 @@
 """The PyTorchJob and TrainJob renderers: whole manifests, shapes, and hostile input.
 
 The rendered examples in k8s/manifests/ are this renderer's golden files. After an intended
-change, regenerate them with one flag (or ``python -m k8s.manifests``) and review the diff:
+change, regenerate them with one flag (or ``python -m torchjob.k8s.manifests``) and review the diff:
 
     TORCHJOB_REGEN_GOLDEN=1 .venv/bin/python -m pytest tests/k8s
 """
@@ -22,18 +22,18 @@ from typing import Any
 import pytest
 import yaml
 
-from jobs.command import agent_command
-from jobs.load import loads
-from jobs.values import SpecError, UserError
-from k8s.manifests import HERE as MANIFESTS
-from k8s.manifests import VARIANTS, render_variant, variant_spec
-from k8s.pod import (QUEUE_LABEL, WAIT_FOR_HOST, manifest_text, manifests_text, on_cluster,
-                     shared_checkpoints)
-from k8s.pytorchjob import render_pytorchjob
-from k8s.render import render_manifest, render_objects
-from k8s.store import render_store
-from k8s.trainjob import render_trainjob
-from k8s.validate import validate, validate_text
+from torchjob.jobs.command import agent_command
+from torchjob.jobs.load import loads
+from torchjob.jobs.values import SpecError, UserError
+from torchjob.k8s.manifests import HERE as MANIFESTS
+from torchjob.k8s.manifests import VARIANTS, render_variant, variant_spec
+from torchjob.k8s.pod import (QUEUE_LABEL, WAIT_FOR_HOST, manifest_text, manifests_text, on_cluster,
+                              shared_checkpoints)
+from torchjob.k8s.pytorchjob import render_pytorchjob
+from torchjob.k8s.render import render_manifest, render_objects
+from torchjob.k8s.store import render_store
+from torchjob.k8s.trainjob import render_trainjob
+from torchjob.k8s.validate import validate, validate_text
 from tests.k8s.kubelet import Everything, expand
 from tests.k8s.pods_operator import as_mutated, forbidden
 from tests.procs import free_port
@@ -61,7 +61,7 @@ def test_manifests_match_the_renderer(name: str) -> None:
     path = MANIFESTS / name
     if os.environ.get("TORCHJOB_REGEN_GOLDEN") == "1":
         path.write_text(text)
-    assert path.read_text() == text, f"{path} drifted: run python -m k8s.manifests"
+    assert path.read_text() == text, f"{path} drifted: run python -m torchjob.k8s.manifests"
 
 
 def test_no_stray_manifests() -> None:
@@ -127,7 +127,7 @@ def test_several_pods_need_a_shared_claim_for_checkpoints_or_say_pod_local(text:
 
 
 def test_the_refusal_exits_2_before_anything_is_rendered_or_submitted() -> None:
-    out = subprocess.run([sys.executable, "-m", "jobs", "render", "--to", "k8s",
+    out = subprocess.run([sys.executable, "-m", "torchjob.jobs", "render", "--to", "k8s",
                           str(ROOT / "jobs" / "examples" / "default.yaml"), "--set", "nnodes=2"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 2 and out.stdout == "", out
@@ -175,7 +175,7 @@ def test_the_store_deployment_and_service() -> None:
     pod = deployment["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["image"] == "reg/img:1"
-    assert c["command"] == ["python", "-m", "trainer.store", "--port", "29999"]
+    assert c["command"] == ["python", "-m", "torchjob.trainer.store", "--port", "29999"]
     assert c["resources"] == {"limits": {"memory": "512Mi"},
                               "requests": {"cpu": "100m", "memory": "256Mi"}}  # no GPU
     assert c["readinessProbe"]["tcpSocket"] == {"port": 29999}
@@ -264,8 +264,8 @@ def test_trainjob_agent_keeps_watchdog_retries_and_storm_guard() -> None:
     spec = loads("name: job\nretry_on_error: true\nmax_stalled_restarts: 5\n"
                  "hang_timeout: 600\nresume: force")
     command = render_trainjob(spec)["spec"]["trainer"]["command"]
-    words = command[command.index("trainer.agent"):command.index("--nnodes")]
-    assert words == ["trainer.agent", "--run-dir", "runs/job", "--checkpoint-dir",
+    words = command[command.index("torchjob.trainer.agent"):command.index("--nnodes")]
+    assert words == ["torchjob.trainer.agent", "--run-dir", "runs/job", "--checkpoint-dir",
                      "runs/job/checkpoints", "--retry-on-error", "--resume", "force",
                      "--max-stalled-restarts", "5", "--hang-timeout", "600"]
 

@@ -17,8 +17,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from jobs.load import loads
-from k8s.trainjob import master_host, render_trainjob
+from torchjob.jobs.load import loads
+from torchjob.k8s.trainjob import master_host, render_trainjob
 from tests.k8s.kubelet import expand
 from tests.procs import PYTHON, env_for_tests, free_port
 
@@ -54,7 +54,8 @@ def test_two_nodes_of_a_rendered_trainjob_train_with_the_plugins_env(tmp_path: P
                  "trainer: {args: {epochs: 1}}")
     obj = render_trainjob(spec)
     command = obj["spec"]["trainer"]["command"]
-    assert command[3] == master_host(spec) and command[5:8] == ["python", "-m", "trainer.agent"]
+    assert command[3] == master_host(spec) and command[5:8] == ["python", "-m",
+                                                                "torchjob.trainer.agent"]
     nodes = []
     for index in range(2):
         (tmp_path / f"pod{index}").mkdir()

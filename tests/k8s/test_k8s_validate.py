@@ -10,8 +10,8 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from k8s.schema import check
-from k8s.validate import Problem, looks_secret, validate, validate_text
+from torchjob.k8s.schema import check
+from torchjob.k8s.validate import Problem, looks_secret, validate, validate_text
 
 RESTRICTED = """
           securityContext:
@@ -230,6 +230,19 @@ def test_trainjob_rules() -> None:
     assert ("schema", "spec.runtimeRef") in rules(validate(obj))
 
 
+@pytest.mark.parametrize("nproc", [0, -1])
+def test_a_trainjob_with_fewer_than_one_process_per_node_is_refused(nproc: int) -> None:
+    """Admitted upstream (v2.3.0 checks numProcPerNode for Flux alone), failed at the pods'
+    start: refused here, naming the field and the fix; 1 and a missing value validate."""
+    obj = yaml.safe_load(TRAINJOB)
+    obj["spec"]["trainer"]["numProcPerNode"] = nproc
+    problems = validate(obj)
+    assert rules(problems) == {("nproc", "spec.trainer.numProcPerNode")}
+    assert f"is {nproc}: must be >= 1" in str(problems)
+    obj["spec"]["trainer"]["numProcPerNode"] = 1
+    assert validate(obj) == []
+
+
 def test_secret_heuristic() -> None:
     assert looks_secret("HF_TOKEN", "x") and looks_secret("AWS_SECRET_ACCESS_KEY", "x")
     assert looks_secret("ANYTHING", "ghp_0123456789abcdef0123")
@@ -265,9 +278,9 @@ def test_validate_text_and_non_manifests() -> None:
 
 def test_rendered_trainjob_fits_the_newest_trainjob_crd_too() -> None:
     """k8s.schema checks the latest release (v2.3.0); master's CRD must accept it as well."""
-    from k8s.manifests import variant_spec
-    from k8s.schema import SCHEMA_DIR
-    from k8s.trainjob import render_trainjob
+    from torchjob.k8s.manifests import variant_spec
+    from torchjob.k8s.schema import SCHEMA_DIR
+    from torchjob.k8s.trainjob import render_trainjob
 
     crd = yaml.load((SCHEMA_DIR / "trainer.kubeflow.org_trainjobs.yaml").read_text(),
                     Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -302,7 +315,7 @@ def test_vendored_crds_match_their_checksums() -> None:
     them, so an edited, missing or unlisted file fails here rather than changing validation."""
     import hashlib
 
-    from k8s.schema import SCHEMA_DIR
+    from torchjob.k8s.schema import SCHEMA_DIR
     fix = ("copy the file again from upstream (SOURCES.md), then in k8s/schemas run "
            "`sha256sum $(ls | grep -vx SHA256SUMS) > SHA256SUMS`")
     listed: dict[str, str] = {}
@@ -320,8 +333,8 @@ def test_vendored_crds_match_their_checksums() -> None:
 
 
 def store_objects() -> list[dict[str, Any]]:
-    from jobs.load import loads
-    from k8s.store import render_store
+    from torchjob.jobs.load import loads
+    from torchjob.k8s.store import render_store
     return render_store(loads("name: job\nnnodes: 1:2"))
 
 
@@ -373,7 +386,7 @@ def test_a_multi_document_manifest_names_each_document() -> None:
 def test_yaml_is_read_as_kubectl_reads_it() -> None:
     """go-yaml v2 semantics (k8s.yamlread): dates and 1:2 stay strings, y/yes/on are booleans,
     keys are strings, whole floats are integers, duplicates are refused."""
-    from k8s.yamlread import YamlProblem, load_all
+    from torchjob.k8s.yamlread import YamlProblem, load_all
     [doc] = load_all("a: 2024-01-01\nb: 1:2\nc: y\nd: on\ne: 1.0\nf: 1e3\ng: 0x1F\nh: 017\n"
                      "n: 1\ni: '2024-01-01'\nj: 1.5\nk: 2024-01-01T10:00:00Z\n")
     assert doc == {"a": "2024-01-01", "b": "1:2", "c": True, "d": True, "e": 1, "f": 1000,
@@ -392,7 +405,7 @@ def test_int_or_string_quantities_and_generate_name() -> None:
         assert not list(check(good, quantity, "q")), good
     for bad in (1.5, "1GB", "1.5.0", "", "1 Gi", True):
         assert list(check(bad, quantity, "q")), bad
-    from k8s.meta import effective_name
+    from torchjob.k8s.meta import effective_name
     assert effective_name({"generateName": "a" * 70}) == "a" * 58 + "bcdfg"
     assert effective_name({"name": "x", "generateName": "y-"}) == "x"
     job = static()
@@ -408,7 +421,7 @@ def test_int_or_string_quantities_and_generate_name() -> None:
 def test_a_trainjobs_pods_are_its_runtimes_with_its_patches() -> None:
     """runtime_pods: the stock torch-distributed runtime's node pods break restricted; a patch
     that sets the securityContext fixes that, merged by container name."""
-    from k8s.runtimes import merge
+    from torchjob.k8s.runtimes import merge
     assert merge({"containers": [{"name": "node", "image": "i"}]},
                  {"containers": [{"name": "node", "securityContext": {"a": 1}},
                                  {"name": "side"}]}) == {

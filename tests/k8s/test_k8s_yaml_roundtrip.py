@@ -16,13 +16,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.backend import Context
-from jobs.spec import JobSpec, K8s, TrainerSection
-from jobs.values import FrozenMap, Nnodes
-from k8s.backend import K8sBackend
-from k8s.render import render_manifest, render_objects
-from k8s.validate import SECRET_VALUE
-from k8s.yaml import GO_YAML_V2, dump, quoted, read_manifests
+from torchjob.jobs.backend import Context
+from torchjob.jobs.spec import JobSpec, K8s, TrainerSection
+from torchjob.jobs.values import FrozenMap, Nnodes
+from torchjob.k8s.backend import K8sBackend
+from torchjob.k8s.render import render_manifest, render_objects
+from torchjob.k8s.validate import SECRET_VALUE
+from torchjob.k8s.yaml import GO_YAML_V2, dump, quoted, read_manifests
 from tests.k8s.goyaml import Timestamp, go_resolve, load_all
 from tests.k8s.kubelet import Everything, expand
 
@@ -175,7 +175,7 @@ def test_torchx_component_strings_survive_torchx_the_kubelet_and_bash(args: list
     kubelet (emulated), then bash (real) give back the user's words."""
     from torchx import specs
 
-    from jobs.components import train
+    from torchjob.jobs.components import train
     role = train("--note", *args, j="2x1", name="digits", script="t.py",
                  env={"NOTE": value}).roles[0]
     role = specs.macros.Values(img_root="", app_id="app", replica_id="0",

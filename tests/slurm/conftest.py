@@ -114,7 +114,8 @@ def local_two_by_two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, floa
     summary.json, the reference each Slurm path must match exactly."""
     run_dir = tmp_path_factory.mktemp("local-2x2")
     sets = [*TWO_BY_TWO_SETS, "local.nodes=2", f"run_dir={run_dir}"]
-    proc = subprocess.run([PYTHON, "-m", "jobs", "run", str(ROOT / "jobs/examples/default.yaml"),
+    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run",
+                           str(ROOT / "jobs/examples/default.yaml"),
                            *[w for s in sets for w in ("--set", s)]], capture_output=True,
                           text=True, timeout=600, cwd=ROOT, env=env_for_tests(),
                           stdin=subprocess.DEVNULL, check=False)

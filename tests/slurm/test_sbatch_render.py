@@ -20,16 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from jobs.load import load, loads
-from jobs.spec import JobSpec
-from jobs.values import SpecError
-from slurm import sbatch
-from jobs.sweep import sweep_specs
-from slurm.sbatch import agent_command, fill, render_sbatch
+from torchjob.jobs.load import load, loads
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import SpecError
+from torchjob.slurm import sbatch
+from torchjob.jobs.sweep import sweep_specs
+from torchjob.slurm.sbatch import agent_command, fill, render_sbatch
 from tests.test_layering import IO_MODULES, imported_roots
 from tests.procs import wait_for
-from trainer.contract import ATTEMPT_BASE_ENV
-from trainer.env import slurm_port
+from torchjob.trainer.contract import ATTEMPT_BASE_ENV
+from torchjob.trainer.env import slurm_port
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parents[1] / "jobs" / "examples"
@@ -259,7 +259,7 @@ def test_hostile_strings_never_execute_and_round_trip(tmp_path: Path) -> None:
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists()
-    seen = json.loads((out / "trainer.agent.json").read_text())  # not the store's python
+    seen = json.loads((out / "torchjob.trainer.agent.json").read_text())  # not the store's python
     want = list(agent_command(spec, python=str(python))[1:])
     want[want.index("--rdzv-endpoint") + 1] = f"n7:{slurm_port(4242)}"
     want[want.index("--rdzv-id") + 1] = "4242"

@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Callable
 
 import pytest
 
-from jobs.backend import Handle
-from jobs.load import loads
-from slurm.backend import create
-from slurm.sbatch import render_sbatch
+from torchjob.jobs.backend import Handle
+from torchjob.jobs.load import loads
+from torchjob.slurm.backend import create
+from torchjob.slurm.sbatch import render_sbatch
 from tests.procs import PYTHON, ROOT, env_for_tests, last_step, wait_for
 from tests.slurm.conftest import assert_same_result, requeued_at_once, step_processes
-from trainer.contract import log_prefix
-from trainer.env import slurm_port
+from torchjob.trainer.contract import log_prefix
+from torchjob.trainer.env import slurm_port
 
 if TYPE_CHECKING:
     from tests.slurm.conftest import SlurmCluster
@@ -420,7 +420,7 @@ def test_an_elastic_job_survives_losing_any_node(slurm_cluster: SlurmCluster, tm
         trial_dir = tmp_path / f"trial{trial}"
         trial_dir.mkdir()
         script, run_dir = submit(trial_dir, f"sbatch-test-rdzv-{lost}", yaml)
-        assert "-m trainer.store --port" in script.read_text()
+        assert "-m torchjob.trainer.store --port" in script.read_text()
 
         def served_by_batch(job_id: str) -> str:
             owner = store_owner(job_id)

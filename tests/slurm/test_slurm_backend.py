@@ -22,17 +22,17 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from jobs.backend import BackendError, Context, Handle, State
-from jobs.load import load
-from jobs.spec import JobSpec
-from jobs.values import UserError
-from slurm.backend import SlurmBackend, create
-from slurm.slurm_cli import SlurmError
+from torchjob.jobs.backend import BackendError, Context, Handle, State
+from torchjob.jobs.load import load
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import UserError
+from torchjob.slurm.backend import SlurmBackend, create
+from torchjob.slurm.slurm_cli import SlurmError
 from tests.procs import (PYTHON, ROOT, cmdline, env_for_tests, is_fork_server, last_step, parent,
                          wait_for)
 from tests.readme_sessions import run_session, sessions
 from tests.slurm.conftest import step_processes
-from trainer.contract import log_prefix
+from torchjob.trainer.contract import log_prefix
 
 if TYPE_CHECKING:
     from tests.slurm.conftest import SlurmCluster
@@ -54,7 +54,7 @@ def job_spec(run_dir: Path, *sets: str) -> JobSpec:
 
 
 def torchjob(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "jobs", *argv], cwd=ROOT, env=env_for_tests(),
+    return subprocess.run([PYTHON, "-m", "torchjob.jobs", *argv], cwd=ROOT, env=env_for_tests(),
                           capture_output=True, text=True, timeout=120)
 
 
@@ -81,7 +81,7 @@ def test_submit_dry_run_prints_exactly_what_render_prints(sweep: list[str]) -> N
 
 
 def test_the_request_is_the_rendered_script() -> None:
-    from slurm.sbatch import render_sbatch
+    from torchjob.slurm.sbatch import render_sbatch
 
     spec = load(DEFAULT)
     for name in ("", "sbatch"):
@@ -313,13 +313,39 @@ def test_no_process_forks_after_querying_cuda_on_slurm(slurm_cluster: SlurmClust
     record = tmp_path / "record"
     name = f"bk-{uuid.uuid4().hex[:6]}"
     sets = [f"name={name}", f"run_dir={tmp_path / 'run'}", "nnodes=2", *SMALL]
-    proc = subprocess.run([PYTHON, "-m", "jobs", "run", "--to", "slurm", str(DEFAULT),
+    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run", "--to", "slurm", str(DEFAULT),
                            *[w for s in sets for w in ("--set", s)]], cwd=ROOT,
                           env=env_for_tests(**cuda_forks.recording_env(record)),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     records = cuda_forks.read(record)
-    workers = {r["pid"] for r in records if r["event"] == "cuda" and "trainer.agent" in
+    workers = {r["pid"] for r in records if r["event"] == "cuda" and "torchjob.trainer.agent" in
                " ".join(r["argv"])}
     assert len(workers) >= 2, f"expected both nodes' agents and workers in {len(records)} records"
     cuda_forks.assert_no_fork_after_cuda(records)
+
+
+@pytest.mark.integration
+@pytest.mark.slurm
+def test_a_script_from_the_command_line_in_a_project_with_the_kits_names(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """``torchjob run --to slurm --nnodes 2 train.py ARGS`` (no YAML) from a project holding its
+    own trainer.py, jobs/, slurm.py and k8s/: two nodes train, each rank imported the user's
+    modules, the kit imported none of them (tests/integration/test_user_layout.py, on Slurm)."""
+    from tests.integration.test_user_layout import KIT_NAMES, project
+
+    folder = project(tmp_path / "project")
+    env = env_for_tests()
+    del env["PYTHONPATH"]  # the kit as installed
+    name = f"bk-{uuid.uuid4().hex[:6]}"
+    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run", "--to", "slurm", "--nnodes", "2",
+                           "--nproc-per-node", "1", "--name", name, "train.py", "a", "--b=1"],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    for rank in (0, 1):
+        seen = json.loads((folder / "runs" / name / f"seen-{rank}.json").read_text())
+        assert seen == {"who": dict.fromkeys(KIT_NAMES, "user"),
+                        "mine": dict.fromkeys(KIT_NAMES, True), "sum": 2.0,
+                        "argv": ["a", "--b=1"], "argv0": "train.py",
+                        "file": str(folder.resolve() / "train.py")}
+    assert (folder / "imported-by").read_text().split() == ["train.py"] * 8

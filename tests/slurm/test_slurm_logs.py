@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm.slurm_logs import Follower, first_failures, job_logs
-from trainer.contract import log_prefix
+from torchjob.slurm.slurm_logs import Follower, first_failures, job_logs
+from torchjob.trainer.contract import log_prefix
 
 ROOT_CAUSE = """\
 ============================================================

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.backend import Handle, State
-from slurm.slurm_cli import SlurmError, task_ids
-from slurm.status import from_records
+from torchjob.jobs.backend import Handle, State
+from torchjob.slurm.slurm_cli import SlurmError, task_ids
+from torchjob.slurm.status import from_records
 
 JOB = Handle("slurm", "12")
 

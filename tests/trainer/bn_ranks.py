@@ -13,10 +13,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.config import TrainConfig
-from trainer.dist import Group
-from trainer.parallel import same_statistics, wrap
-from trainer.tasks import build_task
+from torchjob.trainer.config import TrainConfig
+from torchjob.trainer.dist import Group
+from torchjob.trainer.parallel import same_statistics, wrap
+from torchjob.trainer.tasks import build_task
 
 
 def state(model: nn.Module) -> list[list[float]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from trainer.tasks import Task, digits_task
+from torchjob.trainer.tasks import Task, digits_task
 
 
 class SignalOnFirstItem(Dataset[Any]):

@@ -1,4 +1,4 @@
-"""`python -m trainer.agent`: torchrun's arguments, the trainer's exit codes."""
+"""`python -m torchjob.trainer.agent`: torchrun's arguments, the trainer's exit codes."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 from tests.procs import (PYTHON, children, descendants, env_for_tests, free_port, last_step,
                          require_setup, wait_for)
-from trainer.agent import own_options
-from trainer.contract import job_exit_code
+from torchjob.trainer.agent import own_options
+from torchjob.trainer.contract import job_exit_code
 
 
 @pytest.mark.parametrize("codes, expected", [({2}, 2), ({2, 1}, 2), ({143}, 143),
@@ -41,8 +41,8 @@ def test_own_options_come_off_before_torchruns_in_any_order() -> None:
 
 
 def agent(run_dir: Path, *args: str) -> list[str]:
-    return [PYTHON, "-m", "trainer.agent", "--standalone", "--nproc-per-node", "2",
-            "--max-restarts", "0", "-m", "trainer", "--run-dir", str(run_dir),
+    return [PYTHON, "-m", "torchjob.trainer.agent", "--standalone", "--nproc-per-node", "2",
+            "--max-restarts", "0", "-m", "torchjob.trainer", "--run-dir", str(run_dir),
             "--progress", "lines", *args]
 
 
@@ -110,9 +110,9 @@ def test_a_stop_after_the_last_step_ends_the_workers_at_once(tmp_path: Path) -> 
 def test_a_stop_after_the_last_step_without_an_agent_exits_0(tmp_path: Path) -> None:
     """The same signal to a trainer that no agent runs (srun, a plain process): the work
     is done, so 0, and the log says the signal came late."""
-    argv, env = stopping_itself(tmp_path, [PYTHON, "-m", "trainer", "--run-dir", str(tmp_path),
-                                           "--progress", "lines", *STOP_AT_EVAL, "--epochs",
-                                           "1", "--eval-every", "0"])
+    argv, env = stopping_itself(tmp_path, [PYTHON, "-m", "torchjob.trainer", "--run-dir",
+                                           str(tmp_path), "--progress", "lines", *STOP_AT_EVAL,
+                                           "--epochs", "1", "--eval-every", "0"])
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert (tmp_path / "stop-sent").exists(), proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -131,7 +131,7 @@ def node_agent(port: int, rdzv_id: str, log: Path, *args: str,
     """One "node" on this host: an agent with 1 process in the c10d rendezvous at PORT, its
     stderr (torchrun's INFO log and the workers' lines) to LOG."""
     return subprocess.Popen(
-        [PYTHON, "-m", "trainer.agent", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+        [PYTHON, "-m", "torchjob.trainer.agent", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
          "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", rdzv_id, *args],
         env=env_for_tests(LOGLEVEL="INFO", **env), stderr=log.open("w"), text=True)
 
@@ -187,9 +187,9 @@ def test_sigterm_before_the_workers_start_ends_the_agent_even_as_pid_1(tmp_path:
                   what="a PID namespace (unshare --pid needs root)")
     log = tmp_path / "agent.log"
     proc = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--kill-child", PYTHON, "-m", "trainer.agent",
+        ["unshare", "--pid", "--fork", "--kill-child", PYTHON, "-m", "torchjob.trainer.agent",
          "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-         f"127.0.0.1:{free_port()}", "--rdzv-id", "pid1-test", "-m", "trainer"],
+         f"127.0.0.1:{free_port()}", "--rdzv-id", "pid1-test", "-m", "torchjob.trainer"],
         env=env_for_tests(LOGLEVEL="INFO"), stderr=log.open("w"), text=True)
     try:
         agent = wait_for(lambda: children(proc.pid), 30, "unshare's child, the agent")[0]
@@ -213,7 +213,8 @@ def elastic_node(run_dir: Path, port: int, log: Path) -> subprocess.Popen[str]:
         port, "membership-test", log, "--nnodes", "1:2", "--rdzv-conf",
         "join_timeout=120,last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=4",
         "--max-restarts", "3", "--monitor-interval", "0.1",
-        "-m", "trainer", "--run-dir", str(run_dir), "--task", "tests.containers.slow_alone:task",
+        "-m", "torchjob.trainer", "--run-dir", str(run_dir),
+        "--task", "tests.containers.slow_alone:task",
         "--batch-size", "8", "--epochs", "1", "--checkpoint-every", "50", "--eval-every", "0",
         "--log-every", "10", "--progress", "lines", SLOW_ALONE_BELOW="2")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint import CheckpointError, Checkpointer, Position, verify
-from trainer.config import ConfigError
-from trainer.tasks import DigitsCNN
+from torchjob.trainer.checkpoint import CheckpointError, Checkpointer, Position, verify
+from torchjob.trainer.config import ConfigError
+from torchjob.trainer.tasks import DigitsCNN
 
 
 def make(tmp_path: Path, *, keep: int = 3, async_save: bool = False,

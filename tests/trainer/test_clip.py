@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.preempt import StopRequest
-from trainer.parallel import clip_gradients
+from torchjob.trainer.preempt import StopRequest
+from torchjob.trainer.parallel import clip_gradients
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils.data import Dataset, DistributedSampler, TensorDataset
 
-from trainer.data import TrainBatches
-from trainer.samples import trained
+from torchjob.trainer.data import TrainBatches
+from torchjob.trainer.samples import trained
 
 
 def world(n: int, size: int, batch: int, accum: int,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.env import (DistEnv, EnvError, expand_hostlist, first_host, parse_tasks_per_node,
-                         slurm_port)
+from torchjob.trainer.env import (DistEnv, EnvError, expand_hostlist, first_host,
+                                  parse_tasks_per_node, slurm_port)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,8 @@ TORCHX_DDP = {
     "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_RUN_ID": "trainer-x1y2",
 }
 
-# `sbatch --nodes 2 --ntasks-per-node 2` then `srun python -m trainer`: task 3 (node 1, local 1).
+# `sbatch --nodes 2 --ntasks-per-node 2` then `srun python -m torchjob.trainer`: task 3 (node 1,
+# local 1).
 SRUN_2X2_TASK3 = {
     "SLURM_JOB_ID": "4242", "SLURM_JOBID": "4242", "SLURM_JOB_NODELIST": "gpu-[03-04]",
     "SLURM_NODELIST": "gpu-[03-04]", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2",
@@ -72,7 +73,8 @@ SBATCH_SCRIPT = {key: value for key, value in SRUN_2X2_TASK3.items()
                  if not key.startswith("SLURM_STEP")} | {
     "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_GTIDS": "0"}
 
-# `mpirun -np 4 --map-by ppr:2:node -x MASTER_ADDR -x MASTER_PORT python -m trainer`, rank 2.
+# `mpirun -np 4 --map-by ppr:2:node -x MASTER_ADDR -x MASTER_PORT python -m torchjob.trainer`,
+# rank 2.
 OPENMPI_RANK2 = {
     "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4",
     "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
@@ -212,7 +214,7 @@ def test_pod_level_rank_with_several_processes_per_pod() -> None:
         DistEnv.from_environ({**PYTORCHJOB_POD1, "PET_NPROC_PER_NODE": "2", "WORLD_SIZE": "6"})
     message = str(info.value)
     for part in ("RANK=1", "WORLD_SIZE=6", "per pod", "PET_NPROC_PER_NODE=2", "LOCAL_RANK",
-                 "torchrun -m trainer"):
+                 "torchrun -m torchjob.trainer"):
         assert part in message
 
 
@@ -229,7 +231,7 @@ def test_pod_level_rank_with_several_processes_per_pod() -> None:
 def test_pet_without_torchrun(environ: dict[str, str]) -> None:
     with pytest.raises(EnvError) as info:
         DistEnv.from_environ(environ)
-    assert "PET_NNODES=" in str(info.value) and "torchrun -m trainer" in str(info.value)
+    assert "PET_NNODES=" in str(info.value) and "torchrun -m torchjob.trainer" in str(info.value)
 
 
 def test_pet_single_node_single_process_is_fine() -> None:
@@ -342,7 +344,7 @@ def test_real_torchrun_two_workers() -> None:
                                                       "TORCHELASTIC_"))}
     # one write per line: both workers share torchrun's stdout, and unbuffered (as CI runs
     # Python) print() writes the text and its newline apart, gluing the two lines together
-    code = "import sys; from trainer.env import DistEnv; " \
+    code = "import sys; from torchjob.trainer.env import DistEnv; " \
            "sys.stdout.write(f'{DistEnv.from_environ()}\\n')"
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",

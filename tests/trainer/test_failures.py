@@ -1,5 +1,5 @@
 """A restart is for a lost worker, not for a bug (trainer.failures), decided alike on every node
-by the agent (trainer.elastic_agent), for the built-in trainer and any user script
+by the agent (torchjob.trainer.elastic_agent), for the built-in trainer and any user script
 (trainer.script runs those as python would)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.procs import PYTHON, ROOT, env_for_tests, free_port
-from trainer.contract import EXIT_RETRY
-from trainer.failures import Failure, is_peer_loss, judge, last_line
+from torchjob.trainer.contract import EXIT_RETRY
+from torchjob.trainer.failures import Failure, is_peer_loss, judge, last_line
 
 # rank BAD of the first attempt does WHAT at step 20 (raise, kill, flaky: raises on the
 # first attempt only); every rank prints its attempt. (A user exception on one rank and a
@@ -85,7 +85,7 @@ def agents(tmp_path: Path, what: str, bad: int, *, nodes: int = 1, restarts: int
     script.write_text(SCRIPT)
     port = free_port()
     procs = [subprocess.Popen(
-        [PYTHON, "-m", "trainer.agent", *extra, "--nnodes", str(nodes), "--nproc-per-node",
+        [PYTHON, "-m", "torchjob.trainer.agent", *extra, "--nnodes", str(nodes), "--nproc-per-node",
          "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
          "t", "--max-restarts", str(restarts), "--monitor-interval", "0.1", str(script), what,
          str(bad)], cwd=tmp_path, env=env_for_tests(PYTHONPATH=str(ROOT)),

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import FRESH_MARKER, Checkpointer
-from trainer.config import TrainConfig
-from trainer.fingerprint import TRAJECTORY, differences, digest, refusal
-from trainer.train import resume_mode
+from torchjob.trainer.checkpoint import FRESH_MARKER, Checkpointer
+from torchjob.trainer.config import TrainConfig
+from torchjob.trainer.fingerprint import TRAJECTORY, differences, digest, refusal
+from torchjob.trainer.train import resume_mode
 
 BASE = dataclasses.asdict(TrainConfig())
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from tests.procs import PYTHON, env_for_tests
-from trainer import gpt
-from trainer.config import ConfigError, TrainConfig, parse_args
-from trainer.data import TrainBatches
-from trainer.fingerprint import differences
-from trainer.objectives import NextToken
-from trainer.tasks import build_task
+from torchjob.trainer import gpt
+from torchjob.trainer.config import ConfigError, TrainConfig, parse_args
+from torchjob.trainer.data import TrainBatches
+from torchjob.trainer.fingerprint import differences
+from torchjob.trainer.objectives import NextToken
+from torchjob.trainer.tasks import build_task
 
 
 def test_corpus_is_the_listed_modules_and_stable() -> None:
@@ -96,8 +96,8 @@ def test_a_corpus_of_another_python_is_a_difference() -> None:
 SAME_DATA = """
 import os, sys, types
 import torch.distributed as dist
-from trainer.config import ConfigError
-from trainer.train import same_data
+from torchjob.trainer.config import ConfigError
+from torchjob.trainer.train import same_data
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 for name, identity in (("same", "python-stdlib 3.11.7 sha256:a"),

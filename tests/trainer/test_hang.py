@@ -1,5 +1,5 @@
 """The hang watchdog's pieces (trainer.hang, trainer.progress) and the straggler report
-(trainer.stragglers), without processes to hang: the end-to-end proof is the conformance
+(torchjob.trainer.stragglers), without processes to hang: the end-to-end proof is the conformance
 matrix's "hang" row (a real SIGSTOP on local, docker and Slurm)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from trainer import progress, stragglers
-from trainer.agent import hang_timeout
-from trainer.hang import (BEAT_LOST_S, Seen, Watchdog, check, kill_stopped, process_state,
-                          read_record, stack_of)
-from trainer.progress import NO_STEP
+from torchjob.trainer import progress, stragglers
+from torchjob.trainer.agent import hang_timeout
+from torchjob.trainer.hang import (BEAT_LOST_S, Seen, Watchdog, check, kill_stopped, process_state,
+                                   read_record, stack_of)
+from torchjob.trainer.progress import NO_STEP
 
 T = 20.0
 

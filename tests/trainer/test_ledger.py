@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.procs import PYTHON, env_for_tests
-from trainer import ledger
+from torchjob.trainer import ledger
 
 RUN = "job-1"
 
@@ -101,7 +101,7 @@ def test_a_worker_dying_at_the_same_place_stops_as_a_storm(tmp_path: Path) -> No
     script.write_text(STORM)
     run = tmp_path / "run"
     proc = subprocess.run(
-        [PYTHON, "-m", "trainer.agent", "--run-dir", str(run), "--checkpoint-dir",
+        [PYTHON, "-m", "torchjob.trainer.agent", "--run-dir", str(run), "--checkpoint-dir",
          str(run / "ck"), "--max-stalled-restarts", "2", "--standalone", "--nproc-per-node",
          "2", "--max-restarts", "10", "--monitor-interval", "0.1", str(script)],
         env=env_for_tests(), capture_output=True, text=True, timeout=180)

@@ -1,6 +1,6 @@
-"""The one log prefix (trainer.contract.LOG_PREFIX: node, rank, attempt) on every line a
-worker prints under ``python -m trainer.agent``, attempt counting the agent's restarts on top
-of TORCHJOB_ATTEMPT_BASE (set where the scheduler itself runs a job again)."""
+"""The one log prefix (torchjob.trainer.contract.LOG_PREFIX: node, rank, attempt) on every line a
+worker prints under ``python -m torchjob.trainer.agent``, attempt counting the agent's restarts on
+top of TORCHJOB_ATTEMPT_BASE (set where the scheduler itself runs a job again)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.procs import PYTHON, ROOT, env_for_tests
-from trainer.contract import LOG_PREFIX, log_prefix, parse_log_prefix
+from torchjob.trainer.contract import LOG_PREFIX, log_prefix, parse_log_prefix
 
 # rank 1 of the first attempt is killed once rank 0 has written its lines (the agent stops rank
 # 0 then): the agent restarts both workers once
@@ -47,7 +47,8 @@ def test_every_worker_line_carries_node_rank_and_attempt(tmp_path: Path) -> None
     (tmp_path / "tmp").mkdir()
     env = env_for_tests(TORCHJOB_ATTEMPT_BASE="2", PYTHONPATH=f"{tmp_path}:{ROOT}",
                         TMPDIR=str(tmp_path / "tmp"))
-    proc = subprocess.run([PYTHON, "-m", "trainer.agent", "--standalone", "--nproc-per-node",
+    proc = subprocess.run([PYTHON, "-m", "torchjob.trainer.agent", "--standalone",
+                           "--nproc-per-node",
                            "2", "--max-restarts", "1", "--monitor-interval", "0.1", "-m",
                            "prefixworker"], env=env, capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
@@ -62,7 +63,7 @@ def test_every_worker_line_carries_node_rank_and_attempt(tmp_path: Path) -> None
 
 
 def test_a_bad_attempt_base_exits_2_and_names_it() -> None:
-    proc = subprocess.run([PYTHON, "-m", "trainer.agent", "--standalone", "-m", "x"],
+    proc = subprocess.run([PYTHON, "-m", "torchjob.trainer.agent", "--standalone", "-m", "x"],
                           env=env_for_tests(TORCHJOB_ATTEMPT_BASE="one"), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.objectives import CLASSIFY, NextToken
+from torchjob.trainer.objectives import CLASSIFY, NextToken
 
 
 def test_classify_is_cross_entropy_and_accuracy() -> None:

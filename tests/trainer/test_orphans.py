@@ -40,8 +40,8 @@ def kill_the_agent_alone(agent: subprocess.Popen[bytes], workers: list[int]) -> 
 
 def test_the_trainers_workers_die_with_their_agent(tmp_path: Path) -> None:
     agent = subprocess.Popen(
-        [PYTHON, "-m", "trainer.agent", "--standalone", "--nproc-per-node", "2", "-m",
-         "trainer", "--run-dir", str(tmp_path), "--epochs", "50", "--log-every", "1",
+        [PYTHON, "-m", "torchjob.trainer.agent", "--standalone", "--nproc-per-node", "2", "-m",
+         "torchjob.trainer", "--run-dir", str(tmp_path), "--epochs", "50", "--log-every", "1",
          "--progress", "lines"], env=env_for_tests(), stderr=subprocess.DEVNULL,
         start_new_session=True)
     wait_for(lambda: last_step(tmp_path) >= 2 or agent.poll() is not None, 120, "step 2")
@@ -53,8 +53,8 @@ def test_a_scripts_workers_die_with_their_agent(tmp_path: Path) -> None:
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
     agent = subprocess.Popen(
-        [PYTHON, "-m", "trainer.agent", "--standalone", "--nproc-per-node", "2", str(script),
-         str(tmp_path)], env=env_for_tests(), stderr=subprocess.DEVNULL,
+        [PYTHON, "-m", "torchjob.trainer.agent", "--standalone", "--nproc-per-node", "2",
+         str(script), str(tmp_path)], env=env_for_tests(), stderr=subprocess.DEVNULL,
         start_new_session=True)
     wait_for(lambda: len(list(tmp_path.glob("pid-*"))) == 2 or agent.poll() is not None, 120,
              "both scripts to write their pids")

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from tests.procs import PYTHON, env_for_tests
-from trainer.parallel import only_running_statistics
-from trainer.tasks import DigitsCNN
+from torchjob.trainer.parallel import only_running_statistics
+from torchjob.trainer.tasks import DigitsCNN
 
 HERE = Path(__file__).resolve().parent
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.report import Reporter, read_metrics
+from torchjob.trainer.report import Reporter, read_metrics
 
 
 def test_lines_in_logs_carry_the_rank(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""One live run per run directory (trainer.runlock): a second live run is refused with its
+"""One live run per run directory (torchjob.trainer.runlock): a second live run is refused with its
 owner named, the nodes of one run share the lock, and a killed run's lock is taken over."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.procs import PYTHON, descendants, env_for_tests, last_step, wait_for
-from trainer.contract import CLOSING_RE
-from trainer.runlock import HEARTBEAT_S, LOCK, STALE_S, RunDirBusy, RunLock, clear
+from torchjob.trainer.contract import CLOSING_RE
+from torchjob.trainer.runlock import HEARTBEAT_S, LOCK, STALE_S, RunDirBusy, RunLock, clear
 
 
 def write_lock(run_dir: Path, age: float, **record: object) -> Path:
@@ -93,8 +93,8 @@ def test_a_lock_whose_process_is_gone_is_stale_after_two_beats(tmp_path: Path) -
 
 
 def agent(run_dir: Path, *args: str) -> list[str]:
-    return [PYTHON, "-m", "trainer.agent", "--run-dir", str(run_dir), "--standalone",
-            "--nproc-per-node", "1", "--max-restarts", "0", "-m", "trainer",
+    return [PYTHON, "-m", "torchjob.trainer.agent", "--run-dir", str(run_dir), "--standalone",
+            "--nproc-per-node", "1", "--max-restarts", "0", "-m", "torchjob.trainer",
             "--run-dir", str(run_dir), "--progress", "lines", *args]
 
 

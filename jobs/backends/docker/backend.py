@@ -1,7 +1,7 @@
 """The docker backend: one container per node from a compose file (``render.py``), run by
 podman-compose or ``docker compose`` (``launch.py``), always torn down at the end. ``run`` is
 the foreground launcher; ``submit`` starts the same launcher detached. Either way the run is
-recorded in its run directory (``jobs.runs``: the compose file used, each node's log), so
+recorded in its run directory (``torchjob.jobs.runs``: the compose file used, each node's log), so
 that ``status``, ``logs``, ``cancel`` (as Ctrl-C) and ``list`` work for ``docker:PROJECT``
 (the compose project) from any terminal."""
 
@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from jobs import launcher, runs
-from jobs.backend import GRACE_S, BaseBackend, Context, Handle, Request, no_variant
-from jobs.backends.docker import launch
-from jobs.backends.docker.render import compose_text, render_compose
-from jobs.spec import JobSpec
+from torchjob.jobs import launcher, runs
+from torchjob.jobs.backend import GRACE_S, BaseBackend, Context, Handle, Request, no_variant
+from torchjob.jobs.backends.docker import launch
+from torchjob.jobs.backends.docker.render import compose_text, render_compose
+from torchjob.jobs.spec import JobSpec
 
 
 class DockerBackend(runs.RecordedRuns, BaseBackend):
@@ -61,7 +61,14 @@ class DockerBackend(runs.RecordedRuns, BaseBackend):
 
     def submit(self, request: Request) -> Handle:
         record, start = self._start(request)
-        launcher.detach(record, lambda stops: start(stops, echo=False))
+        def launch(stops: launcher.Stops) -> int:
+            err = launcher.tee(record, None)  # launcher.log and output.log
+            try:
+                return start(stops, echo=False, err=err)
+            finally:
+                err.close()
+
+        launcher.detach(record, launch)
         return Handle(self.name, record.path.name)
 
 

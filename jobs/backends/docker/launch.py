@@ -31,18 +31,19 @@ from secrets import token_hex
 from typing import IO, Any, Callable
 
 import yaml
-import trainer
-from jobs.backends.docker.render import (HOST_DIR_VAR, RESTARTS, RUN_ID_VAR, compose_text,
-                                         mounts_workdir, render_compose, service_name)
-from jobs.launcher import NodeOutput, Stops
-from jobs.runs import Record
-from jobs.spec import JobSpec
-from jobs.values import UserError
-from trainer.contract import (EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, EXIT_STORE_LOST,
-                              nodes_exit_code)
-from trainer.runlock import clear as clear_lock
+import torchjob.trainer
+from torchjob.jobs.backends.docker.render import (HOST_DIR_VAR, RESTARTS, RUN_ID_VAR, compose_text,
+                                                  mounts_workdir, render_compose, service_name)
+from torchjob.jobs.launcher import NodeOutput, Stops
+from torchjob.jobs.runs import Record
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import UserError
+from torchjob.trainer.contract import (EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, EXIT_STORE_LOST,
+                                       nodes_exit_code)
+from torchjob.trainer.runlock import clear as clear_lock
 
-RECIPE = "jobs.backends.docker"  # the package whose data is the Dockerfile and container-setup
+# the package whose data is the Dockerfile and container-setup
+RECIPE = "torchjob.jobs.backends.docker"
 IMAGE_UID = 1000  # the Dockerfile's USER: it must be able to write the run directory
 PROJECT_LABEL = "com.docker.compose.project"  # set by docker compose and podman-compose
 SERVICE_LABEL = "com.docker.compose.service"
@@ -103,7 +104,7 @@ def image_context(dest: Path) -> Path:
     dest.mkdir(parents=True)
     (dest / "Dockerfile").write_bytes(
         importlib.resources.files(RECIPE).joinpath("Dockerfile").read_bytes())
-    shutil.copytree(Path(trainer.__file__).parent, dest / "trainer",
+    shutil.copytree(Path(torchjob.trainer.__file__).parent, dest / "trainer",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return dest
 
@@ -318,7 +319,7 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops,
     """Run the job as one container per node to the end; the exit code as for local runs
     (``stops``: the stop signals so far).
     ``compose`` is the exact compose file to run (the backend's rendered request); by
-    default the spec's, rendered for ``cwd``. With a ``record`` (``jobs.runs``) the file is
+    default the spec's, rendered for ``cwd``. With a ``record`` (``torchjob.jobs.runs``) the file is
     kept there, the project is the run's id, and each node's log goes to the record too;
     with ``echo`` every node's lines also go to our stdout."""
     err = err or sys.stderr

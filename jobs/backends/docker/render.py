@@ -1,10 +1,11 @@
 """The docker backend's renderer: a JobSpec -> a compose file (docker compose, podman-compose).
 
 One service per node (``node0`` .. ``node{MAX-1}``; for ``MIN:MAX`` the spare nodes are services
-too), each running the one agent command of ``jobs.command`` with c10d rendezvous on
+too), each running the one agent command of ``torchjob.jobs.command`` with c10d rendezvous on
 ``node0``; an elastic job's rendezvous store is a service of its own, ``rendezvous`` (the same
-image, ``python -m trainer.store``), which no node hosts, so that losing any one node, node0
-too, leaves the others their rendezvous. The run and checkpoint directories are bind mounts of host directories, mounted
+image, ``python -m torchjob.trainer.store``), which no node hosts, so that losing any one node,
+node0 too, leaves the others their rendezvous. The run and checkpoint directories are bind mounts of
+host directories, mounted
 at the same path in every service, so results are on the host after the run. Pure: the host
 directory that relative paths resolve against is passed in (``.``: the compose file's own
 directory), so the output is deterministic and ``--dry-run`` prints what would run.
@@ -18,15 +19,15 @@ from typing import Any
 
 import yaml
 
-from jobs.command import agent_command, own_store, store_command
-from jobs.hosts import on_one_host, refuse_system_dir
-from jobs.spec import JobSpec
-from jobs.values import SpecError
-from trainer.contract import omp_threads
+from torchjob.jobs.command import agent_command, own_store, store_command
+from torchjob.jobs.hosts import on_one_host, refuse_system_dir
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import SpecError
+from torchjob.trainer.contract import omp_threads
 
 WORKDIR = "/workspace"  # the image's WORKDIR: a relative run_dir lands under it
 RDZV_HOST = "node0"
-STORE_SERVICE = "rendezvous"  # an elastic job's own rendezvous store (trainer.store)
+STORE_SERVICE = "rendezvous"  # an elastic job's own rendezvous store (torchjob.trainer.store)
 HEADER = ("# Rendered by torchjob from {source}; do not edit by hand. Regenerate with\n"
           "#   torchjob render --to docker {source} > compose.yaml\n"
           "# Run: docker compose up (or podman-compose up), or torchjob run --to docker {source}\n"

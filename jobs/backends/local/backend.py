@@ -2,7 +2,7 @@
 several nodes), c10d rendezvous on a free loopback port. ``run`` is the foreground launcher
 (``launch.run_local``): Ctrl-C asks the workers to checkpoint, a second one kills.
 ``submit`` starts the same launcher detached (its own session, its output in files). Either
-way the run is recorded in its run directory (``jobs.runs``), so that ``status``, ``logs``,
+way the run is recorded in its run directory (``torchjob.jobs.runs``), so that ``status``, ``logs``,
 ``cancel`` (as Ctrl-C) and ``list`` work for ``local:RUN_ID`` from any terminal.
 """
 
@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jobs import launcher, runs
-from jobs.backend import GRACE_S, BaseBackend, Context, Handle, Request, no_variant
-from jobs.backends.local.launch import missing_secrets, run_local
-from jobs.backends.local.render import LocalPlan, render_local, render_text
-from jobs.spec import JobSpec
-from jobs.values import UserError
+from torchjob.jobs import launcher, runs
+from torchjob.jobs.backend import GRACE_S, BaseBackend, Context, Handle, Request, no_variant
+from torchjob.jobs.backends.local.launch import missing_secrets, run_local
+from torchjob.jobs.backends.local.render import LocalPlan, render_local, render_text
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import UserError
 
 
 def plan_data(plan: LocalPlan) -> dict[str, Any]:
@@ -82,8 +82,13 @@ class LocalBackend(runs.RecordedRuns, BaseBackend):
         plan, record, header, grace = self._start(request)
 
         def launch(stops: launcher.Stops) -> int:
-            print(header, file=sys.stderr, flush=True)
-            return run_local(plan, stops=stops, grace=grace, record=record, echo=False)
+            err = launcher.tee(record, None)  # launcher.log and output.log
+            try:
+                print(header, file=err, flush=True)
+                return run_local(plan, stops=stops, grace=grace, record=record, echo=False,
+                                 err=err)
+            finally:
+                err.close()
 
         launcher.detach(record, launch)
         return Handle(self.name, record.path.name)

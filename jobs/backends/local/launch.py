@@ -1,9 +1,9 @@
 """The local launcher: performs a LocalPlan. The only module here that starts processes.
 
 Each node (a torchrun agent) runs in its own session; its output goes to its log in the run's
-record (``jobs.runs``) and, in the foreground, to the terminal: its workers' lines as the
+record (``torchjob.jobs.runs``) and, in the foreground, to the terminal: its workers' lines as the
 agent printed them (with the one log prefix: node, rank, attempt), the agent's own lines
-with ``[node I] `` in front. A stop (SIGINT/SIGTERM, counted by ``jobs.launcher.perform``
+with ``[node I] `` in front. A stop (SIGINT/SIGTERM, counted by ``torchjob.jobs.launcher.perform``
 from before the run starts) is forwarded as SIGTERM to each agent, which passes it to its
 workers; they checkpoint and exit 143 (a stop before every node started starts no more).
 After a grace period, or at a second Ctrl-C, everything is killed. Whatever way this
@@ -27,11 +27,11 @@ import time
 from collections.abc import Mapping
 from typing import IO, NamedTuple
 
-from jobs.backend import GRACE_S
-from jobs.backends.local.render import LocalPlan
-from jobs.launcher import NodeOutput, Stops
-from jobs.runs import Proc, Record
-from trainer.contract import EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, nodes_exit_code
+from torchjob.jobs.backend import GRACE_S
+from torchjob.jobs.backends.local.render import LocalPlan
+from torchjob.jobs.launcher import NodeOutput, Stops
+from torchjob.jobs.runs import Proc, Record
+from torchjob.trainer.contract import EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, nodes_exit_code
 
 _POLL = 0.1
 _SCAN_EVERY = 0.5

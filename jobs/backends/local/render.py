@@ -1,12 +1,12 @@
 """The local backend's renderer: a JobSpec -> torchrun commands for this machine. Pure.
 
-Each emulated node is one torchrun agent (``python -m trainer.agent``: torchrun's own agent and
-arguments, with workers forked from a preloaded server so restarts are quick, and the
+Each emulated node is one torchrun agent (``python -m torchjob.trainer.agent``: torchrun's own agent
+and arguments, with workers forked from a preloaded server so restarts are quick, and the
 restart-safe rendezvous store setting); all agents meet at one c10d rendezvous on
 127.0.0.1. For an elastic job the rendezvous store is a process of its own
-(``python -m trainer.store``, started first), so that stopping any one agent, the first one
+(``python -m torchjob.trainer.store``, started first), so that stopping any one agent, the first one
 too, leaves the others their rendezvous. Everything that varies between runs (port, run id, interpreter, CPU count) is
-passed in, so the output is deterministic; ``jobs.backends.local.launch`` performs it.
+passed in, so the output is deterministic; ``torchjob.jobs.backends.local.launch`` performs it.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from jobs.command import agent_command, own_store, store_command
-from jobs.hosts import on_one_host
-from jobs.spec import JobSpec
-from jobs.values import FrozenMap
-from trainer.contract import omp_threads
+from torchjob.jobs.command import agent_command, own_store, store_command
+from torchjob.jobs.hosts import on_one_host
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import FrozenMap
+from torchjob.trainer.contract import omp_threads
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,13 @@ from collections.abc import Iterator
 
 from torchx import specs
 
-from jobs.backend import BackendError, BaseBackend, Context, Handle, JobStatus, Request, State
-from jobs.backends.torchx import launch
-from jobs.backends.torchx.render import appdef_text, render_appdef
-from jobs.hosts import on_one_host
-from jobs.spec import JobSpec, trainer_argv
-from jobs.values import bad
+from torchjob.jobs.backend import (BackendError, BaseBackend, Context, Handle, JobStatus, Request,
+                                   State)
+from torchjob.jobs.backends.torchx import launch
+from torchjob.jobs.backends.torchx.render import appdef_text, render_appdef
+from torchjob.jobs.hosts import on_one_host
+from torchjob.jobs.spec import JobSpec, trainer_argv
+from torchjob.jobs.values import bad
 
 # Schedulers whose pods the kubelet starts: it expands $(VAR) in their command and env too.
 KUBERNETES_SCHEDULERS = ("kubernetes", "kubernetes_mcad")
@@ -35,6 +36,10 @@ class TorchxBackend(BaseBackend):
         self.name = f"torchx:{scheduler}" if scheduler else "torchx"
         # schedulers whose nodes run in (or share) this machine's filesystem
         self.sees_run_dir = scheduler in ("local_cwd", "slurm")
+
+    def image_field(self, spec: JobSpec) -> str | None:
+        # local_cwd and slurm run this machine's files; the container schedulers the image
+        return None if self.sees_run_dir else "image"
 
     def _need_scheduler(self) -> str:
         if not self.scheduler:

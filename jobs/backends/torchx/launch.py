@@ -20,9 +20,9 @@ from torchx.schedulers.local_scheduler import SignalException
 from torchx.specs import AppDef, AppDryRunInfo, AppState, AppStatus
 from torchx.specs.api import InvalidRunConfigException
 
-from jobs.backend import Closings
-from jobs.values import UserError
-from trainer.contract import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+from torchjob.jobs.backend import Closings
+from torchjob.jobs.values import UserError
+from torchjob.trainer.contract import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 
 LOCAL_SCHEDULERS = ("local_cwd", "local_docker")
 

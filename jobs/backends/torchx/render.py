@@ -1,7 +1,7 @@
 """The TorchX backend's renderer: a JobSpec -> a TorchX AppDef. Pure.
 
 One role, ``nnodes`` replicas (``min_replicas`` = MIN for elastic jobs), each running the
-same agent command as every other backend (``jobs.command``), through ``bash -c`` so that
+same agent command as every other backend (``torchjob.jobs.command``), through ``bash -c`` so that
 the rendezvous host can be the scheduler's rank-0 host variable (TorchX's own ``dist.ddp``
 does the same).
 
@@ -31,11 +31,11 @@ from typing import Any
 import yaml
 from torchx import specs
 
-from jobs.command import agent_command, kubelet_literal
-from jobs.hosts import refuse_system_dir
-from jobs.spec import JobSpec
-from jobs.values import SpecError
-from trainer.contract import omp_threads
+from torchjob.jobs.command import agent_command, kubelet_literal
+from torchjob.jobs.hosts import refuse_system_dir
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import SpecError
+from torchjob.trainer.contract import omp_threads
 
 ROLE = "trainer"
 
