@@ -599,3 +599,34 @@ class JobSpec(Section):
     def local_nodes(self) -> int:
         """How many torchrun agents the local backend starts (``local.nodes``, resolved)."""
         return self.local.nodes or self.nnodes.max
+
+
+def reference() -> str:
+    """Every spec field as a Markdown table (field, default, what it is), from the dataclasses'
+    help: docs/spec.md's reference (``python -m torchjob.jobs.spec``)."""
+    rows = ["| field | default | what it is |", "|---|---|---|"]
+
+    def walk(cls: type, prefix: str) -> None:
+        for f in dataclasses.fields(cls):
+            path = f"{prefix}{f.name}"
+            hint = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+            nested = globals().get(hint) if isinstance(hint, str) else None
+            if isinstance(nested, type) and issubclass(nested, Section):
+                walk(nested, f"{path}.")
+                continue
+            if f.default is not MISSING:
+                default = f.default
+            elif f.default_factory is not MISSING:
+                default = f.default_factory()
+            else:
+                default = "(required)"
+            shown = "" if default in ("", None, (), {}) else \
+                str(default) if not isinstance(default, tuple) else list(default)
+            text = str(f.metadata.get("help", "")).replace("|", "\\|")
+            rows.append(f"| `{path}` | {f'`{shown}`' if shown != '' else ''} | {text} |")
+    walk(JobSpec, "")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # python -m torchjob.jobs.spec: the reference table
+    print(reference(), end="")

@@ -62,7 +62,7 @@ VOLCANO_SCHEDULER = "volcano"  # the pods' schedulerName, for Volcano to schedul
 NODE = "node"  # the runtime's trainer replicatedJob and its container (constants.Node)
 PATCH_MANAGER = "torchjob.io/render"  # owner of our runtimePatches entry (domain/path)
 # What v2.3's runtimePatches may set in the pod (PodSpecPatch) and in a container
-# (ContainerPatch) that the PyTorchJob pod has; the node container's env is torchjob.trainer.env.
+# (ContainerPatch) that the PyTorchJob pod has; the node container's env is trainer.env.
 POD_PATCH = ("serviceAccountName", "securityContext", "volumes")
 CONTAINER_PATCH = ("name", "volumeMounts", "securityContext")
 

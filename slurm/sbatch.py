@@ -170,8 +170,11 @@ def srun_options(spec: JobSpec, *, workdir: str) -> list[str]:
     if spec.slurm.container == "pyxis":
         srun += [f"--container-image={spec.slurm.container_image or spec.image}",
                  f"--container-workdir={workdir}"]
-        if spec.mounts:
-            srun.append(f"--container-mounts={','.join(_mounts(spec))}")
+        # a script or module comes from the submit directory (shared by the nodes), mounted
+        # where it is; apptainer binds the working directory by itself
+        mounts = _mounts(spec) + ([] if spec.trainer.builtin else [f"{workdir}:{workdir}"])
+        if mounts:
+            srun.append(f"--container-mounts={','.join(mounts)}")
     return srun
 
 

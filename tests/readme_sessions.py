@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,10 +102,15 @@ def match(expected: list[str], actual: list[str], handles: dict[str, str]) -> st
 
 
 def run_session(commands: list[Command], workdir: Path, env: dict[str, str] | None = None,
-                timeout: float = 600) -> dict[str, str]:
+                timeout: float = 600, copy: bool = False) -> dict[str, str]:
     """Run ``commands`` in ``workdir`` and fail with what differed; the handles seen (the
-    README's, each to the real one)."""
-    (workdir / "jobs").symlink_to(ROOT / "jobs")
+    README's, each to the real one). ``jobs/`` there is this repository's (a link), or with
+    ``copy`` a copy of its examples (for containers, which see the working directory alone)."""
+    if copy:
+        shutil.copytree(ROOT / "jobs" / "examples", workdir / "jobs" / "examples",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        (workdir / "jobs").symlink_to(ROOT / "jobs")
     handles: dict[str, str] = {}
     for command in commands:
         argv = [handles.get(word, word) for word in command.argv]

@@ -17,9 +17,10 @@ from tests.procs import PYTHON, ROOT, env_for_tests
 from tests.readme_sessions import Command, match, run_session, sessions
 
 README = (ROOT / "README.md").read_text()
-HERE_SESSIONS = {"local", "docker-render", "slurm-render", "torchx", "k8s"}
+HERE_SESSIONS = {"local", "docker-render", "slurm-render", "torchx", "k8s", "quick-local",
+                 "quick-torchx", "quick-k8s"}
 # run by tests/slurm, tests/containers and tests/jobs (test_local_runs.py)
-ELSEWHERE = {"slurm", "docker", "local-jobs"}
+ELSEWHERE = {"slurm", "docker", "local-jobs", "quick-slurm", "quick-docker"}
 
 
 def torchjob(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -32,7 +33,7 @@ def test_every_session_is_run_by_some_test() -> None:
     assert found >= HERE_SESSIONS and not found - HERE_SESSIONS - ELSEWHERE, found
 
 
-@pytest.mark.parametrize("name", ["docker-render", "slurm-render"])
+@pytest.mark.parametrize("name", ["docker-render", "slurm-render", "quick-k8s"])
 def test_render_sessions(name: str, tmp_path: Path) -> None:
     run_session(sessions()[name], tmp_path)
 
@@ -44,7 +45,7 @@ def test_kubernetes_session_on_the_api_emulator(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", ["local", "torchx"])
+@pytest.mark.parametrize("name", ["local", "torchx", "quick-local", "quick-torchx"])
 def test_sessions_that_train(name: str, tmp_path: Path) -> None:
     run_session(sessions()[name], tmp_path)
 
@@ -72,7 +73,7 @@ def test_every_example_command_is_accepted() -> None:
 
 
 def test_the_error_example_prints_what_the_readme_says() -> None:
-    match_ = re.search(r"^\$ (torchjob .*)\n(.*)$", README, re.MULTILINE)
+    match_ = re.search(r"^\$ (torchjob .*)\n(torchjob: .*)$", README, re.MULTILINE)
     assert match_
     proc = torchjob(shlex.split(match_.group(1))[1:])
     assert proc.returncode == 2
@@ -93,3 +94,12 @@ def test_sessions_show_no_training_figures() -> None:
     shown = [line for commands in sessions().values() for command in commands
              for line in command.expected if figure.search(line)]
     assert not shown, f"training figures in the README's sessions: {shown}"
+
+
+def test_the_field_reference_is_the_specs_own() -> None:
+    """docs/spec.md's table of fields is generated from jobs/spec.py's help texts: regenerate
+    it with python -m torchjob.jobs.spec when a field changes."""
+    from torchjob.jobs.spec import reference
+    doc = (ROOT / "docs" / "spec.md").read_text()
+    generated = doc.split("-->\n", 1)[1].split("<!-- end generated -->")[0]
+    assert generated == reference(), "docs/spec.md is stale: python -m torchjob.jobs.spec"

@@ -337,6 +337,17 @@ def test_user_scripts_run_from_the_working_directory_and_their_exceptions_are_no
     assert_nothing_left(project)
 
 
+def test_the_readme_docker_quickstart(container_image: str, tmp_path: Path) -> None:
+    """The quickstart's script in two node containers, no YAML: the working directory (a copy
+    of jobs/examples, which the containers see mounted) readable by the image's user."""
+    for parent in tmp_path.parents:  # pytest's temporary directories are private
+        if parent == Path("/tmp"):
+            break
+        parent.chmod(parent.stat().st_mode | 0o005)
+    tmp_path.chmod(0o755)
+    run_session(sessions()["quick-docker"], tmp_path, copy=True)
+
+
 def test_the_readme_docker_session(container_image: str, tmp_path: Path) -> None:
     """The README's docker session, for real: a short run in the foreground; a long one
     submitted and cancelled at once, STOPPED with 143 within the grace period (the SIGTERM

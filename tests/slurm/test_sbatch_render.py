@@ -182,6 +182,17 @@ def test_options() -> None:
         loads(GPU), **FIXED)
 
 
+def test_a_script_in_a_pyxis_container_comes_from_the_submit_directory() -> None:
+    """The built-in trainer is in the image; a script or module is on the shared file system,
+    mounted where it is (apptainer binds the working directory by itself)."""
+    boxed = "name: b\nslurm: {container: pyxis}\nmounts: [{source: /data, target: /data}]\n"
+    builtin = render_sbatch(loads(boxed), **FIXED)
+    workdir = FIXED["workdir"]
+    assert "--container-mounts=/data:/data " in builtin and f"{workdir}:{workdir}" not in builtin
+    script = render_sbatch(loads(boxed + "trainer: {script: train.py}\n"), **FIXED)
+    assert f"'--container-mounts=/data:/data,{workdir}:{workdir}' " in script
+
+
 def test_user_env_overrides_defaults_and_secrets_stay_out() -> None:
     text = render_sbatch(loads(GPU), **FIXED)
     assert "export NCCL_DEBUG=INFO" in text and "NCCL_DEBUG=WARN" not in text

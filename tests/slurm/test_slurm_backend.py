@@ -228,6 +228,13 @@ def test_the_readme_slurm_session(slurm_cluster: SlurmCluster, tmp_path: Path) -
     run_session(sessions()["slurm"], tmp_path)
 
 
+@pytest.mark.integration
+@pytest.mark.slurm
+def test_the_readme_slurm_quickstart(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """The quickstart's script on two Slurm nodes, no YAML."""
+    run_session(sessions()["quick-slurm"], tmp_path)
+
+
 # -- bad input: one clear error, exit code 2, nothing queued ----------------------------------
 
 def queued_named(name: str) -> list[str]:
