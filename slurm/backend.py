@@ -29,6 +29,7 @@ from torchjob.slurm.slurm_logs import Follower, first_failures, job_logs, log_fi
 from torchjob.trainer.contract import EXIT_OK, EXIT_STOPPED
 
 JOB_ID = re.compile(r"\d+(_\d+)?")
+NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # a job name (the spec's name: a DNS label)
 POLL_S = 0.5  # how often `run` and `logs --follow` read the logs and ask squeue
 SUBMITIT_FOLDER = "submitit"  # under the run directory: submitit's copy of the script
 
@@ -133,10 +134,19 @@ class SlurmBackend(BaseBackend):
     # -- a submitted job -------------------------------------------------------------------
 
     def parse_handle(self, text: str) -> Handle:
-        if not JOB_ID.fullmatch(text):
-            raise BackendError(f"{text!r} is not a Slurm job id: write slurm:1234 (or "
-                               "slurm:1234_0 for one task of a job array)")
-        return Handle("slurm", text)
+        if JOB_ID.fullmatch(text):
+            return Handle("slurm", text)
+        if NAME.fullmatch(text):  # a job's name: its latest job of this user's (sacct)
+            live, records = slurm_cli.mine()
+            named = [r["JobID"] for r in records if r.get("JobName") == text
+                     and "_" not in r["JobID"] and "." not in r["JobID"]]
+            if named:
+                return Handle("slurm", max(named, key=lambda job: int(job.split("_")[0])))
+            raise BackendError(f"no Slurm job named {text!r} of yours in the last week "
+                               "(torchjob list --to slurm shows them): write slurm:JOB_ID")
+        raise BackendError(f"{text!r} is not a Slurm job id: write slurm:1234 (or "
+                           "slurm:1234_0 for one task of a job array, or slurm:NAME for that "
+                           "job's latest)")
 
     def status(self, handle: Handle) -> JobStatus:
         return status.current(handle)

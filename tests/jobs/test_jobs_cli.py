@@ -119,7 +119,7 @@ def test_run_dry_run_prints_and_starts_nothing(tmp_path: Path) -> None:
     (["logs", "docker:123"], ["no docker run '123' on this machine"]),
     (["status", "1234"], ["does not say its backend", "slurm:1234"]),
     (["status", "mars:1234"], ["does not say its backend"]),
-    (["status", "slurm:abc"], ["'abc' is not a Slurm job id"]),
+    (["status", "slurm:1a"], ["'1a' is not a Slurm job id", "slurm:NAME"]),
     (["cancel", "--to", "k8s:trainjob", "job"], ["no Kubernetes cluster configured"]),
     (["cancel", "k8s:trainjob:ns/job"], ["no Kubernetes cluster configured"]),
     (["status", "k8s:Bad_Name"], ["is not a job: write NAMESPACE/NAME"]),

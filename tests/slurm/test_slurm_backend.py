@@ -356,3 +356,7 @@ def test_a_script_from_the_command_line_in_a_project_with_the_kits_names(
                         "argv": ["a", "--b=1"], "argv0": "train.py",
                         "file": str(folder.resolve() / "train.py")}
     assert (folder / "imported-by").read_text().split() == ["train.py"] * 8
+    # the job's name stands for its latest job
+    by_name = subprocess.run([PYTHON, "-m", "torchjob.jobs", "status", f"slurm:{name}"],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert by_name.returncode == 0 and ": SUCCEEDED (exit code 0)" in by_name.stdout, by_name
