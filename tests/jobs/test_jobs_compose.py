@@ -303,3 +303,25 @@ def test_a_node_that_failed_for_good_ends_the_job_after_the_grace(
         in capsys.readouterr().err
 
 
+
+
+def test_containers_run_as_the_invoking_user_unless_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not root: the node containers run as the caller's ids (a 700 home directory is readable
+    in them, what they write is the caller's), with podman in keep-id mode (rootless: the same
+    ids on the host). Root keeps the image's user, uid 1000. (Rendered here; the suite runs as
+    root, where the containers themselves are tested.)"""
+    from torchjob.jobs.backends.docker import backend as docker_backend
+    spec = load(EXAMPLES / "default.yaml")
+    monkeypatch.setattr(docker_backend.os, "getuid", lambda: 1234)
+    monkeypatch.setattr(docker_backend.os, "getgid", lambda: 567)
+    monkeypatch.setattr(docker_backend.shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert docker_backend.invoking_user(spec) == ("1234:567", "keep-id")
+    doc = render_compose(spec, user="1234:567", userns="keep-id")
+    nodes = [s for name, s in doc["services"].items() if name.startswith("node")]
+    assert nodes and all(s["user"] == "1234:567" and s["userns_mode"] == "keep-id"
+                         for s in nodes)
+    docker = load(EXAMPLES / "default.yaml", ["docker.engine=docker"])
+    assert docker_backend.invoking_user(docker) == ("1234:567", None)
+    monkeypatch.setattr(docker_backend.os, "getuid", lambda: 0)
+    assert docker_backend.invoking_user(spec) == (None, None)
+    assert "user" not in render_compose(spec)["services"]["node0"]

@@ -8,6 +8,8 @@ that ``status``, ``logs``, ``cancel`` (as Ctrl-C) and ``list`` work for ``docker
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +22,18 @@ from torchjob.jobs.backends.docker.render import compose_text, render_compose
 from torchjob.jobs.spec import JobSpec
 
 
+def invoking_user(spec: JobSpec) -> tuple[str | None, str | None]:
+    """The ids the node containers run as: the invoking user's (``UID:GID``), so that a home
+    directory only they can read (mode 700) is readable in the containers and what the job
+    writes is theirs, with podman in ``keep-id`` user namespace mode (rootless podman: the
+    same ids on the host); root keeps the image's own user (uid 1000): (None, None)."""
+    if os.getuid() == 0:
+        return None, None
+    podman = spec.docker.engine == "podman" or (
+        spec.docker.engine == "auto" and shutil.which("podman") and shutil.which("podman-compose"))
+    return f"{os.getuid()}:{os.getgid()}", "keep-id" if podman else None
+
+
 class DockerBackend(runs.RecordedRuns, BaseBackend):
     name = "docker"
     sees_run_dir = True  # the run directory is bind-mounted from here
@@ -28,7 +42,8 @@ class DockerBackend(runs.RecordedRuns, BaseBackend):
         launch.find_engine(spec.docker.engine)  # a UserError that says how to install one
 
     def render(self, spec: JobSpec, context: Context) -> Request:
-        doc = render_compose(spec, workdir=context.workdir)
+        user, userns = invoking_user(spec)
+        doc = render_compose(spec, workdir=context.workdir, user=user, userns=userns)
         return Request(self.name, spec.name, doc, compose_text(doc, source=context.source),
                        spec, context)
 

@@ -142,7 +142,8 @@ def readable(cwd: Path) -> None:
     """The working directory, mounted at the image's, must be readable by the image's user:
     a UserError that says how otherwise (not for a user whose uid is the image's)."""
     info = cwd.stat()
-    if info.st_uid == IMAGE_UID or info.st_mode & 0o005 == 0o005 or os.getuid() == IMAGE_UID:
+    if info.st_uid == IMAGE_UID or info.st_mode & 0o005 == 0o005 or os.getuid() == IMAGE_UID \
+            or os.getuid() != 0:  # not root: the containers run as the caller (invoking_user)
         return
     raise UserError(f"the job runs your code from {cwd}, mounted in the containers, but the "
                     f"image's user (uid {IMAGE_UID}) cannot read it (mode "
@@ -162,7 +163,7 @@ def prepare_dirs(spec: JobSpec, cwd: Path) -> Path:
         if os.geteuid() == 0:  # give the tree (earlier runs' checkpoints too) to uid 1000
             for sub in [path, *path.rglob("*")]:
                 os.chown(sub, IMAGE_UID, IMAGE_UID, follow_symlinks=False)
-        elif os.getuid() != IMAGE_UID:
+        elif os.getuid() != IMAGE_UID:  # for a compose file run as the image's user
             path.chmod(0o777)
     return host_dirs(spec, cwd)[0]
 
