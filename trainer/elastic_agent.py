@@ -259,7 +259,7 @@ class Agent(LocalElasticAgent):
         # torch sends SIGTERM and waits up to 30 s: a stopped worker would take all of it
         if self._pcontext is not None:
             kill_stopped(self._pcontext.pids().values())
-        super()._shutdown(*args, **kwargs)  # closes the rendezvous: its last use of the store
+        super()._shutdown(*args, **kwargs)
         self._leave_together()
 
     def _leave_together(self) -> None:
@@ -270,7 +270,13 @@ class Agent(LocalElasticAgent):
         nodes = group.group_world_size or 1
         if store is None or nodes == 1 or group.state != agent_api.WorkerState.SUCCEEDED:
             return
+        # the rendezvous' close is each node's last use of the store: done here, before the
+        # node hosting the store may leave (torch's launch_agent closes it only after the
+        # agent's run, which a node without the store then did against a closed one: "failed
+        # to shutdown the rendezvous" and TCPStore's stack trace); its own call then does
+        # nothing (MembershipWatch.shutdown)
         try:
+            group.spec.rdzv_handler.shutdown()
             if store.add(LEFT_KEY, 1) >= nodes:
                 store.set(ALL_LEFT_KEY, "1")
             store.wait([ALL_LEFT_KEY], datetime.timedelta(seconds=LEAVE_WAIT_S))

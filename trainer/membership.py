@@ -33,6 +33,15 @@ class MembershipWatch:
     def __init__(self, handler: RendezvousHandler) -> None:
         self._handler = handler
         self._round: int | None = None  # the round this node last joined
+        self._closed: bool | None = None  # shutdown()'s result, once called
+
+    def shutdown(self) -> bool:
+        """Close the rendezvous once. The agent closes it before a finished job's nodes leave
+        together (torchjob.trainer.elastic_agent); torch's launch_agent calls it again after
+        the agent's run, when the node hosting the store may be gone: that call does nothing."""
+        if self._closed is None:
+            self._closed = bool(self._handler.shutdown())
+        return self._closed
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._handler, name)
