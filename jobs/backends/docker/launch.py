@@ -37,6 +37,7 @@ from torchjob.jobs.backends.docker.render import (HOST_DIR_VAR, RESTARTS, RUN_ID
 from torchjob.jobs.launcher import NodeOutput, Stops
 from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.workspace import is_registry
 from torchjob.jobs.values import UserError
 from torchjob.trainer.contract import (EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, EXIT_STORE_LOST,
                                        nodes_exit_code)
@@ -91,12 +92,6 @@ def _run(argv: list[str], timeout: float = 600, **kw: Any) -> subprocess.Complet
         return subprocess.CompletedProcess(argv, 127, "", str(exc))
 
 
-def _is_registry_image(image: str) -> bool:
-    """True for ``registry.example/x``; False for ``localhost/x`` and bare names."""
-    first, slash, _ = image.partition("/")
-    return bool(slash) and first != "localhost" and ("." in first or ":" in first)
-
-
 def image_context(dest: Path) -> Path:
     """The Dockerfile's build context, assembled in ``dest`` from what is installed: the
     Dockerfile (package data) and the trainer package, the one of ours the image runs. The same
@@ -116,7 +111,7 @@ def ensure_image(engine: Engine, image: str, err: IO[str]) -> None:
     plain ``ENGINE build``."""
     check = (["podman", "image", "exists", image] if engine.name == "podman"
              else ["docker", "image", "inspect", image])
-    if _run(check, timeout=60).returncode == 0 or _is_registry_image(image):
+    if _run(check, timeout=60).returncode == 0 or is_registry(image):
         return
     with tempfile.TemporaryDirectory(prefix="torchjob-image-") as tmp:
         context = image_context(Path(tmp) / "context")
