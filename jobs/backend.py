@@ -1,34 +1,35 @@
-"""The one contract every backend keeps, and the registry that finds a backend by name.
-
-In the spirit of TorchX's ``Scheduler`` (``submit = schedule(dryrun(...))``) and submitit's
-``Executor``: ``check`` is the preflight, ``render`` is pure and returns the exact
-``Request`` (its ``text`` is what ``torchjob render`` and ``--dry-run`` print), ``submit``
-sends exactly that request and returns a ``Handle`` that names its backend (``slurm:1234``,
-``k8s:NAMESPACE/NAME``, ``local:RUN_ID``), and ``status``/``logs``/``cancel``/``list`` follow
-it. ``run`` is submit + follow the logs + the job's own exit code.
-
-Backends are found through the ``torchjob.backends`` entry-point group (as TorchX finds its
-schedulers): a new backend is one package and one line in ``pyproject.toml``; no other backend
-and no command-line code changes. Core module: imports no backend.
+"""The one contract every backend keeps (``Backend``: pure ``fits`` and ``render``, then
+``preflight``, ``submit``, ``run``, ``status``, ``logs``, ``cancel``, ``list``) and the registry that
+finds a backend by name through the ``torchjob.backends`` entry points. Core: imports no backend.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import enum
+import os
+import queue
 import re
 import sys
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import IO, Any, Callable, Protocol, TypeVar, runtime_checkable
+from typing import IO, Any, Callable, TypeVar
 
+from torchjob.jobs.preflight import check_checkpoints, check_dirs
 from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.stops import stop_signals
+from torchjob.jobs.sweep import Sweep
 from torchjob.jobs.values import UserError
 from torchjob.trainer.contract import CLOSING, CLOSING_RE, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 
 ENTRY_POINT_GROUP = "torchjob.backends"
 GRACE_S = 60.0  # after a stop, how long workers may take to checkpoint before they are killed
+WAIT_POLL_S = 1.0  # how often ``wait`` asks a job's status
+STOP_POLL_S = 0.2  # how often ``run`` looks for a counted stop signal
 
 
 class BackendError(UserError):
@@ -48,7 +49,10 @@ class Context:
     port: int = 29400
     cpu_count: int = 1
     source: str | None = None  # the spec file's path, for headers that say where they came from
-    options: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"sweep": {...}}
+    grace: float = GRACE_S  # after a stop, how long the workers may take to checkpoint
+    sweep: Sweep | None = None  # a sweep a backend with job arrays renders as one (Slurm)
+    workspace: Mapping[str, object] | None = None  # the image of the working directory to
+    # build before submitting (jobs.workspace.Workspace.as_option)
 
 
 @dataclass(frozen=True)
@@ -60,8 +64,8 @@ class Request:
     name: str  # the job's name (spec.name)
     data: Any
     text: str
-    spec: JobSpec | None = None  # the spec it came from (for backends that read it at submit)
-    context: Context | None = None
+    spec: JobSpec  # the spec it came from
+    context: Context
 
 
 @dataclass(frozen=True)
@@ -121,53 +125,6 @@ class JobStatus:
         return out
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """What every backend implements. Methods a backend cannot offer raise BackendError
-    saying so and what to use instead."""
-
-    name: str  # the registry name with its variant
-    native_sweep: bool  # a sweep is one submission (a Slurm job array)
-    sees_run_dir: bool  # its nodes see this machine's run directory (torchjob.jobs.preflight)
-
-    def image_field(self, spec: JobSpec) -> str | None:
-        """The spec field naming the image its nodes run the job's code from (``image``), when
-        that code reaches them only in the image (torchjob.jobs.workspace); None when the nodes
-        run on this machine's files (local, Slurm) or mount the working directory (docker)."""
-
-    def check(self, spec: JobSpec) -> None:
-        """Preflight: the tools and cluster this backend needs are there and the spec fits it;
-        else a UserError/SpecError with the fix (exit 2). Nothing is submitted."""
-
-    def render(self, spec: JobSpec, context: Context) -> Request:
-        """Pure: the exact request, as data and as text."""
-
-    def submit(self, request: Request) -> Handle:
-        """Send exactly ``request``; nothing is rebuilt on the way."""
-
-    def run(self, request: Request) -> int:
-        """Submit, follow the logs to the end, and return the job's own exit code."""
-
-    def status(self, handle: Handle) -> JobStatus: ...
-
-    def logs(self, handle: Handle, *, follow: bool = False,
-             log_dir: str | None = None) -> Iterator[str]:
-        """Every line, each with the one log prefix (``[node N rank R attempt A]``)."""
-
-    def cancel(self, handle: Handle) -> str:
-        """Stop the job (its workers checkpoint where the backend allows); what was done."""
-
-    def list(self) -> list[JobStatus]: ...
-
-    def validate(self, text: str, *, strict: bool = True) -> Sequence[str]:
-        """Problems of a file written for this backend by hand (a manifest), each naming the
-        rule and field; [] when it is valid. ``strict``: also the platform's own policy
-        (Pod Security "restricted" on Kubernetes)."""
-
-    def parse_handle(self, text: str) -> Handle:
-        """This backend's handle from the id part the user typed (``1234``, ``ns/name``)."""
-
-
 class Closings:
     """The agents' closing lines (``torchjob.trainer.contract.CLOSING_RE``) seen in a job's output,
     whatever prefix a line has. How the job failed: the last attempt's line, a first-hand one
@@ -196,44 +153,96 @@ class Closings:
             print(f"{found.group(0)}; full logs: {where}", file=err, flush=True)
 
 
-class BaseBackend:
-    """Defaults for the parts of the contract a backend leaves out, each an exit-2 error that
-    names what to do instead, and ``run`` as submit + follow + the job's exit code."""
+class Backend(abc.ABC):
+    """What every backend is: ``fits`` and ``render`` (pure), ``preflight``, ``submit``, and
+    ``run`` = submit, follow, Ctrl-C cancels (a second leaves), wait, the job's exit code.
+    What a backend cannot offer raises a BackendError that says what to use instead."""
 
-    name: str = ""
-    native_sweep: bool = False  # True: a sweep is one submission (a Slurm job array)
-    sees_run_dir: bool = False  # True: the nodes see this machine's run directory (preflight)
+    name: str = ""  # the registry name with its variant
+    native_sweep: bool = False  # a sweep is one submission (a Slurm job array)
+    sees_run_dir: bool = False  # its nodes see this machine's run directory (jobs.preflight)
+    env_secrets: bool = False  # its nodes take the spec's secrets from this environment
 
     def image_field(self, spec: JobSpec) -> str | None:
+        """The spec field naming the image its nodes run the job's code from, when the code
+        reaches them only in that image (jobs.workspace); None when they see this machine's."""
         return None
 
-    def _unsupported(self, what: str, instead: str = "") -> BackendError:
-        return BackendError(f"backend {self.name!r} has no {what}" +
-                            (f": {instead}" if instead else ""))
+    def fits(self, spec: JobSpec) -> None:
+        """Pure: a SpecError/UserError (exit 2) when this backend cannot take ``spec`` as it
+        is (limits, fields it cannot honour). Called before every render."""
 
-    def check(self, spec: JobSpec) -> None:
-        return None
-
+    @abc.abstractmethod
     def render(self, spec: JobSpec, context: Context) -> Request:
-        raise self._unsupported("render")
+        """Pure: the exact request, as data and as text."""
 
+    def preflight(self, request: Request) -> None:
+        """Before run/submit: the secrets, tools, cluster and files the job needs are there;
+        else a UserError with the fix (exit 2), nothing submitted. Backends add their tools
+        and cluster, then call this."""
+        spec, workdir = request.spec, request.context.workdir
+        missing = [ref.env for ref in spec.secrets if ref.env not in os.environ]
+        if self.env_secrets and missing:
+            raise UserError(f"secret variable(s) not set: {', '.join(missing)}; the "
+                            f"{self.name} backend reads secrets from your environment "
+                            f"(export {missing[0]}=... first)")
+        if self.sees_run_dir:
+            check_dirs(spec, workdir)
+            check_checkpoints(spec, workdir)
+
+    @abc.abstractmethod
     def submit(self, request: Request) -> Handle:
-        raise self._unsupported("submit")
+        """Send exactly ``request``; nothing is rebuilt on the way."""
 
     def run(self, request: Request) -> int:
+        """Submit, print the job's lines as they come, and return its exit code. The first
+        Ctrl-C (or SIGTERM) cancels the job (its workers checkpoint) and goes on following it;
+        a second leaves it stopping on its own (exit 143)."""
         handle = self.submit(request)
         print(f"torchjob: submitted {handle}", file=sys.stderr, flush=True)
         closings = Closings()
-        for line in self.logs(handle, follow=True):
-            closings.see(line)
-            print(line, flush=True)
-        code = self.exit_code(self.wait(handle), closings)
+        with stop_signals() as stops:
+            ended = _follow_and_wait(self, handle, request)
+            acted = 0  # the stops acted on
+            while True:
+                if stops.count > acted:
+                    acted = stops.count
+                    if acted > 1:
+                        print(f"torchjob: {handle} goes on stopping on its own; `torchjob "
+                              f"status {handle}` follows it", file=sys.stderr, flush=True)
+                        return EXIT_STOPPED
+                    print(f"torchjob: {self.cancel(handle)}; Ctrl-C again to stop waiting",
+                          file=sys.stderr, flush=True)
+                try:
+                    item = ended.get(timeout=STOP_POLL_S)
+                except queue.Empty:
+                    continue
+                if isinstance(item, JobStatus):
+                    break
+                if isinstance(item, _Failed):
+                    if item.following and acted:
+                        continue  # a cancelled job may vanish (Kubernetes deletes it)
+                    raise item.error
+                closings.see(item)
+                print(item, flush=True)
+        code = self.exit_code(item, closings)
         if code not in (EXIT_OK, EXIT_STOPPED):
-            closings.report(f"torchjob logs {handle}", sys.stderr)
+            closings.report(self.logs_place(handle, request), sys.stderr)
         return code
 
+    def follow(self, handle: Handle, request: Request) -> Iterator[str]:
+        """``run``'s lines of the job, until it has ended."""
+        return self.logs(handle, follow=True)
+
+    def logs_place(self, handle: Handle, request: Request) -> str:
+        """Where a failed job's full logs are, for its last line."""
+        return f"torchjob logs {handle}"
+
     def wait(self, handle: Handle) -> JobStatus:
-        raise self._unsupported("wait")
+        """The job's status once it has ended."""
+        while not (status := self.status(handle)).state.terminal:
+            time.sleep(WAIT_POLL_S)
+        return status
 
     @staticmethod
     def exit_code(status: JobStatus, closings: Closings | None = None) -> int:
@@ -246,31 +255,66 @@ class BaseBackend:
             return said
         return STATE_EXIT.get(status.state, EXIT_FAILED)
 
+    def _unsupported(self, what: str, instead: str = "") -> BackendError:
+        return BackendError(f"backend {self.name!r} has no {what}" +
+                            (f": {instead}" if instead else ""))
+
     def status(self, handle: Handle) -> JobStatus:
         raise self._unsupported("status")
 
     def logs(self, handle: Handle, *, follow: bool = False,
              log_dir: str | None = None) -> Iterator[str]:
+        """Every line, each with the one log prefix (``[node N rank R attempt A]``)."""
         raise self._unsupported("logs")
 
     def cancel(self, handle: Handle) -> str:
+        """Stop the job (its workers checkpoint where the backend allows); what was done."""
         raise self._unsupported("cancel")
 
     def list(self) -> list[JobStatus]:
         raise self._unsupported("list")
 
     def validate(self, text: str, *, strict: bool = True) -> Sequence[str]:
+        """Problems of a file written for this backend by hand (a manifest), each naming the
+        rule and field; [] when valid. ``strict``: also the platform's own policy."""
         raise self._unsupported("validator of hand-written files",
                                 f"torchjob render --to {self.name} JOB.yaml checks a job spec")
 
     def parse_handle(self, text: str) -> Handle:
+        """This backend's handle from the id part the user typed (``1234``, ``ns/name``)."""
         if not text:
             raise BackendError(f"an empty job id for backend {self.name!r}")
         return Handle(self.name, text)
 
 
+@dataclass(frozen=True)
+class _Failed:
+    error: Exception
+    following: bool  # while following the logs (else while waiting)
+
+
+def _follow_and_wait(backend: Backend, handle: Handle,
+                     request: Request) -> queue.Queue[str | JobStatus | _Failed]:
+    """The job's lines, then its final status, from a daemon thread (a stop signal is counted
+    meanwhile in the main thread)."""
+    out: queue.Queue[str | JobStatus | _Failed] = queue.Queue()
+
+    def follow_and_wait() -> None:
+        try:
+            for line in backend.follow(handle, request):
+                out.put(line)
+        except Exception as exc:
+            out.put(_Failed(exc, following=True))
+        try:
+            out.put(backend.wait(handle))
+        except Exception as exc:
+            out.put(_Failed(exc, following=False))
+    threading.Thread(target=follow_and_wait, name="follow", daemon=True).start()
+    return out
+
+
 Factory = Callable[[str], Backend]  # variant ("" for none) -> the backend
-B = TypeVar("B", bound=BaseBackend)
+B = TypeVar("B", bound=Backend)
 
 
 def no_variant(cls: type[B]) -> Callable[[str], B]:

@@ -32,9 +32,8 @@ from torchjob.jobs import workspace
 from torchjob.jobs.backend import GRACE_S, Backend, Context, JobStatus, Request
 from torchjob.jobs.hosts import refuse_system_dirs
 from torchjob.jobs.load import SpecError, parse_yaml, read_spec, with_overrides
-from torchjob.jobs.preflight import check_checkpoints, check_dirs
 from torchjob.jobs.spec import JobSpec
-from torchjob.jobs.sweep import parse_sweep, sweep_specs
+from torchjob.jobs.sweep import Sweep, parse_sweep, sweep_specs
 from torchjob.jobs.values import UserError
 from torchjob.trainer.contract import EXIT_CONFIG, EXIT_OK
 
@@ -61,11 +60,11 @@ def context(spec: JobSpec, args: argparse.Namespace, *, fresh: bool) -> Context:
     """Everything a render may depend on besides the spec, decided here at the edge. ``fresh``
     (run, submit): a new run id and a free port; else (render) the spec's own, so that the
     printed text is the same every time."""
-    options = {"grace": getattr(args, "grace", GRACE_S)}
     return Context(run_id=f"{spec.name}-{token_hex(3)}" if fresh else spec.name,
                    python=sys.executable, workdir=os.getcwd(),
                    port=free_port() if fresh else spec.rdzv.port,
-                   cpu_count=os.cpu_count() or 1, source=args.source, options=options)
+                   cpu_count=os.cpu_count() or 1, source=args.source,
+                   grace=getattr(args, "grace", GRACE_S))
 
 
 def resume_overrides(args: argparse.Namespace) -> list[str]:
@@ -181,19 +180,20 @@ def requests(backend: Backend, args: argparse.Namespace, *, fresh: bool) -> list
     """The spec rendered for ``backend``: one request, or with ``--sweep`` one for the whole
     array where the backend has arrays, else one per point."""
     spec = job_spec(args)
+    backend.fits(spec)
     if backend.sees_run_dir:  # its nodes write where this machine does: relative paths from here
         refuse_system_dirs(spec, workdir=os.getcwd())
-    shipped: dict[str, Any] = {}
+    shipped = None
     if (field := backend.image_field(spec)) is not None:  # the code reaches them in an image
         found = workspace.decide(spec, os.getcwd(), field)
         if found is not None:
             spec = workspace.with_image(spec, field, found.tag)
-            shipped = {"workspace": found.as_option()}
+            shipped = found.as_option()
     sweep = parse_sweep(getattr(args, "sweep", []))
 
-    def render(spec: JobSpec, **options: Any) -> Request:
-        ctx = context(spec, args, fresh=fresh)
-        ctx = dataclasses.replace(ctx, options={**ctx.options, **shipped, **options})
+    def render(spec: JobSpec, sweep: Sweep | None = None) -> Request:
+        ctx = dataclasses.replace(context(spec, args, fresh=fresh), workspace=shipped,
+                                  sweep=sweep)
         return backend.render(submission(spec, ctx.run_id) if fresh else spec, ctx)
 
     if not sweep:
@@ -204,19 +204,10 @@ def requests(backend: Backend, args: argparse.Namespace, *, fresh: bool) -> list
     return [render(point) for point in points]
 
 
-def preflight(backend: Backend, spec: JobSpec) -> None:
-    """Before anything is submitted: the backend's own check, and where its nodes see this
-    machine's run directory, checkpoints of another configuration (torchjob.jobs.preflight)."""
-    backend.check(spec)
-    if backend.sees_run_dir:
-        check_dirs(spec, os.getcwd())
-        check_checkpoints(spec, os.getcwd())
-
-
 def ship(request: Request) -> None:
     """Build (and push) the workspace image the request runs, before it is submitted
     (torchjob.jobs.workspace)."""
-    raw = request.context.options.get("workspace") if request.context is not None else None
+    raw = request.context.workspace
     if raw:
         workspace.build(workspace.Workspace.from_option(raw), sys.stderr)
 
@@ -233,8 +224,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         sys.stdout.write(request.text)
         return EXIT_OK
-    assert request.spec is not None
-    preflight(backend, request.spec)
+    backend.preflight(request)
     ship(request)
     return backend.run(request)
 
@@ -247,8 +237,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             sys.stdout.write(request.text)
         return EXIT_OK
     for request in found:
-        assert request.spec is not None
-        preflight(backend, request.spec)
+        backend.preflight(request)
     ship(found[0])  # one workspace image for the whole sweep
     for request in found:
         print(backend.submit(request), flush=True)
@@ -352,6 +341,7 @@ def spec_problems(text: str, name: str, to: str | None) -> list[str] | None:
         spec = with_overrides(data, source=name)[1]
         if to is not None:
             backend = registry.get(to)
+            backend.fits(spec)
             backend.render(spec, Context(run_id=spec.name, python=sys.executable,
                                          workdir=os.getcwd(), port=spec.rdzv.port,
                                          cpu_count=os.cpu_count() or 1, source=name))

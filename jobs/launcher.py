@@ -8,53 +8,27 @@ both (``tee``). Core module: imports no backend.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import io
 import os
 import select
-import signal
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from typing import IO, Any, cast
+from pathlib import Path
+from typing import IO, cast
 
-from torchjob.jobs.backend import Closings
+from torchjob.jobs import runs
+from torchjob.jobs.backend import GRACE_S, Backend, Closings, Handle, Request
 from torchjob.jobs.runs import Record
+from torchjob.jobs.stops import Stops, stop_signals
 from torchjob.jobs.values import UserError
-from torchjob.trainer.contract import CLOSING, EXIT_CONFIG, EXIT_FAILED, LOG_PREFIX_RE
+from torchjob.trainer.contract import (CLOSING, EXIT_CONFIG, EXIT_FAILED, LOG_PREFIX_RE,
+                                        NODE_PREFIX)
 
 START_TIMEOUT_S = 60.0  # a detached launcher that has not recorded itself by then failed
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and what ``torchjob cancel`` sends
-
-
-class Stops:
-    """The stop signals a launcher has got so far: the first asks the nodes to checkpoint and
-    stop, a second kills them."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def _got(self, signum: int, frame: Any) -> None:
-        self.count += 1
-
-
-@contextlib.contextmanager
-def stop_signals() -> Iterator[Stops]:
-    """Count Ctrl-C and SIGTERM during the block instead of dying of them; the handlers from
-    before are back after it. Only the main thread can set handlers: elsewhere nothing is
-    counted."""
-    stops = Stops()
-    before = {}
-    if threading.current_thread() is threading.main_thread():
-        before = {s: signal.signal(s, stops._got) for s in STOP_SIGNALS}
-    try:
-        yield stops
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
-
 
 def perform(record: Record, body: Callable[[Stops], int]) -> int:
     """Run the launcher ``body`` as the record's launcher: RUNNING, then its exit code (a
@@ -156,7 +130,7 @@ class NodeOutput:
         if raw.startswith(_CLOSING):
             self.closings.see(raw.decode(errors="replace"))
         if not LOG_PREFIX_RE.match(raw[:100].decode(errors="replace")):
-            raw = f"[node {node}] ".encode() + raw
+            raw = NODE_PREFIX.format(node=node).encode() + raw
         if not raw.endswith(b"\n"):
             raw += b"\n"
         with self.lock:
@@ -236,3 +210,57 @@ class Tee(io.TextIOBase):
 
 def tee(record: Record, terminal: IO[str] | None) -> IO[str]:
     return cast(IO[str], Tee(record, terminal))
+
+
+# A launcher's body: the stop signals so far, whether to echo the nodes' lines, its own output.
+Launch = Callable[[Stops, bool, IO[str]], int]
+
+
+class LaunchedHere(runs.RecordedRuns, Backend):
+    """A backend whose launcher runs on this machine (local, docker): ``run`` is the launcher
+    in the foreground (Ctrl-C asks the nodes to checkpoint, a second kills them), ``submit``
+    the same launcher detached; either way recorded (``BACKEND:RUN_ID``)."""
+
+    sees_run_dir = True
+    env_secrets = True
+
+    def launch(self, request: Request, record: Record) -> Launch:
+        """The launcher of ``request``, recorded in ``record``."""
+        raise NotImplementedError
+
+    def record_data(self, request: Request) -> object:
+        """What the record keeps of the request's data (JSON)."""
+        return request.data
+
+    def _start(self, request: Request) -> tuple[Record, Launch]:
+        spec, context = request.spec, request.context
+        record = runs.create(self.name, context.run_id, Path(context.workdir) / spec.run_dir,
+                             name=spec.name, request={
+                                 "text": request.text, "data": self.record_data(request),
+                                 "context": dataclasses.asdict(context)})
+        return record, self.launch(request, record)
+
+    def run(self, request: Request) -> int:
+        record, body = self._start(request)
+        err = tee(record, sys.stderr)
+        try:
+            return perform(record, lambda stops: body(stops, True, err))
+        finally:
+            err.close()
+
+    def submit(self, request: Request) -> Handle:
+        record, body = self._start(request)
+
+        def detached(stops: Stops) -> int:
+            err = tee(record, None)  # launcher.log and output.log
+            try:
+                return body(stops, False, err)
+            finally:
+                err.close()
+        detach(record, detached)
+        return Handle(self.name, record.path.name)
+
+
+def grace(request: Request) -> float:
+    """After a stop, how long the workers may take to checkpoint (``run --grace``)."""
+    return request.context.grace

@@ -31,7 +31,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -61,7 +61,7 @@ class Workspace:
         return {"root": str(self.root), "base": self.base, "tag": self.tag, "push": self.push}
 
     @classmethod
-    def from_option(cls, raw: dict[str, object]) -> Workspace:
+    def from_option(cls, raw: Mapping[str, object]) -> Workspace:
         return cls(Path(str(raw["root"])), str(raw["base"]), str(raw["tag"]), bool(raw["push"]))
 
 

@@ -14,13 +14,13 @@ import re
 import time
 from collections.abc import Iterator, Sequence
 
-from torchjob.jobs.backend import (BackendError, BaseBackend, Context, Handle, JobStatus, Request,
+from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobStatus, Request,
                                    State)
 from torchjob.jobs.spec import JobSpec
 from torchjob.k8s.client import Cluster, JobRef, K8sError
 from torchjob.k8s.follow import POLL_S
 from torchjob.k8s.yaml import manifests_text, read_manifests
-from torchjob.k8s.render import TARGETS, render_objects
+from torchjob.k8s.render import TARGETS, check, render_objects
 from torchjob.k8s.validate import validate_text
 
 KIND = {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob"}
@@ -29,7 +29,7 @@ STATES = {"Created": State.PENDING, "Pending": State.PENDING, "Running": State.R
           "Failed": State.FAILED, "Suspended": State.STOPPED}
 
 
-class K8sBackend(BaseBackend):
+class K8sBackend(Backend):
     def __init__(self, target: str) -> None:
         self.target = target
         self.name = "k8s" if target == "pytorchjob" else f"k8s:{target}"
@@ -38,8 +38,12 @@ class K8sBackend(BaseBackend):
         objs = render_objects(spec, self.target)
         return Request(self.name, spec.name, objs, manifests_text(objs), spec, context)
 
-    def check(self, spec: JobSpec) -> None:
+    def fits(self, spec: JobSpec) -> None:
+        check(spec, self.target)
+
+    def preflight(self, request: Request) -> None:
         Cluster()  # a K8sError (exit 2) when no cluster is configured
+        super().preflight(request)
 
     def submit(self, request: Request) -> Handle:
         """Creates the objects of ``request.text``, the manifest render and --dry-run print,

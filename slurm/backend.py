@@ -12,21 +12,18 @@ logs until the job has ended and returns its exit code (Ctrl-C stops the job the
 from __future__ import annotations
 
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from torchjob.jobs.backend import (BackendError, BaseBackend, Closings, Context, Handle, JobStatus,
-                                   Request)
+from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobStatus, Request)
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import SpecError, UserError
 from torchjob.slurm import slurm_cli, status
 from torchjob.slurm.engine import CANCEL_SIGNAL, ScriptExecutor, sbatch_message
-from torchjob.slurm.sbatch import render_sbatch
+from torchjob.slurm.sbatch import directives, render_sbatch
 from torchjob.slurm.slurm_cli import SlurmError
 from torchjob.slurm.slurm_logs import Follower, first_failures, job_logs, log_files
-from torchjob.trainer.contract import EXIT_OK, EXIT_STOPPED
 
 JOB_ID = re.compile(r"\d+(_\d+)?")
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # a job name (the spec's name: a DNS label)
@@ -34,18 +31,26 @@ POLL_S = 0.5  # how often `run` and `logs --follow` read the logs and ask squeue
 SUBMITIT_FOLDER = "submitit"  # under the run directory: submitit's copy of the script
 
 
-class SlurmBackend(BaseBackend):
+class SlurmBackend(Backend):
     """One batch script per job, handed to sbatch by submitit."""
 
     name = "slurm"
-    native_sweep = True  # a sweep is one job array (Context.options["sweep"])
+    native_sweep = True  # a sweep is one job array (Context.sweep)
     sees_run_dir = True  # a cluster's shared filesystem, from where the job is submitted
 
     # -- before anything is queued ---------------------------------------------------------
 
-    def check(self, spec: JobSpec) -> None:
+    def fits(self, spec: JobSpec) -> None:
+        try:  # the values each #SBATCH line holds (a workdir of its own is render's)
+            directives(spec, workdir="/")
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+    def preflight(self, request: Request) -> None:
+        spec = request.spec
         slurm_cli.preflight(partition=spec.slurm.partition, min_nodes=spec.nnodes.min,
                             max_nodes=spec.nnodes.max)
+        super().preflight(request)
 
     def render(self, spec: JobSpec, context: Context) -> Request:
         # in a container (pyxis, apptainer) the image's interpreter, else this one's: the
@@ -53,7 +58,7 @@ class SlurmBackend(BaseBackend):
         python = "python" if spec.slurm.container != "none" else context.python
         try:
             text = render_sbatch(spec, python=python, workdir=context.workdir,
-                                 sweep=context.options.get("sweep"))
+                                 sweep=context.sweep)
         except SpecError:
             raise
         except ValueError as exc:  # a value no #SBATCH line can hold, a relative workdir
@@ -75,38 +80,14 @@ class SlurmBackend(BaseBackend):
 
     @staticmethod
     def _run_dir(request: Request) -> Path:
-        if request.spec is None or request.context is None:
-            raise BackendError("a Slurm request carries its spec and context (from render)")
         return Path(request.context.workdir, request.spec.run_dir)
 
-    def run(self, request: Request) -> int:
-        """Submit, then follow the logs until the job has ended; its exit code. Ctrl-C asks
-        the job to checkpoint and stop, a second one leaves it to stop on its own."""
-        handle = self.submit(request)
-        print(f"torchjob: submitted {handle}", file=sys.stderr, flush=True)
-        tasks = _tasks(handle, request.data)
-        follower = Follower(self._run_dir(request), tasks)
-        closings = Closings()
-        stopping = False
-        while True:
-            try:
-                for line in self._follow(handle, follower):
-                    closings.see(line)
-                    print(line, flush=True)
-                break
-            except KeyboardInterrupt:
-                if stopping:
-                    print(f"torchjob: {handle} goes on stopping on its own; `torchjob status "
-                          f"{handle}` follows it", file=sys.stderr, flush=True)
-                    return EXIT_STOPPED
-                stopping = True
-                print(f"torchjob: {self.cancel(handle)}; Ctrl-C again to stop waiting",
-                      file=sys.stderr, flush=True)
-        code = self.exit_code(self.status(handle), closings)
-        if code not in (EXIT_OK, EXIT_STOPPED):
-            closings.report(" and ".join(str(path) for task in tasks for path in
-                                         log_files(self._run_dir(request), task)), sys.stderr)
-        return code
+    def follow(self, handle: Handle, request: Request) -> Iterator[str]:
+        return self._follow(handle, Follower(self._run_dir(request), _tasks(handle, request.data)))
+
+    def logs_place(self, handle: Handle, request: Request) -> str:
+        return " and ".join(str(path) for task in _tasks(handle, request.data)
+                            for path in log_files(self._run_dir(request), task))
 
     def wait(self, handle: Handle) -> JobStatus:
         while not self._ended(handle):

@@ -41,6 +41,37 @@ def test_the_registry_holds_every_backend_and_each_keeps_the_contract() -> None:
         assert isinstance(backend, Backend) and backend.name == name
 
 
+def test_a_backend_must_render_and_submit_and_the_rest_says_what_to_use() -> None:
+    class Partial(Backend):
+        name = "partial"
+
+        def render(self, spec: object, context: object) -> object:  # type: ignore[override]
+            return None
+    with pytest.raises(TypeError, match="submit"):
+        Partial()  # type: ignore[abstract]
+
+    class Bare(Partial):
+        def submit(self, request: object) -> Handle:  # type: ignore[override]
+            return Handle(self.name, "1")
+    with pytest.raises(BackendError, match="backend 'partial' has no list"):
+        Bare().list()
+
+
+# What fits refuses, render, run, submit and validate refuse alike, each with exit 2 and
+# nothing started (TorchX's Slurm scheduler cannot pass a ',' in a variable: its fits).
+@pytest.mark.parametrize("command", [["render"], ["run"], ["submit"], ["run", "--dry-run"]])
+def test_fits_is_asked_before_every_render(command: list[str], tmp_path: Path) -> None:
+    refused = torchjob(*command, "--to", "torchx:slurm", str(DEFAULT), "--set", "env.X=a,b",
+                       cwd=tmp_path)
+    assert refused.returncode == 2 and "env.X" in refused.stderr and "','" in refused.stderr, \
+        refused
+    assert not (tmp_path / "runs").exists()
+    spec = tmp_path / "job.yaml"
+    spec.write_text(DEFAULT.read_text() + "env: {X: 'a,b'}\n")
+    told = torchjob("validate", "--to", "torchx:slurm", str(spec), cwd=tmp_path)
+    assert told.returncode == 2 and "env.X" in told.stderr, told
+
+
 def test_an_unknown_backend_lists_the_known_ones() -> None:
     with pytest.raises(BackendError, match="unknown backend 'mars'; choose from docker, k8s, "
                                            "local, slurm, torchx"):

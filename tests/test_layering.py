@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("trainer", "jobs", "k8s", "slurm")  # folders; installed as torchjob.trainer, ...
 CORE = {"torchjob.jobs"} | {f"torchjob.jobs.{m}" for m in (
     "spec", "load", "values", "command", "hosts", "backend", "sweep", "examples", "runs",
-    "launcher", "preflight", "workspace")}
+    "launcher", "preflight", "workspace", "stops")}
 CLI = {"torchjob.jobs.cli", "torchjob.jobs.__main__"}
 BACKENDS = {"torchjob.jobs.backends.local": "local", "torchjob.jobs.backends.docker": "docker",
             "torchjob.jobs.backends.torchx": "torchx", "torchjob.jobs.components": "torchx",
@@ -26,7 +26,9 @@ BACKENDS = {"torchjob.jobs.backends.local": "local", "torchjob.jobs.backends.doc
 LEVEL = {"trainer": 0, "core": 1, "cli": 3}  # every backend is level 2
 # modules a pure renderer may not import: processes, network, clocks, environment
 IO_MODULES = {"subprocess", "socket", "time", "urllib", "http", "requests", "shutil",
-              "kubernetes", "submitit", "multiprocessing", "asyncio", "datetime", "random"}
+              "kubernetes", "submitit", "multiprocessing", "asyncio", "datetime", "random", "os"}
+# no paths either (validation and the manifests command read files; these do not)
+NO_PATHS = {"k8s/pytorchjob.py", "k8s/trainjob.py", "k8s/pod.py"}
 RENDERERS = ["jobs/command.py", "jobs/hosts.py", "jobs/sweep.py",
              "jobs/backends/local/render.py", "jobs/backends/docker/render.py",
              "jobs/backends/torchx/render.py",
@@ -102,6 +104,21 @@ def test_imports_point_down_and_backends_stay_apart() -> None:
     assert not bad, "imports against the layer order:\n" + "\n".join(sorted(bad))
 
 
+def test_backends_import_only_the_core_and_the_core_no_backend() -> None:
+    """Said outright (the layer order implies it): a backend's imports of ours are its own
+    package, the core and the trainer's contract side; the core's are the core and the
+    trainer."""
+    bad = []
+    for module, targets in graph().items():
+        mine = component(module)
+        allowed = {mine, "core", "trainer"} if mine.startswith("backend:") else \
+            {"core", "trainer"} if mine == "core" else None
+        if allowed is not None:
+            bad += [f"{module} ({mine}) imports {t} ({component(t)})" for t in targets
+                    if component(t) not in allowed]
+    assert not bad, "\n".join(sorted(bad))
+
+
 def test_no_import_cycles() -> None:
     edges = graph()
     index: dict[str, int] = {}
@@ -169,7 +186,7 @@ def test_renderers_do_no_io() -> None:
     for name in RENDERERS:
         path = ROOT / name
         assert path.exists(), path
-        bad = imported_roots(path) & IO_MODULES
+        bad = imported_roots(path) & (IO_MODULES | ({"pathlib"} if name in NO_PATHS else set()))
         assert not bad, f"{name} (a pure renderer) imports {sorted(bad)}"
         tree = ast.parse(path.read_text())
         calls = {n.func.attr for n in ast.walk(tree)

@@ -23,6 +23,9 @@ EXIT_STOPPED = 143  # 128 + SIGTERM: stopped or preempted after a checkpoint; ru
 EXIT_STORE_LOST = 200
 # What asks a worker to checkpoint and stop (Slurm's --signal and cancel, pod deletion, torchrun)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+# what stops a torchjob command in a terminal (`torchjob run`, a launcher): Ctrl-C, and SIGTERM
+# (what ``torchjob cancel`` sends a launcher); the first stops the job, a second more firmly
+COMMAND_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Between a worker and its agent only, never a job's exit code: the worker lost a peer (a
 # collective failed because another process died or vanished), so a restart may help.
 # sysexits' EX_TEMPFAIL, "a temporary failure: the user is invited to retry".
@@ -76,6 +79,7 @@ def closing_line(why: str, attempt: int, code: int) -> str:
 
 # One prefix for every log line a job prints, on every backend: node, rank, attempt.
 LOG_PREFIX = "[node {node} rank {rank} attempt {attempt}] "
+NODE_PREFIX = "[node {node}] "  # a node's own lines (its agent's, its pod's), on every backend
 
 
 # Where a job's files go, told to every worker on every backend: user scripts read these
@@ -130,6 +134,11 @@ def parse_log_prefix(line: str) -> tuple[int, int, int, str] | None:
         return None
     return (int(match["node"]), int(match["rank"]), int(match["attempt"]),
             line[match.end():])
+
+
+def thread_env(node_cpus: float | None, nproc_per_node: int) -> dict[str, str]:
+    """The thread settings every renderer gives the workers (``omp_threads``)."""
+    return {"OMP_NUM_THREADS": str(omp_threads(node_cpus, nproc_per_node))}
 
 
 def omp_threads(node_cpus: float | None, nproc_per_node: int) -> int:

@@ -17,7 +17,7 @@ import pytest
 from torchjob.jobs import backend as registry
 from torchjob.jobs import runs
 from torchjob.jobs.backend import Context
-from torchjob.jobs.backends.local.backend import plan_data
+from torchjob.jobs.backends.local.backend import LocalBackend
 from torchjob.jobs.load import load
 from tests.procs import ROOT, cmdline
 from tests.readme_sessions import run_session, sessions
@@ -69,7 +69,7 @@ def test_the_command_lines_started_are_the_rendered_request(tmp_path: Path) -> N
     context = Context(**request["context"])
     assert context.run_id == handle.partition(":")[2]
     rendered = registry.get("local").render(load(job), context)
-    assert request["data"] == plan_data(rendered.data)
+    assert request["data"] == LocalBackend().record_data(rendered)
     assert request["text"] == rendered.text
     started = [cmdline(int(node["pid"])).split() for node in record["nodes"]]
     assert started == [list(command) for command in rendered.data.commands]

@@ -313,6 +313,18 @@ class Emulator:
             self.runs[pod["metadata"]["uid"]].append(log)
             self.start(namespace, name)
 
+    def terminate(self, namespace: str, name: str, log: str = "", exit_code: int = 143) -> None:
+        """What the kubelet does to a pod of a deleted job: its container, sent SIGTERM,
+        writes ``log`` and exits with ``exit_code``."""
+        with self.changed:
+            pod = self.pod(namespace, name)
+            assert pod is not None, name
+            self.runs[pod["metadata"]["uid"]][-1] += log
+            status = pod["status"]["containerStatuses"][0]
+            status.update(ready=False, state={"terminated": self._terminated(status, exit_code)})
+            pod["status"]["phase"] = "Failed"
+            self.changed.notify_all()
+
     def remove_pod(self, namespace: str, name: str) -> None:
         with self.changed:
             self.pods[namespace] = [p for p in self.pods.get(namespace, [])

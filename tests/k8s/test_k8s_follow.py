@@ -187,20 +187,43 @@ def test_logs_follow_of_a_finished_job_prints_everything_once(emulator: Emulator
     assert not refused_reads(emulator), emulator.log_reads
 
 
-@pytest.mark.parametrize("command", ["run", "logs"])
-def test_ctrl_c_stops_following_cleanly(emulator: Emulator, torchjob: Any,
-                                        command: str) -> None:
-    if command == "run":
-        proc = torchjob("run", "--to", "k8s", SPEC)
-        submitted(emulator)
-    else:
-        assert torchjob("submit", "--to", "k8s", SPEC).exit_code() == 0
-        proc = torchjob("logs", "-f", "k8s:default/digits")
+def test_ctrl_c_stops_following_logs_cleanly(emulator: Emulator, torchjob: Any) -> None:
+    assert torchjob("submit", "--to", "k8s", SPEC).exit_code() == 0
+    proc = torchjob("logs", "-f", "k8s:default/digits")
     emulator.add_pod("default", "digits-master-0", labels("master", 0), "training\n")
     proc.expect("[node 0] training")
     proc.proc.send_signal(signal.SIGINT)
     assert proc.exit_code() == 130, proc.saw()
     assert not any("Traceback" in line for line in proc.stderr), proc.saw()
+    assert JOB in emulator.objects  # following the logs stops nothing
+
+
+@pytest.mark.parametrize("twice", [False, True])
+def test_ctrl_c_of_a_run_cancels_the_job_as_on_every_backend(emulator: Emulator, torchjob: Any,
+                                                             twice: bool) -> None:
+    """The first Ctrl-C deletes the job (its pods get SIGTERM: the workers checkpoint) and
+    goes on following it to its end, exit 143; a second one leaves it stopping, exit 143."""
+    run = torchjob("run", "--to", "k8s", SPEC)
+    submitted(emulator)
+    emulator.add_pod("default", "digits-master-0", labels("master", 0), "training\n")
+    run.expect("[node 0] training")
+    run.proc.send_signal(signal.SIGINT)
+    emulator.wait(lambda: JOB not in emulator.objects, WAIT_S,
+                  f"the PyTorchJob to be deleted; {run.saw()}")
+    cancelled = "torchjob: deleted PyTorchJob default/digits; Ctrl-C again to stop waiting"
+    with run.seen:
+        assert run.seen.wait_for(lambda: cancelled in run.stderr, WAIT_S), run.saw()
+    if twice:
+        run.proc.send_signal(signal.SIGINT)
+        assert run.exit_code() == 143, run.saw()
+        assert run.stderr[-1].startswith("torchjob: k8s:default/digits goes on stopping on "
+                                         "its own"), run.saw()
+        emulator.terminate("default", "digits-master-0")
+    else:
+        emulator.terminate("default", "digits-master-0", "checkpoint saved; exit 143\n")
+        assert run.exit_code() == 143, run.saw()
+        assert run.stdout[-1] == "[node 0] checkpoint saved; exit 143", run.saw()
+    assert not any("Traceback" in line for line in run.stderr), run.saw()
 
 
 def test_errors_while_following_are_one_line_and_exit_2(emulator: Emulator,

@@ -43,9 +43,9 @@ REAL_PATH = os.environ["PATH"]
 SMALL = ("nproc_per_node=1", "trainer.args.batch_size=32", "trainer.args.max_steps=5")
 
 
-def context(**options: object) -> Context:
+def context(sweep: dict[str, list[str]] | None = None) -> Context:
     """What the command line passes: this interpreter, the directory it runs in."""
-    return Context(run_id="test", python=PYTHON, workdir=str(ROOT), options=options)
+    return Context(run_id="test", python=PYTHON, workdir=str(ROOT), sweep=sweep)
 
 
 def job_spec(run_dir: Path, *sets: str) -> JobSpec:
@@ -112,8 +112,10 @@ def test_run_submits_through_submitit_exactly_what_render_prints(
     sets = ("nnodes=2", *SMALL)
     spec = job_spec(run_dir, *sets)
     backend = create("")
-    backend.check(spec)
-    code = backend.run(backend.render(spec, context()))
+    backend.fits(spec)
+    request = backend.render(spec, context())
+    backend.preflight(request)
+    code = backend.run(request)
     out, err = capsys.readouterr()
     job_id = re.search(r"torchjob: submitted slurm:(\d+)", err)[1]  # type: ignore[index]
     assert code == 0, out[-3000:]
@@ -249,8 +251,10 @@ def queued_named(name: str) -> list[str]:
 def refused(backend: SlurmBackend, spec: JobSpec, match: str) -> SlurmError:
     try:
         with pytest.raises(SlurmError, match=match) as info:
-            backend.check(spec)
-            backend.submit(backend.render(spec, context()))
+            backend.fits(spec)
+            request = backend.render(spec, context())
+            backend.preflight(request)
+            backend.submit(request)
     finally:
         queued = queued_named(spec.name)
     assert info.value.exit_code == 2 and queued == []

@@ -1,24 +1,19 @@
 """The docker backend: one container per node from a compose file (``render.py``), run by
-podman-compose or ``docker compose`` (``launch.py``), always torn down at the end. ``run`` is
-the foreground launcher; ``submit`` starts the same launcher detached. Either way the run is
-recorded in its run directory (``torchjob.jobs.runs``: the compose file used, each node's log), so
-that ``status``, ``logs``, ``cancel`` (as Ctrl-C) and ``list`` work for ``docker:PROJECT``
-(the compose project) from any terminal."""
+podman-compose or ``docker compose`` (``launch.py``) from a launcher here
+(``torchjob.jobs.launcher.LaunchedHere``: ``docker:PROJECT``), always torn down at the end."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from torchjob.jobs import launcher, runs
-from torchjob.jobs.backend import GRACE_S, BaseBackend, Context, Handle, Request, no_variant
+from torchjob.jobs import launcher
+from torchjob.jobs.backend import Context, Request, no_variant
 from torchjob.jobs.backends.docker import launch
 from torchjob.jobs.backends.docker.render import compose_text, render_compose
+from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec
 
 
@@ -34,12 +29,8 @@ def invoking_user(spec: JobSpec) -> tuple[str | None, str | None]:
     return f"{os.getuid()}:{os.getgid()}", "keep-id" if podman else None
 
 
-class DockerBackend(runs.RecordedRuns, BaseBackend):
-    name = "docker"
-    sees_run_dir = True  # the run directory is bind-mounted from here
-
-    def check(self, spec: JobSpec) -> None:
-        launch.find_engine(spec.docker.engine)  # a UserError that says how to install one
+class DockerBackend(launcher.LaunchedHere):
+    name = "docker"  # the run directory is bind-mounted from here (sees_run_dir)
 
     def render(self, spec: JobSpec, context: Context) -> Request:
         user, userns = invoking_user(spec)
@@ -47,44 +38,20 @@ class DockerBackend(runs.RecordedRuns, BaseBackend):
         return Request(self.name, spec.name, doc, compose_text(doc, source=context.source),
                        spec, context)
 
-    def _start(self, request: Request) -> tuple[runs.Record, Callable[..., int]]:
-        """The run's record (this process its launcher for now) and the launcher, which
-        takes the stop signals' count, ``echo`` and ``err``."""
+    def preflight(self, request: Request) -> None:
+        launch.find_engine(request.spec.docker.engine)  # a UserError that says how to install one
+        super().preflight(request)
+
+    def launch(self, request: Request, record: Record) -> launcher.Launch:
         spec, context = request.spec, request.context
-        assert spec is not None and context is not None
         engine = launch.find_engine(spec.docker.engine)
-        cwd = Path(context.workdir)
-        record = runs.create(self.name, context.run_id, cwd / spec.run_dir, name=spec.name,
-                             request={"text": request.text, "data": request.data,
-                                      "context": dataclasses.asdict(context)})
 
-        def start(stops: launcher.Stops, *, echo: bool = True,
-                  err: IO[str] | None = None) -> int:
-            return launch.run_docker(spec, engine=engine, cwd=cwd, compose=request.text,
-                                     project=context.run_id, record=record,
-                                     grace=float(context.options.get("grace", GRACE_S)),
-                                     stops=stops, echo=echo, err=err)
-        return record, start
-
-    def run(self, request: Request) -> int:
-        record, start = self._start(request)
-        err = launcher.tee(record, sys.stderr)
-        try:
-            return launcher.perform(record, lambda stops: start(stops, err=err))
-        finally:
-            err.close()
-
-    def submit(self, request: Request) -> Handle:
-        record, start = self._start(request)
-        def launch(stops: launcher.Stops) -> int:
-            err = launcher.tee(record, None)  # launcher.log and output.log
-            try:
-                return start(stops, echo=False, err=err)
-            finally:
-                err.close()
-
-        launcher.detach(record, launch)
-        return Handle(self.name, record.path.name)
+        def body(stops: launcher.Stops, echo: bool, err: IO[str]) -> int:
+            return launch.run_docker(spec, engine=engine, cwd=Path(context.workdir),
+                                     compose=request.text, project=context.run_id,
+                                     record=record, grace=launcher.grace(request), stops=stops,
+                                     echo=echo, err=err)
+        return body
 
 
 create = no_variant(DockerBackend)  # the torchjob.backends entry point

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from torchx import specs
 
-from torchjob.jobs.backend import (BackendError, BaseBackend, Context, Handle, JobStatus, Request,
+from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobStatus, Request,
                                    State)
 from torchjob.jobs.backends.torchx import launch
 from torchjob.jobs.backends.torchx.render import appdef_text, render_appdef
@@ -30,12 +30,13 @@ STATES = {"SUCCEEDED": State.SUCCEEDED, "FAILED": State.FAILED, "CANCELLED": Sta
           "UNSUBMITTED": State.PENDING}
 
 
-class TorchxBackend(BaseBackend):
+class TorchxBackend(Backend):
     def __init__(self, scheduler: str) -> None:
         self.scheduler = scheduler
         self.name = f"torchx:{scheduler}" if scheduler else "torchx"
         # schedulers whose nodes run in (or share) this machine's filesystem
         self.sees_run_dir = scheduler in ("local_cwd", "slurm")
+        self._session: launch.Session | None = None  # the runner of a ``torchjob run``
 
     def image_field(self, spec: JobSpec) -> str | None:
         # local_cwd and slurm run this machine's files; the container schedulers the image
@@ -47,7 +48,7 @@ class TorchxBackend(BaseBackend):
                                "torchx:slurm, torchx:kubernetes, ...")
         return self.scheduler
 
-    def render(self, spec: JobSpec, context: Context) -> Request:
+    def fits(self, spec: JobSpec) -> None:
         if self.scheduler in launch.LOCAL_SCHEDULERS:
             on_one_host(spec.nnodes.max, "nnodes", self.name)
         if self.scheduler == "slurm":
@@ -57,6 +58,8 @@ class TorchxBackend(BaseBackend):
                       "(MAX_TORCHX_POD_NODES): TorchX's Kubernetes scheduler writes a pod "
                       "template per node into one object, which the API server would refuse; "
                       "use --to k8s (one template for all replicas)")
+
+    def render(self, spec: JobSpec, context: Context) -> Request:
         # local_cwd runs here, in this interpreter's environment; elsewhere the image's python
         app = render_appdef(spec, python=context.python if self.scheduler == "local_cwd"
                             else "python", kubelet=self.scheduler in KUBERNETES_SCHEDULERS)
@@ -67,11 +70,27 @@ class TorchxBackend(BaseBackend):
 
     def submit(self, request: Request) -> Handle:
         self._need_scheduler()
+        if self._session is not None:  # in a run
+            return self.parse_handle(self._session.schedule(request.data))
         return self.parse_handle(launch.schedule(request.data))
 
     def run(self, request: Request) -> int:
         self._need_scheduler()
-        return launch.run(request.data)
+        self._session = launch.Session()
+        try:
+            return super().run(request)
+        finally:
+            self._session.close()
+            self._session = None
+
+    def follow(self, handle: Handle, request: Request) -> Iterator[str]:
+        assert self._session is not None
+        return self._session.follow(handle.id, request.data._app)
+
+    def logs_place(self, handle: Handle, request: Request) -> str:
+        log_dir = request.data._cfg.get("log_dir")
+        return f"{log_dir}/{handle.id.partition('://')[2]}" if log_dir else super().logs_place(
+            handle, request)
 
     def parse_handle(self, text: str) -> Handle:
         match = re.fullmatch(r"([a-z][a-z0-9_]*)://.*", text)
@@ -82,7 +101,8 @@ class TorchxBackend(BaseBackend):
         return Handle("torchx", text)  # TorchX's handle names its scheduler itself
 
     def status(self, handle: Handle) -> JobStatus:
-        found = launch.status(handle.id)
+        found = launch.status(handle.id) if self._session is None \
+            else self._session.wait(handle.id)
         state = STATES.get(found.state.name, State.UNKNOWN)
         return JobStatus(handle, state, name=handle.id.rsplit("/", 1)[-1],
                          detail=str(found.msg or ""), raw={"torchx": str(found)})
@@ -92,8 +112,11 @@ class TorchxBackend(BaseBackend):
         return launch.log_lines(handle.id, follow=follow)
 
     def cancel(self, handle: Handle) -> str:
-        launch.cancel(handle.id)
-        return f"cancelled {handle}"
+        if self._session is not None:
+            self._session.cancel(handle.id)
+        else:
+            launch.cancel(handle.id)
+        return f"cancelled {handle} (its workers checkpoint and exit 143)"
 
     def list(self) -> list[JobStatus]:
         out = []

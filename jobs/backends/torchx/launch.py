@@ -1,14 +1,10 @@
-"""The TorchX runner, as the TorchX backend uses it: dryrun, schedule exactly that dryrun, wait
-and stream the logs, status, cancel, list.
-
-Local schedulers (``local_cwd``, ``local_docker``) keep an app only in the memory of the
-process that started it, so for them a submission waits and streams the logs, as ``torchx
-run`` does, and no other process (status, logs, cancel, list) can see the app.
-"""
+"""The TorchX runner, as the TorchX backend uses it: dryrun, schedule exactly that dryrun,
+status, logs, cancel, list; a ``Session`` holds one runner through a whole ``torchjob run``
+(local schedulers keep their apps in the memory of the runner that started them)."""
 
 from __future__ import annotations
 
-import sys
+import queue
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -16,13 +12,10 @@ from typing import Any
 from torchx.runner import get_runner
 from torchx.runner.config import apply as apply_torchxconfig
 from torchx.schedulers import slurm_scheduler
-from torchx.schedulers.local_scheduler import SignalException
 from torchx.specs import AppDef, AppDryRunInfo, AppState, AppStatus
 from torchx.specs.api import InvalidRunConfigException
 
-from torchjob.jobs.backend import Closings
 from torchjob.jobs.values import UserError
-from torchjob.trainer.contract import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 
 LOCAL_SCHEDULERS = ("local_cwd", "local_docker")
 
@@ -86,48 +79,51 @@ def schedule(info: AppDryRunInfo) -> str:
         return str(runner.schedule(info))
 
 
-def run(info: AppDryRunInfo) -> int:
-    """Schedule ``info``, stream every replica's log with its place in front, wait for the
-    end; the exit code: 0 when it succeeded, 143 cancelled, and for a failed app (TorchX
-    reports no exit code) the one its agents' closing line gives (else 1), after which that
-    line and where the logs are come last."""
-    with get_runner() as runner:
-        handle = runner.schedule(info)
-        print(f"torchx:{handle}", flush=True)
-        app = info._app
-        assert app is not None
-        closings = Closings()
-        threads = [threading.Thread(target=_stream, daemon=True,
-                                    args=(runner, handle, role.name, k, closings))
+class Session:
+    """One runner for a whole ``torchjob run``: a local scheduler keeps its app in the memory
+    of the runner that started it, so that runner schedules, follows, cancels and waits."""
+
+    def __init__(self) -> None:
+        self.runner = get_runner()
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def schedule(self, info: AppDryRunInfo) -> str:
+        return str(self.runner.schedule(info))
+
+    def follow(self, handle: str, app: AppDef) -> Iterator[str]:
+        """Every replica's lines, ``ROLE/K`` in front, until the app has ended."""
+        lines: queue.Queue[str | None] = queue.Queue()
+        readers = [threading.Thread(target=self._read, args=(handle, role.name, k, lines),
+                                    daemon=True)
                    for role in app.roles for k in range(role.num_replicas)]
-        for thread in threads:
+
+        def waiter() -> None:
+            try:
+                self.runner.wait(handle, wait_interval=0.5)
+            finally:
+                for reader in readers:
+                    reader.join(timeout=5)
+                lines.put(None)
+        for thread in (*readers, threading.Thread(target=waiter, daemon=True)):
             thread.start()
-        try:
-            final = runner.wait(handle, wait_interval=0.5)
-        except (KeyboardInterrupt, SignalException):  # TorchX's local schedulers raise this
-            print(f"torchjob: stopping: cancelling torchx:{handle} (its workers checkpoint "
-                  "and exit 143)", file=sys.stderr, flush=True)
-            runner.cancel(handle)
-            final = runner.wait(handle, wait_interval=0.5)
-        for thread in threads:
-            thread.join(timeout=5)
-        state = final.state if final else AppState.UNKNOWN
-        print(f"torchjob: torchx:{handle}: {state.name}", file=sys.stderr)
-        if state == AppState.SUCCEEDED:
-            return EXIT_OK
-        if state == AppState.CANCELLED:
-            return EXIT_STOPPED
-        log_dir = info._cfg.get("log_dir")
-        closings.report(f"{log_dir}/{handle.partition('://')[2]}" if log_dir
-                        else f"torchjob logs torchx:{handle}", sys.stderr)
-        return closings.code() or EXIT_FAILED
+        while (line := lines.get()) is not None:
+            yield line
 
+    def _read(self, handle: str, role: str, k: int, lines: queue.Queue[str | None]) -> None:
+        for line in self.runner.log_lines(handle, role, k, should_tail=True):
+            lines.put(f"{role}/{k} {line.rstrip(chr(10))}")
 
-def _stream(runner: Any, handle: str, role: str, k: int, closings: Closings) -> None:
-    for line in runner.log_lines(handle, role, k, should_tail=True):
-        closings.see(line)
-        sys.stdout.write(f"{role}/{k} {line}" if line.endswith("\n") else f"{role}/{k} {line}\n")
-        sys.stdout.flush()
+    def wait(self, handle: str) -> AppStatus:
+        """The app's status once it has ended."""
+        found = self.runner.wait(handle, wait_interval=0.5)
+        if found is None:
+            raise _unknown(handle)
+        return found
+
+    def cancel(self, handle: str) -> None:
+        self.runner.cancel(handle)
 
 
 def status(handle: str) -> AppStatus:
