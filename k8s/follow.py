@@ -23,13 +23,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Union
 
-from torchjob.trainer.contract import LOG_PREFIX_RE
+from torchjob.trainer.contract import LOG_PREFIX_RE, NODE_PREFIX
 
 POLL_S = 2.0  # how often the job and its pods are read while following
 DRAIN_S = 30.0  # after the job ended, how long its last streams may take to end
-
-
-NODE_PREFIX = "[node {node}] "  # a pod's own lines, as the local launcher labels an agent's
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import DNS_1123_SUBDOMAIN, SpecError, bad
 from torchjob.k8s.yaml import manifest_text as manifest_text  # re-exported: the one emitter
 from torchjob.k8s.yaml import manifests_text as manifests_text
-from torchjob.trainer.contract import omp_threads
+from torchjob.trainer.contract import thread_env
 
 Obj = dict[str, Any]
 GPU = "nvidia.com/gpu"
@@ -151,7 +151,7 @@ def env(spec: JobSpec) -> list[Obj]:
     """The workers' thread count, as every backend sets it (the pod's CPU request shared by
     its workers, one when unset; a value in ``env`` wins), plain values from ``env``; secrets
     only as ``valueFrom.secretKeyRef``."""
-    plain = {"OMP_NUM_THREADS": str(omp_threads(spec.resources.cpu, spec.nproc_per_node)),
+    plain = {**thread_env(spec.resources.cpu, spec.nproc_per_node),
              **spec.env}
     out: list[Obj] = env_values(plain)
     out += [{"name": ref.env, "valueFrom": {"secretKeyRef": {"name": ref.secret,

@@ -35,7 +35,7 @@ from torchjob.jobs.command import dir_options, entry_args, own_store, store_comm
 from torchjob.jobs.hosts import refuse_system_dirs
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.sweep import Sweep, sweep_specs
-from torchjob.trainer.contract import omp_threads
+from torchjob.trainer.contract import thread_env
 
 TEMPLATE = resources.files(__package__ or "slurm").joinpath("job.sh").read_text(encoding="utf-8")
 PLACEHOLDER = re.compile(r"@([a-z_]+)@")
@@ -143,7 +143,7 @@ def directives(spec: JobSpec, *, workdir: str, array: int = 0) -> list[str]:
 
 def environment(spec: JobSpec) -> dict[str, str]:
     """What every process on every node sees: defaults first, the spec's env overrides them."""
-    env = {"OMP_NUM_THREADS": str(omp_threads(cpus_per_node(spec), spec.nproc_per_node)),
+    env = {**thread_env(cpus_per_node(spec), spec.nproc_per_node),
            "PYTHONUNBUFFERED": "1"}
     if spec.resources.gpus:  # a hung collective raises instead of blocking until the time limit
         env |= {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN"}

@@ -23,7 +23,7 @@ from torchjob.jobs.command import agent_command, own_store, store_command
 from torchjob.jobs.hosts import on_one_host, refuse_system_dir
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import SpecError
-from torchjob.trainer.contract import omp_threads
+from torchjob.trainer.contract import thread_env
 
 WORKDIR = "/workspace"  # the image's WORKDIR: a relative run_dir lands under it
 RDZV_HOST = "node0"
@@ -133,7 +133,7 @@ def environment(spec: JobSpec) -> Obj:
     passes it through from the environment compose runs in)."""
     # the node's resources.cpu shared by its workers (one thread when unset, as on a laptop
     # where several node containers share the cores)
-    env: Obj = {"OMP_NUM_THREADS": str(omp_threads(spec.resources.cpu, spec.nproc_per_node)),
+    env: Obj = {**thread_env(spec.resources.cpu, spec.nproc_per_node),
                 "PYTHONUNBUFFERED": "1", **spec.env}
     env.update({ref.env: None for ref in spec.secrets})
     return env

@@ -19,7 +19,7 @@ from torchjob.jobs.command import agent_command, own_store, store_command
 from torchjob.jobs.hosts import on_one_host
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import FrozenMap
-from torchjob.trainer.contract import omp_threads
+from torchjob.trainer.contract import thread_env
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
                             run_id=run_id, store_client=own_store(spec))
     env = {
         # the machine's CPUs shared by the emulated nodes, then by each node's workers
-        "OMP_NUM_THREADS": str(omp_threads(cpu_count / nodes, spec.nproc_per_node)),
+        **thread_env(cpu_count / nodes, spec.nproc_per_node),
         "PYTHONUNBUFFERED": "1",
         **spec.env,
     }

@@ -35,7 +35,7 @@ from torchjob.jobs.command import agent_command, kubelet_literal
 from torchjob.jobs.hosts import refuse_system_dir
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import SpecError
-from torchjob.trainer.contract import omp_threads
+from torchjob.trainer.contract import thread_env
 
 ROLE = "trainer"
 
@@ -111,7 +111,7 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
     role = specs.Role(
         name=ROLE, image=spec.image, entrypoint="bash", args=["-c", script],
         num_replicas=spec.nnodes.max, min_replicas=spec.nnodes.min, resource=resource,
-        env={"OMP_NUM_THREADS": str(omp_threads(resource.cpu, spec.nproc_per_node)),
+        env={**thread_env(resource.cpu, spec.nproc_per_node),
              "PYTHONUNBUFFERED": "1", **user_env},
         port_map={"c10d": spec.rdzv.port},
         max_retries=max_retries, mounts=mounts)
