@@ -8,7 +8,6 @@ Regenerate the golden files after an intended change, and review the diff:
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from torchjob.jobs.backends.docker.launch import find_engine
 from torchjob.jobs.launcher import Stops
 from torchjob.jobs.load import load, loads
 from torchjob.jobs.values import SpecError, UserError
+from tests.golden import assert_golden
 from tests.procs import PYTHON, ROOT, env_for_tests
 
 HERE = Path(__file__).resolve().parent
@@ -61,11 +61,7 @@ def test_golden(name: str, job: str, sets: list[str]) -> None:
     args = [a for s in sets for a in ("--set", s)]
     result = torchjob("render", "--to", "docker", f"jobs/examples/{job}", *args)
     assert result.returncode == 0, result.stderr
-    golden = HERE / "golden" / name
-    if os.environ.get("TORCHJOB_REGEN_GOLDEN") == "1":
-        golden.write_text(result.stdout)
-    assert result.stdout == golden.read_text(), f"regenerate with TORCHJOB_REGEN_GOLDEN=1 " \
-                                                f"({golden})"
+    assert_golden(result.stdout, HERE / "golden" / name)
 
 
 def test_root_compose_yaml_is_the_rendered_example() -> None:

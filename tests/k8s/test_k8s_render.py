@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import copy
 import json
-import os
 import re
 import socket
 import subprocess
@@ -34,6 +33,7 @@ from torchjob.k8s.render import render_manifest, render_objects
 from torchjob.k8s.store import render_store
 from torchjob.k8s.trainjob import render_trainjob
 from torchjob.k8s.validate import validate, validate_text
+from tests.golden import assert_golden
 from tests.k8s.kubelet import Everything, expand
 from tests.k8s.pods_operator import as_mutated, forbidden
 from tests.procs import free_port
@@ -57,11 +57,7 @@ def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_manifests_match_the_renderer(name: str) -> None:
     """k8s/manifests/ is the golden set: whole files compared."""
-    text = render_variant(name)
-    path = MANIFESTS / name
-    if os.environ.get("TORCHJOB_REGEN_GOLDEN") == "1":
-        path.write_text(text)
-    assert path.read_text() == text, f"{path} drifted: run python -m torchjob.k8s.manifests"
+    assert_golden(render_variant(name), MANIFESTS / name)
 
 
 def test_no_stray_manifests() -> None:

@@ -26,6 +26,7 @@ from torchjob.jobs.values import SpecError
 from torchjob.slurm import sbatch
 from torchjob.jobs.sweep import sweep_specs
 from torchjob.slurm.sbatch import agent_command, fill, render_sbatch
+from tests.golden import assert_golden
 from tests.test_layering import IO_MODULES, imported_roots
 from tests.procs import wait_for
 from torchjob.trainer.contract import ATTEMPT_BASE_ENV
@@ -84,11 +85,7 @@ def _render(name: str) -> str:
 @pytest.mark.parametrize("name", GOLDEN)
 def test_golden(name: str) -> None:
     text = _render(name)
-    golden = HERE / "golden" / f"{name}.sbatch"
-    if os.environ.get("TORCHJOB_REGEN_GOLDEN") == "1":
-        golden.parent.mkdir(exist_ok=True)
-        golden.write_text(text)
-    assert text == golden.read_text(), f"regenerate with TORCHJOB_REGEN_GOLDEN=1 ({golden})"
+    assert_golden(text, HERE / "golden" / f"{name}.sbatch")
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
 
 
