@@ -9,21 +9,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tests.procs import PYTHON, env_for_tests
-
-
-def torchjob(*argv: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``torchjob ARGV`` in ``cwd`` (made if need be), to the end, output captured."""
-    cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([PYTHON, "-m", "torchjob.jobs", *argv], cwd=cwd, env=env_for_tests(),
-                          capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+from tests.procs import PYTHON, env_for_tests, torchjob
 
 
 def submit(to: str, job: Path, cwd: Path, *sets: str) -> str:
     """``torchjob submit --to TO JOB --set ...``: the handle it printed."""
     proc = torchjob("submit", "--to", to, str(job), *[a for s in sets for a in ("--set", s)],
-                    cwd=cwd, timeout=600)
+                    cwd=cwd, env=env_for_tests(), timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     handle = proc.stdout.strip()
     assert handle.startswith(f"{to}:"), proc.stdout
@@ -32,7 +24,7 @@ def submit(to: str, job: Path, cwd: Path, *sets: str) -> str:
 
 def status(handle: str, cwd: Path) -> dict[str, Any]:
     """``torchjob status --json HANDLE``, parsed."""
-    proc = torchjob("status", "--json", handle, cwd=cwd)
+    proc = torchjob("status", "--json", handle, cwd=cwd, env=env_for_tests())
     assert proc.returncode == 0, proc.stderr
     found: dict[str, Any] = json.loads(proc.stdout)
     return found

@@ -36,7 +36,7 @@ from torchjob.k8s.validate import validate, validate_text
 from tests.golden import assert_golden
 from tests.k8s.kubelet import Everything, expand
 from tests.k8s.pods_operator import as_mutated, forbidden
-from tests.procs import free_port
+from tests.procs import free_port, torchjob
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = ["a'; touch /tmp/pwned", 'b"; x; "', "$(touch /tmp/pwned)", "`id`", "two words",
@@ -123,9 +123,8 @@ def test_several_pods_need_a_shared_claim_for_checkpoints_or_say_pod_local(text:
 
 
 def test_the_refusal_exits_2_before_anything_is_rendered_or_submitted() -> None:
-    out = subprocess.run([sys.executable, "-m", "torchjob.jobs", "render", "--to", "k8s",
-                          str(ROOT / "jobs" / "examples" / "default.yaml"), "--set", "nnodes=2"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = torchjob("render", "--to", "k8s", str(ROOT / "jobs" / "examples" / "default.yaml"),
+                   "--set", "nnodes=2")
     assert out.returncode == 2 and out.stdout == "", out
     assert out.stderr.startswith("torchjob: k8s.pvc: is not set") and "Traceback" not in out.stderr
 
