@@ -17,7 +17,6 @@ after standard output when the command has ended (the README shows them in that 
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -123,7 +122,3 @@ def run_session(commands: list[Command], workdir: Path, env: dict[str, str] | No
         problem = match(command.expected, actual, handles)
         assert problem is None, f"$ {command.line}\n{problem}"
     return handles
-
-
-def environment(**extra: str) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if k == "PATH"}, **extra}

@@ -4,12 +4,11 @@ command line as another terminal runs it, and waits on a run's state with what w
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tests.procs import PYTHON, env_for_tests, torchjob
+from tests.procs import env_for_tests, torchjob
 
 
 def submit(to: str, job: Path, cwd: Path, *sets: str) -> str:
@@ -39,10 +38,3 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str,
             return value
         time.sleep(0.1)
     raise AssertionError(f"after {timeout:g} s still waiting for {what}; saw: {seen()}")
-
-
-def follow(handle: str, cwd: Path) -> subprocess.Popen[str]:
-    """``torchjob logs --follow HANDLE``, running."""
-    return subprocess.Popen([PYTHON, "-m", "torchjob.jobs", "logs", "--follow", handle], cwd=cwd,
-                            env=env_for_tests(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)

@@ -35,7 +35,6 @@ from torchjob.trainer.contract import parse_log_prefix
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 EXAMPLES = ROOT / "jobs" / "examples"
 HERE = Path(__file__).resolve().parent
-KILL_TRIALS = int(os.environ.get("TORCHJOB_CONTAINER_KILL_TRIALS", "10"))
 PROJECT = re.compile(r"project (\S+), compose file")
 
 
@@ -269,7 +268,6 @@ def test_killed_node_is_started_again_and_the_run_ends_bitwise_equal(
     assert code == 0, out[-5000:]
     assert world_sizes(out)[0] == 2 and world_sizes(out)[-1] == 2, world_sizes(out)
     assert "node1 was killed (exit 137): starting it again (restart 1 of 3)" in out
-    assert "restart 1" in out  # node0's agent restarted its group once node1 was back
     assert_bitwise_equal(final_params(run_dir / "checkpoints"),
                          final_params(tmp_path / "local" / "runs" / "digits" / "checkpoints"))
     assert_nothing_left(project)
@@ -399,7 +397,7 @@ def test_an_elastic_job_survives_losing_any_node(request: pytest.FixtureRequest,
             code = proc.wait(timeout=600)
         out = logfile.read_text()
         problem = None
-        if proc.returncode is not None and killed.returncode != 0:
+        if killed.returncode != 0:
             problem = f"podman kill failed: {killed.stderr}"
         elif code != 0:
             problem = f"exit {code}"

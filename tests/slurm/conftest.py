@@ -35,8 +35,6 @@ class SlurmCluster:
     script: Path = DEVCLUSTER
     partition: str = "debug"
     nodes: tuple[str, ...] = ("n1", "n2")
-    cpus_per_node: int = 2
-    up_output: str = ""
 
 
 def devcluster(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -49,9 +47,9 @@ def devcluster(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
     """Bring the dev cluster up once per session (fast when it already runs) and yield it."""
-    output = require_setup(["bash", str(DEVCLUSTER), "up"], timeout=UP_TIMEOUT_S,
-                           what="slurm/devcluster up", env=env_for_tests())
-    yield SlurmCluster(up_output=output)
+    require_setup(["bash", str(DEVCLUSTER), "up"], timeout=UP_TIMEOUT_S,
+                  what="slurm/devcluster up", env=env_for_tests())
+    yield SlurmCluster()
 
 
 @contextlib.contextmanager
