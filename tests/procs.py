@@ -1,4 +1,5 @@
-"""Helpers for tests that start real processes: descendants, final parameters, free ports."""
+"""Helpers for tests that start real processes: the torchjob command, descendants, final
+parameters, free ports."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,6 +31,19 @@ def env_for_tests(**extra: str) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
     return env
+
+
+TORCHJOB = (PYTHON, "-m", "torchjob.jobs")  # the torchjob command, for tests that Popen it
+
+
+def torchjob(*argv: str, cwd: Path | str = ROOT, env: Mapping[str, str] | None = None,
+             timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``torchjob ARGV`` in ``cwd``, to its end, its output captured as text. ``env`` is the
+    whole environment (None: this process's, as it is; ``env_for_tests()`` without launcher
+    variables); standard input is ``input``, else empty (never the terminal)."""
+    return subprocess.run([*TORCHJOB, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False, input=input,
+                          stdin=subprocess.DEVNULL if input is None else None)
 
 
 LINGER_AT_EXIT = """\

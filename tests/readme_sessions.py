@@ -17,15 +17,13 @@ after standard output when the command has ended (the README shows them in that 
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.procs import PYTHON, ROOT, env_for_tests
+from tests.procs import ROOT, env_for_tests, torchjob
 
 README = ROOT / "README.md"
 SESSION = re.compile(r"<!-- session: ([a-z0-9-]+) -->\s*```console\n(.*?)```", re.S)
@@ -115,9 +113,8 @@ def run_session(commands: list[Command], workdir: Path, env: dict[str, str] | No
     for command in commands:
         argv = [handles.get(word, word) for word in command.argv]
         assert argv[0] == "torchjob", f"README sessions run torchjob only: {command.line}"
-        proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", *argv[1:]], cwd=workdir,
-                              env=env_for_tests(**(env or {})), capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = torchjob(*argv[1:], cwd=workdir, env=env_for_tests(**(env or {})),
+                        timeout=timeout)
         actual = (proc.stdout + proc.stderr).splitlines()
         assert proc.returncode == command.code, (
             f"$ {command.line}\nexit {proc.returncode}, the README says {command.code}:\n"
@@ -125,7 +122,3 @@ def run_session(commands: list[Command], workdir: Path, env: dict[str, str] | No
         problem = match(command.expected, actual, handles)
         assert problem is None, f"$ {command.line}\n{problem}"
     return handles
-
-
-def environment(**extra: str) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if k == "PATH"}, **extra}

@@ -4,26 +4,17 @@ command line as another terminal runs it, and waits on a run's state with what w
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tests.procs import PYTHON, env_for_tests
-
-
-def torchjob(*argv: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``torchjob ARGV`` in ``cwd`` (made if need be), to the end, output captured."""
-    cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([PYTHON, "-m", "torchjob.jobs", *argv], cwd=cwd, env=env_for_tests(),
-                          capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+from tests.procs import env_for_tests, torchjob
 
 
 def submit(to: str, job: Path, cwd: Path, *sets: str) -> str:
     """``torchjob submit --to TO JOB --set ...``: the handle it printed."""
     proc = torchjob("submit", "--to", to, str(job), *[a for s in sets for a in ("--set", s)],
-                    cwd=cwd, timeout=600)
+                    cwd=cwd, env=env_for_tests(), timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     handle = proc.stdout.strip()
     assert handle.startswith(f"{to}:"), proc.stdout
@@ -32,7 +23,7 @@ def submit(to: str, job: Path, cwd: Path, *sets: str) -> str:
 
 def status(handle: str, cwd: Path) -> dict[str, Any]:
     """``torchjob status --json HANDLE``, parsed."""
-    proc = torchjob("status", "--json", handle, cwd=cwd)
+    proc = torchjob("status", "--json", handle, cwd=cwd, env=env_for_tests())
     assert proc.returncode == 0, proc.stderr
     found: dict[str, Any] = json.loads(proc.stdout)
     return found
@@ -47,10 +38,3 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str,
             return value
         time.sleep(0.1)
     raise AssertionError(f"after {timeout:g} s still waiting for {what}; saw: {seen()}")
-
-
-def follow(handle: str, cwd: Path) -> subprocess.Popen[str]:
-    """``torchjob logs --follow HANDLE``, running."""
-    return subprocess.Popen([PYTHON, "-m", "torchjob.jobs", "logs", "--follow", handle], cwd=cwd,
-                            env=env_for_tests(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)

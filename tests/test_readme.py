@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.k8s.emulator import Emulator
-from tests.procs import PYTHON, ROOT, env_for_tests
+from tests.procs import ROOT, env_for_tests, torchjob
 from tests.readme_sessions import Command, match, run_session, sessions
 
 README = (ROOT / "README.md").read_text()
@@ -21,11 +20,6 @@ HERE_SESSIONS = {"local", "docker-render", "slurm-render", "torchx", "k8s", "qui
                  "quick-torchx", "quick-k8s"}
 # run by tests/slurm, tests/containers and tests/jobs (test_local_runs.py)
 ELSEWHERE = {"slurm", "docker", "local-jobs", "quick-slurm", "quick-docker"}
-
-
-def torchjob(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "torchjob.jobs", *argv], cwd=ROOT, env=env_for_tests(),
-                          capture_output=True, text=True, timeout=120)
 
 
 def test_every_session_is_run_by_some_test() -> None:
@@ -67,7 +61,7 @@ def test_every_example_command_is_accepted() -> None:
         argv = shlex.split(line)[1:]
         if argv[0] in ("run", "submit") and "--dry-run" not in argv:
             argv.append("--dry-run")  # training itself is tested in the sessions
-        proc = torchjob(argv)
+        proc = torchjob(*argv, env=env_for_tests())
         assert proc.returncode == 0, f"{line}: {proc.stderr}"
         assert "--run-dir" in proc.stdout  # every rendering carries the trainer command
 
@@ -75,7 +69,7 @@ def test_every_example_command_is_accepted() -> None:
 def test_the_error_example_prints_what_the_readme_says() -> None:
     match_ = re.search(r"^\$ (torchjob .*)\n(torchjob: .*)$", README, re.MULTILINE)
     assert match_
-    proc = torchjob(shlex.split(match_.group(1))[1:])
+    proc = torchjob(*shlex.split(match_.group(1))[1:], env=env_for_tests())
     assert proc.returncode == 2
     assert proc.stderr.strip() == match_.group(2)
 

@@ -23,7 +23,7 @@ from typing import Callable, Literal
 from tests.conformance.containers import (PODS, RUN_CLAIM, TASK_CLAIM, docker_cleanup,
                                            docker_kill, docker_pause, pod_cleanup, pod_kill,
                                            pod_pause, task_sets)
-from tests.procs import PYTHON, ROOT, env_for_tests, free_port
+from tests.procs import PYTHON, ROOT, TORCHJOB, env_for_tests, free_port, torchjob
 from tests.recorded import wait_until
 
 RUN_TIMEOUT_S = 400.0  # one `torchjob run` of a few steps on a shared 2-core machine
@@ -99,7 +99,7 @@ def send(sig: signal.Signals) -> Stop:
 
 def cancel(cell: Cell, run: Run) -> None:
     """Stop with ``torchjob cancel HANDLE`` from another terminal."""
-    done = cell.torchjob("cancel", run.handle())
+    done = torchjob("cancel", run.handle(), cwd=cell.workdir, env=cell.env())
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -142,7 +142,7 @@ class Column:
     command: tuple[str, ...] = ()  # what runs the job, if not `torchjob run --to BACKEND`
 
     def argv(self) -> list[str]:
-        return list(self.command or (PYTHON, "-m", "torchjob.jobs", "run", "--to", self.backend))
+        return list(self.command or (*TORCHJOB, "run", "--to", self.backend))
 
 
 # The venv activated: TorchX runs `python` on the nodes, not this interpreter (README, TorchX)
@@ -233,11 +233,6 @@ class Cell:
         """The same to its end: (exit code, output)."""
         run = self.start(job, *sets, options=options)
         return run.wait(), run.text()
-
-    def torchjob(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([PYTHON, "-m", "torchjob.jobs", *argv], cwd=self.workdir,
-                              env=self.env(), capture_output=True, text=True,
-                              timeout=120, stdin=subprocess.DEVNULL)
 
     def env(self) -> dict[str, str]:
         return env_for_tests(**dict(self.column.env))

@@ -27,15 +27,14 @@ from torchjob.jobs.backend import GRACE_S
 from torchjob.jobs.backends.docker.render import compose_text, render_compose
 from torchjob.jobs.load import loads
 from torchjob.jobs.runs import LAUNCHER_LOG, RECORD, RECORD_DIR
-from tests.procs import (PYTHON, ROOT, assert_bitwise_equal, env_for_tests, final_params,
-                         last_step, wait_for)
+from tests.procs import (ROOT, TORCHJOB, assert_bitwise_equal, env_for_tests, final_params,
+                         last_step, torchjob, wait_for)
 from tests.readme_sessions import run_session, sessions
 from torchjob.trainer.contract import parse_log_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 EXAMPLES = ROOT / "jobs" / "examples"
 HERE = Path(__file__).resolve().parent
-KILL_TRIALS = int(os.environ.get("TORCHJOB_CONTAINER_KILL_TRIALS", "10"))
 PROJECT = re.compile(r"project (\S+), compose file")
 
 
@@ -44,23 +43,24 @@ def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
                           stdin=subprocess.DEVNULL, check=False)
 
 
-def torchjob_argv(job: str, *sets: str, to: str = "docker") -> list[str]:
-    return [PYTHON, "-m", "torchjob.jobs", "run", "--to", to, str(EXAMPLES / job),
-            *[a for s in sets for a in ("--set", s)]]
+def run_args(job: str, *sets: str, to: str = "docker") -> list[str]:
+    """``torchjob run --to TO EXAMPLE --set ...``'s words after ``torchjob``."""
+    return ["run", "--to", to, str(EXAMPLES / job), *[a for s in sets for a in ("--set", s)]]
 
 
-def start(argv: list[str], cwd: Path, log: IO[str]) -> subprocess.Popen[str]:
+def start(args: list[str], cwd: Path, log: IO[str]) -> subprocess.Popen[str]:
+    """``torchjob ARGS`` in ``cwd`` (made if need be), its output to ``log``."""
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(argv, cwd=cwd, env=env_for_tests(), stdout=log,
+    return subprocess.Popen([*TORCHJOB, *args], cwd=cwd, env=env_for_tests(), stdout=log,
                             stderr=subprocess.STDOUT, text=True)
 
 
 @contextlib.contextmanager
-def running(argv: list[str], cwd: Path, logfile: Path) -> Iterator[subprocess.Popen[str]]:
+def running(args: list[str], cwd: Path, logfile: Path) -> Iterator[subprocess.Popen[str]]:
     """``start`` with its output in ``logfile``; stopped (SIGTERM: compose down) when the
     test leaves the block with it still running."""
     with open(logfile, "w+") as log:
-        proc = start(argv, cwd, log)
+        proc = start(args, cwd, log)
         try:
             yield proc
         finally:
@@ -108,7 +108,7 @@ def test_two_node_containers_train_like_two_local_nodes(container_image: str,
     for to in ("local", "docker"):
         cwd = tmp_path / to
         with open(tmp_path / f"{to}.log", "w+") as log:
-            proc = start(torchjob_argv("default.yaml", "nnodes=2", to=to), cwd, log)
+            proc = start(run_args("default.yaml", "nnodes=2", to=to), cwd, log)
             code = proc.wait(timeout=900)
             log.seek(0)
             out = log.read()
@@ -186,7 +186,7 @@ def test_elastic_node_stopped_and_started_again(container_image: str, tmp_path: 
     4 -> 2); podman start node1: it joins the next rendezvous (2 -> 4); the job completes."""
     logfile = tmp_path / "run.log"
     run_dir = tmp_path / "runs" / "digits-elastic"
-    with running(torchjob_argv("elastic.yaml", *ELASTIC), tmp_path, logfile) as proc:
+    with running(run_args("elastic.yaml", *ELASTIC), tmp_path, logfile) as proc:
         project = project_of(logfile)
         # both nodes in one group first (a node started late joins a later round)
         wait_for(lambda: (last_step(run_dir) >= 50 and world_sizes(logfile.read_text())[-1:]
@@ -217,9 +217,9 @@ def test_sigterm_stops_the_containers_with_a_checkpoint_and_exit_143(container_i
     down leaves nothing; running again resumes from that checkpoint."""
     logfile = tmp_path / "run.log"
     run_dir = tmp_path / "runs" / "digits"
-    argv = torchjob_argv("default.yaml", "nnodes=2", "trainer.args.epochs=40",
-                         "trainer.args.batch_size=8", "trainer.args.log_every=10",
-                         "trainer.args.progress=lines")
+    argv = run_args("default.yaml", "nnodes=2", "trainer.args.epochs=40",
+                    "trainer.args.batch_size=8", "trainer.args.log_every=10",
+                    "trainer.args.progress=lines")
     with open(logfile, "w+") as log:
         proc = start(argv, tmp_path, log)
         try:
@@ -253,11 +253,11 @@ def test_killed_node_is_started_again_and_the_run_ends_bitwise_equal(
             "trainer.args.progress=lines", "trainer.args.eval_every=0",
             "trainer.args.pg_timeout=30"]
     with open(tmp_path / "local.log", "w+") as log:
-        ref = start(torchjob_argv("default.yaml", *sets, to="local"), tmp_path / "local", log)
+        ref = start(run_args("default.yaml", *sets, to="local"), tmp_path / "local", log)
         assert ref.wait(timeout=600) == 0, log.read()[-3000:]
     logfile = tmp_path / "docker.log"
     run_dir = tmp_path / "docker" / "runs" / "digits"
-    with running(torchjob_argv("default.yaml", *sets), tmp_path / "docker", logfile) as proc:
+    with running(run_args("default.yaml", *sets), tmp_path / "docker", logfile) as proc:
         project = project_of(logfile)
         wait_for(lambda: last_step(run_dir) >= 40 or proc.poll() is not None, 300, "step 40")
         node1 = container(project, "node1")
@@ -268,7 +268,6 @@ def test_killed_node_is_started_again_and_the_run_ends_bitwise_equal(
     assert code == 0, out[-5000:]
     assert world_sizes(out)[0] == 2 and world_sizes(out)[-1] == 2, world_sizes(out)
     assert "node1 was killed (exit 137): starting it again (restart 1 of 3)" in out
-    assert "restart 1" in out  # node0's agent restarted its group once node1 was back
     assert_bitwise_equal(final_params(run_dir / "checkpoints"),
                          final_params(tmp_path / "local" / "runs" / "digits" / "checkpoints"))
     assert_nothing_left(project)
@@ -299,8 +298,7 @@ def test_user_scripts_run_from_the_working_directory_and_their_exceptions_are_no
     (cwd / "raises.py").write_text(RAISES_ON_RANK_1)
     cwd.chmod(0o700)
     nodes = ["nnodes=2", "nproc_per_node=1"]
-    refused = subprocess.run(torchjob_argv("script.yaml", *nodes), cwd=cwd, env=env_for_tests(),
-                             capture_output=True, text=True, timeout=120, check=False)
+    refused = torchjob(*run_args("script.yaml", *nodes), cwd=cwd, env=env_for_tests())
     assert refused.returncode == 2, refused.stderr
     assert f"chmod o+rx {cwd}" in refused.stderr and "Traceback" not in refused.stderr
     cwd.chmod(0o755)
@@ -310,9 +308,8 @@ def test_user_scripts_run_from_the_working_directory_and_their_exceptions_are_no
         parent.chmod(parent.stat().st_mode | 0o005)
 
     # torchrun's form, no YAML (the same job as script.yaml)
-    cli = [PYTHON, "-m", "torchjob.jobs", "run", "--to", "docker", "--nnodes", "2",
-           "--nproc-per-node", "1", "--name", "script-demo", "jobs/examples/ddp_script.py",
-           "--steps", "60"]
+    cli = ["run", "--to", "docker", "--nnodes", "2", "--nproc-per-node", "1", "--name",
+           "script-demo", "jobs/examples/ddp_script.py", "--steps", "60"]
     with running(cli, cwd, tmp_path / "ok.log") as proc:
         code = proc.wait(timeout=600)
     out = (tmp_path / "ok.log").read_text()
@@ -322,8 +319,8 @@ def test_user_scripts_run_from_the_working_directory_and_their_exceptions_are_no
 
     logfile = tmp_path / "fails.log"
     began = time.monotonic()
-    with running(torchjob_argv("script.yaml", *nodes, "trainer.script=raises.py",
-                               "trainer.args=[]"), cwd, logfile) as proc:
+    with running(run_args("script.yaml", *nodes, "trainer.script=raises.py",
+                          "trainer.args=[]"), cwd, logfile) as proc:
         project = project_of(logfile)
         code = proc.wait(timeout=600)
     out = logfile.read_text()
@@ -387,10 +384,10 @@ def test_an_elastic_job_survives_losing_any_node(request: pytest.FixtureRequest,
         logfile = tmp_path / f"trial{trial}.log"
         run_dir = cwd / "runs" / "digits-elastic"
         began = time.monotonic()
-        argv = torchjob_argv("elastic.yaml", f"image={image}", "docker.restart=no",
-                             "trainer.args.epochs=3", "trainer.args.batch_size=8",
-                             "trainer.args.checkpoint_every=10", "trainer.args.log_every=1",
-                             "trainer.args.progress=lines", "trainer.args.pg_timeout=30")
+        argv = run_args("elastic.yaml", f"image={image}", "docker.restart=no",
+                        "trainer.args.epochs=3", "trainer.args.batch_size=8",
+                        "trainer.args.checkpoint_every=10", "trainer.args.log_every=1",
+                        "trainer.args.progress=lines", "trainer.args.pg_timeout=30")
         with running(argv, cwd, logfile) as proc:
             project = project_of(logfile)
             wait_for(lambda: last_step(run_dir) >= 30 or proc.poll() is not None, 300,
@@ -400,7 +397,7 @@ def test_an_elastic_job_survives_losing_any_node(request: pytest.FixtureRequest,
             code = proc.wait(timeout=600)
         out = logfile.read_text()
         problem = None
-        if proc.returncode is not None and killed.returncode != 0:
+        if killed.returncode != 0:
             problem = f"podman kill failed: {killed.stderr}"
         elif code != 0:
             problem = f"exit {code}"

@@ -15,8 +15,8 @@ import pytest
 
 from tests.gpu.conftest import DEVICE
 from tests.integration.test_gpt import MARGIN, baseline
-from tests.procs import (PYTHON, ROOT, alive, assert_bitwise_equal, env_for_tests, final_params,
-                         last_step, trainer_workers, wait_for)
+from tests.procs import (PYTHON, ROOT, TORCHJOB, alive, assert_bitwise_equal, env_for_tests,
+                         final_params, last_step, trainer_workers, wait_for)
 
 pytestmark = pytest.mark.gpu
 CUDA = DEVICE == "cuda"
@@ -26,8 +26,9 @@ RESTARTS = ["trainer.args.epochs=3", "trainer.args.checkpoint_every=10",
             "trainer.args.eval_every=0", "max_restarts=2"]
 
 
-def torchjob(example: str, run_dir: Path, *sets: str) -> list[str]:
-    cmd = [PYTHON, "-m", "torchjob.jobs", "run", str(ROOT / "jobs/examples" / example),
+def run_argv(example: str, run_dir: Path, *sets: str) -> list[str]:
+    """``torchjob run EXAMPLE`` on one process, in ``run_dir``, with ``sets``."""
+    cmd = [*TORCHJOB, "run", str(ROOT / "jobs/examples" / example),
            "--set", "nproc_per_node=1", "--set", f"run_dir={run_dir}"]
     return cmd + [arg for s in sets for arg in ("--set", s)]
 
@@ -45,7 +46,7 @@ def summary(run_dir: Path) -> dict:
 
 
 def test_default_job_on_one_gpu(tmp_path: Path) -> None:
-    out = run_ok(torchjob("default.yaml", tmp_path))
+    out = run_ok(run_argv("default.yaml", tmp_path))
     assert f"backend {BACKEND}, device {WHERE}, precision {PRECISION}" in out, out[-3000:]
     result = summary(tmp_path)
     assert result["world_size"] == 1 and result["accuracy"] >= 0.98, result
@@ -57,14 +58,14 @@ def test_gpt_example_learns(tmp_path: Path, compiled: bool) -> None:
     """The gpt example's model, 150 steps of 32 windows (tests/integration/test_gpt.py's
     bar: 0.5 nats per byte below what the bytes' frequencies alone allow); compiled, its
     checkpoint resumes without --compile."""
-    run_ok(torchjob("gpt.yaml", tmp_path, "trainer.args.gpt_layers=2",
+    run_ok(run_argv("gpt.yaml", tmp_path, "trainer.args.gpt_layers=2",
                     "trainer.args.max_steps=150", "trainer.args.batch_size=32",
                     "trainer.args.eval_every_steps=0", "trainer.args.checkpoint_every=0",
                     f"trainer.args.compile={str(compiled).lower()}"))
     result = summary(tmp_path)
     assert result["steps"] == 150 and result["final_loss"] < baseline() - MARGIN, result
     if compiled:  # compiled in place: its checkpoint has the model's own keys
-        out = run_ok(torchjob("gpt.yaml", tmp_path, "trainer.args.gpt_layers=2",
+        out = run_ok(run_argv("gpt.yaml", tmp_path, "trainer.args.gpt_layers=2",
                               "trainer.args.max_steps=160", "trainer.args.batch_size=32",
                               "trainer.args.eval_every_steps=0",
                               "trainer.args.checkpoint_every=0"))
@@ -74,7 +75,7 @@ def test_gpt_example_learns(tmp_path: Path, compiled: bool) -> None:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     run = tmp_path_factory.mktemp("reference")
-    run_ok(torchjob("default.yaml", run, *RESTARTS))
+    run_ok(run_argv("default.yaml", run, *RESTARTS))
     return final_params(run / "checkpoints")
 
 
@@ -83,7 +84,7 @@ def test_sigkill_of_the_worker_restarts_bitwise_equal(tmp_path: Path, reference:
                                                       background: bool) -> None:
     """Resumed from a checkpoint of CUDA state (written in the background too): the final
     parameters are those of a run that was never killed, to the bit."""
-    cmd = torchjob("default.yaml", tmp_path, *RESTARTS,
+    cmd = run_argv("default.yaml", tmp_path, *RESTARTS,
                    f"trainer.args.async_checkpoint={str(background).lower()}")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env_for_tests(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -101,7 +102,7 @@ def test_sigkill_of_the_worker_restarts_bitwise_equal(tmp_path: Path, reference:
 
 
 def test_sigterm_checkpoints_exits_143_and_resumes(tmp_path: Path, reference: dict) -> None:
-    proc = subprocess.Popen(torchjob("default.yaml", tmp_path, *RESTARTS), cwd=ROOT,
+    proc = subprocess.Popen(run_argv("default.yaml", tmp_path, *RESTARTS), cwd=ROOT,
                             env=env_for_tests(), stderr=subprocess.PIPE, text=True)
     wait_for(lambda: last_step(tmp_path) >= 25 or proc.poll() is not None, 300, "step 25")
     workers = trainer_workers(proc.pid)
@@ -109,7 +110,7 @@ def test_sigterm_checkpoints_exits_143_and_resumes(tmp_path: Path, reference: di
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143 and "stopped by SIGTERM" in err, err[-3000:]
     assert not [p for p in workers if alive(p)], "a worker outlived the launcher"
-    out = run_ok(torchjob("default.yaml", tmp_path, *RESTARTS))
+    out = run_ok(run_argv("default.yaml", tmp_path, *RESTARTS))
     assert "resumed from step_" in out
     assert_bitwise_equal(final_params(tmp_path / "checkpoints"), reference)
 
@@ -157,7 +158,7 @@ def test_async_checkpoint_of_device_state_restores_exactly(tmp_path: Path) -> No
 
 
 def test_fsdp_at_world_size_1_says_it_trains_unsharded(tmp_path: Path) -> None:
-    out = run_ok(torchjob("default.yaml", tmp_path, "trainer.args.parallel=fsdp",
+    out = run_ok(run_argv("default.yaml", tmp_path, "trainer.args.parallel=fsdp",
                           "trainer.args.epochs=4"))
     assert "--parallel fsdp at world size 1: nothing to shard across" in out, out[-3000:]
     assert summary(tmp_path)["accuracy"] >= 0.9
@@ -169,6 +170,6 @@ def test_user_code_over_nccl(tmp_path: Path, how: str) -> None:
     sets = ["trainer.args.steps=20", "env.NCCL_DEBUG=INFO"]
     if how == "module":
         sets += ["trainer.script=", "trainer.module=torchjob.jobs.examples.ddp_script"]
-    out = run_ok(torchjob("script.yaml", tmp_path, *sets))
+    out = run_ok(run_argv("script.yaml", tmp_path, *sets))
     assert json.loads((tmp_path / "result.json").read_text())["world_size"] == 1
     assert ("NCCL INFO" in out) == CUDA, out[-3000:]

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, ROOT, env_for_tests
+from tests.procs import ROOT, env_for_tests, torchjob
 
 pytestmark = pytest.mark.integration
 
 
 def test_default_job_reaches_95_percent_with_2_processes(tmp_path: Path) -> None:
-    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run",
-                           str(ROOT / "jobs/examples/default.yaml"),
-                           "--set", f"run_dir={tmp_path}"], env=env_for_tests(),
-                          capture_output=True, text=True, timeout=600)
+    proc = torchjob("run", str(ROOT / "jobs/examples/default.yaml"), "--set",
+                    f"run_dir={tmp_path}", env=env_for_tests(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2
@@ -31,10 +28,9 @@ def test_default_job_reaches_95_percent_with_2_processes(tmp_path: Path) -> None
 
 
 def test_elastic_example_runs_two_local_nodes(tmp_path: Path) -> None:
-    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run",
-                           str(ROOT / "jobs/examples/elastic.yaml"),
-                           "--set", f"run_dir={tmp_path}", "--set", "trainer.args.epochs=2"],
-                          env=env_for_tests(), capture_output=True, text=True, timeout=600)
+    proc = torchjob("run", str(ROOT / "jobs/examples/elastic.yaml"), "--set",
+                    f"run_dir={tmp_path}", "--set", "trainer.args.epochs=2", env=env_for_tests(),
+                    timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert json.loads((tmp_path / "summary.json").read_text())["world_size"] == 4

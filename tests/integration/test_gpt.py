@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, ROOT, env_for_tests
+from tests.procs import ROOT, env_for_tests, torchjob
 from torchjob.trainer import gpt
 
 pytestmark = pytest.mark.integration
@@ -31,11 +31,8 @@ MARGIN = 0.5  # nats per byte below the unigram baseline
 
 def torchjob_run(run_dir: Path, **args: object) -> subprocess.CompletedProcess[str]:
     sets = [f"run_dir={run_dir}", *(f"trainer.args.{k}={v}" for k, v in args.items())]
-    cmd = [PYTHON, "-m", "torchjob.jobs", "run", str(ROOT / "jobs/examples/gpt.yaml")]
-    for item in sets:
-        cmd += ["--set", item]
-    proc = subprocess.run(cmd, env=env_for_tests(), capture_output=True, text=True,
-                          timeout=900)
+    proc = torchjob("run", str(ROOT / "jobs/examples/gpt.yaml"),
+                    *[w for s in sets for w in ("--set", s)], env=env_for_tests(), timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return proc
 

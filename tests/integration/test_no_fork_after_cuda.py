@@ -5,13 +5,12 @@ as torchrun runs them). Needs no GPU: the calls are recorded, not their results.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests import cuda_forks
-from tests.procs import PYTHON, ROOT, env_for_tests
+from tests.procs import ROOT, env_for_tests, torchjob
 
 pytestmark = pytest.mark.integration
 
@@ -28,11 +27,9 @@ JOBS = {
 def test_no_process_forks_after_querying_cuda(tmp_path: Path, path: str) -> None:
     record = tmp_path / "record"
     # one process: on a machine with one GPU (where this test means most) two are refused
-    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run", *JOBS[path], "--set",
-                           "nproc_per_node=1",
-                           "--set", f"run_dir={tmp_path / 'run'}"], cwd=ROOT,
-                          env=env_for_tests(**cuda_forks.recording_env(record)),
-                          capture_output=True, text=True, timeout=300)
+    proc = torchjob("run", *JOBS[path], "--set", "nproc_per_node=1",
+                    "--set", f"run_dir={tmp_path / 'run'}",
+                    env=env_for_tests(**cuda_forks.recording_env(record)), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = cuda_forks.read(record)
     queried = {r["pid"] for r in records if r["event"] == "cuda"}

@@ -18,7 +18,7 @@ from typing import IO
 
 import pytest
 
-from tests.procs import (PYTHON, alive, cmdline, children, descendants, env_for_tests,
+from tests.procs import (TORCHJOB, alive, cmdline, children, descendants, env_for_tests,
                          last_step, wait_for)
 from torchjob.trainer.contract import EXIT_STORE_LOST, FINISHED
 
@@ -54,7 +54,7 @@ def training(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], list[int
     its store, its output so far); killed at the end if still running."""
     (tmp_path / "job.yaml").write_text(JOB)
     log = open(tmp_path / "out.txt", "w+")
-    proc = subprocess.Popen([PYTHON, "-m", "torchjob.jobs", "run", "job.yaml"], cwd=tmp_path,
+    proc = subprocess.Popen([*TORCHJOB, "run", "job.yaml"], cwd=tmp_path,
                             env=env_for_tests(), stdout=log, stderr=subprocess.STDOUT)
     try:
         nodes = wait_for(lambda: len(found := agents(proc.pid)) == 2 and found, 60,

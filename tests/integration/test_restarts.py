@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import (PYTHON, ROOT, alive, assert_bitwise_equal, env_for_tests, final_params,
-                         last_step, trainer_workers, wait_for)
+from tests.procs import (ROOT, TORCHJOB, alive, assert_bitwise_equal, env_for_tests,
+                         final_params, last_step, torchjob, trainer_workers, wait_for)
 
 pytestmark = pytest.mark.integration
 TRIALS = int(os.environ.get("TORCHJOB_RESTART_TRIALS", "3"))  # 50 by hand (README)
@@ -26,16 +26,16 @@ SETTINGS = ["trainer.args.epochs=3", "trainer.args.checkpoint_every=10",
             "trainer.args.eval_every=0", "max_restarts=2"]
 
 
-def torchjob_run(run_dir: Path) -> list[str]:
+def run_args(run_dir: Path) -> list[str]:
+    """``torchjob run JOB --set ...``'s words after ``torchjob``."""
     sets = [arg for s in [*SETTINGS, f"run_dir={run_dir}"] for arg in ("--set", s)]
-    return [PYTHON, "-m", "torchjob.jobs", "run", str(JOB), *sets]
+    return ["run", str(JOB), *sets]
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     run = tmp_path_factory.mktemp("reference")
-    proc = subprocess.run(torchjob_run(run), env=env_for_tests(), capture_output=True,
-                          text=True, timeout=300)
+    proc = torchjob(*run_args(run), env=env_for_tests(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return final_params(run / "checkpoints")
 
@@ -49,7 +49,7 @@ def test_kill_9_of_a_worker_restarts_and_ends_bitwise_equal(tmp_path: Path,
         kill_at = rng.randint(3, 55)  # of 66 steps: before, at and after checkpoint boundaries
         log = open(tmp_path / f"trial{trial}.log", "w+")
         started = time.monotonic()
-        proc = subprocess.Popen(torchjob_run(run), env=env_for_tests(), stdout=log,
+        proc = subprocess.Popen([*TORCHJOB, *run_args(run)], env=env_for_tests(), stdout=log,
                                 stderr=subprocess.STDOUT, text=True)
         try:
             wait_for(lambda: last_step(run) >= kill_at or proc.poll() is not None, 120,
@@ -83,7 +83,7 @@ def test_kill_9_of_a_worker_restarts_and_ends_bitwise_equal(tmp_path: Path,
 
 def test_sigterm_to_the_launcher_checkpoints_exits_143_and_resumes(tmp_path: Path,
                                                                    reference: dict) -> None:
-    proc = subprocess.Popen(torchjob_run(tmp_path), env=env_for_tests(),
+    proc = subprocess.Popen([*TORCHJOB, *run_args(tmp_path)], env=env_for_tests(),
                             stderr=subprocess.PIPE, text=True)
     wait_for(lambda: last_step(tmp_path) >= 25 or proc.poll() is not None, 120, "step 25")
     workers = trainer_workers(proc.pid)
@@ -99,8 +99,7 @@ def test_sigterm_to_the_launcher_checkpoints_exits_143_and_resumes(tmp_path: Pat
     newest = sorted((tmp_path / "checkpoints").glob("step_*"))[-1]
     state = newest / "state.pt"
     state.write_bytes(state.read_bytes()[:1000])
-    again = subprocess.run(torchjob_run(tmp_path), env=env_for_tests(), capture_output=True,
-                           text=True, timeout=300)
+    again = torchjob(*run_args(tmp_path), env=env_for_tests(), timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"skipping checkpoint {newest.name}: state.pt does not match its checksum" \
         in again.stderr

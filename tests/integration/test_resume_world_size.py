@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.procs import PYTHON, ROOT, assert_bitwise_equal, env_for_tests, final_params
+from tests.procs import (PYTHON, ROOT, assert_bitwise_equal, env_for_tests, final_params,
+                         torchjob)
 from torchjob.trainer.samples import trained
 from torchjob.trainer.tasks import digits_task
 
@@ -52,9 +53,8 @@ def run(run_dir: Path, nproc: int, parallel: str, *, log_samples: bool = True
             "trainer.args.keep_checkpoints=10", f"trainer.args.parallel={parallel}",
             f"trainer.args.log_samples={str(log_samples).lower()}",
             "trainer.args.log_every=1", "trainer.args.progress=lines"]
-    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run", str(JOB),
-                           *[a for s in sets for a in ("--set", s)]],
-                          env=env_for_tests(), capture_output=True, text=True, timeout=600)
+    proc = torchjob("run", str(JOB), *[a for s in sets for a in ("--set", s)],
+                    env=env_for_tests(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 

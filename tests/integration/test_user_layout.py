@@ -10,12 +10,11 @@ no PYTHONPATH (the kit found as a user's install finds it, not through this repo
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, env_for_tests
+from tests.procs import env_for_tests, torchjob
 
 pytestmark = pytest.mark.integration
 KIT_NAMES = ("trainer", "jobs", "slurm", "k8s")
@@ -58,17 +57,19 @@ def project(folder: Path) -> Path:
     return folder
 
 
-def torchjob(folder: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+def as_installed() -> dict[str, str]:
+    """The test environment without PYTHONPATH: the kit as installed; this repository is not on
+    the path."""
     env = env_for_tests()
-    del env["PYTHONPATH"]  # the kit as installed; this repository is not on the path
-    return subprocess.run([PYTHON, "-m", "torchjob.jobs", *argv], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    del env["PYTHONPATH"]
+    return env
 
 
 def test_a_users_trainer_py_and_packages_next_to_the_script(tmp_path: Path) -> None:
     folder = project(tmp_path / "project")
     # torchrun's form, no YAML: torchjob run [OPTIONS] SCRIPT.py [ARGS...]
-    proc = torchjob(folder, "run", "--nproc-per-node", "2", "train.py", "a", "--b=1")
+    proc = torchjob("run", "--nproc-per-node", "2", "train.py", "a", "--b=1", cwd=folder,
+                    env=as_installed(), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for rank in (0, 1):
         seen = json.loads((folder / "runs" / "train" / f"seen-{rank}.json").read_text())
@@ -84,8 +85,9 @@ def test_a_users_trainer_py_and_packages_next_to_the_script(tmp_path: Path) -> N
 
 def test_the_builtin_trainer_from_a_project_with_those_names(tmp_path: Path) -> None:
     folder = project(tmp_path / "project")
-    proc = torchjob(folder, "run", str(Path(__file__).parents[2] / "jobs/examples/default.yaml"),
-                    "--set", "trainer.args.epochs=1", "--set", "run_dir=runs/builtin")
+    proc = torchjob("run", str(Path(__file__).parents[2] / "jobs/examples/default.yaml"),
+                    "--set", "trainer.args.epochs=1", "--set", "run_dir=runs/builtin",
+                    cwd=folder, env=as_installed(), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((folder / "runs" / "builtin" / "summary.json").read_text())
     assert summary["world_size"] == 2

@@ -4,8 +4,6 @@ trainer, and bad items stopped with their field path."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ from torchjob.jobs.load import build, loads
 from torchjob.jobs.spec import JobSpec, TrainerSection
 from torchjob.jobs.sweep import sweep_specs
 from torchjob.jobs.values import SpecError
-from tests.procs import ROOT, env_for_tests
+from tests.procs import env_for_tests, torchjob
 
 
 def spec(**trainer: object) -> JobSpec:
@@ -76,8 +74,7 @@ def test_list_args_for_the_builtin_trainer_are_parsed_by_its_parser(
 def test_bad_list_item_is_exit_2_with_the_field_path(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text("name: s\ntrainer:\n  script: t.py\n  args: [--a=1, {model.depth: 4}]\n")
-    out = subprocess.run([sys.executable, "-m", "torchjob.jobs", "render", str(job)], cwd=ROOT,
-                         env=env_for_tests(), capture_output=True, text=True, timeout=120)
+    out = torchjob("render", str(job), env=env_for_tests())
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert f"{job}: trainer.args[1]: {{'model.depth': 4}} is a mapping" in out.stderr
     assert "key=value" in out.stderr

@@ -9,13 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import torchjob
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "jobs" / "examples"
-
-
-def torchjob(*args: str, cwd: Path | None = None,
-             timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torchjob.jobs", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -63,27 +59,27 @@ def test_unusable_run_and_checkpoint_dirs_stop_before_anything_starts(tmp_path: 
     for sets, fragment in ((["checkpoint_dir=afile"], "checkpoint_dir: 'afile': "),
                            (["run_dir=afile/run"], "(on its path) is a file, not a directory")):
         result = torchjob("run", "--to", to, *[w for s in sets for w in ("--set", s)], "t.py",
-                          cwd=tmp_path)
+                          cwd=tmp_path, timeout=60)
         assert_user_error(result, fragment, "is a file, not a directory")
     locked = tmp_path / "locked"
     locked.mkdir()
     subprocess.run(["chattr", "+i", str(locked)], check=True)
     try:
         result = torchjob("run", "--to", to, "--set", "checkpoint_dir=locked/ck", "t.py",
-                          cwd=tmp_path)
+                          cwd=tmp_path, timeout=60)
     finally:
         subprocess.run(["chattr", "-i", str(locked)], check=True)
     assert_user_error(result, "checkpoint_dir: 'locked/ck': ", "(on its path) cannot be written")
 
 
 def test_render_examples() -> None:
-    default = torchjob("render", "--to", "local", str(EXAMPLES / "default.yaml"))
+    default = torchjob("render", "--to", "local", str(EXAMPLES / "default.yaml"), timeout=60)
     assert default.returncode == 0 and default.stderr == ""
     (line,) = default.stdout.splitlines()
     assert "--nproc-per-node 2" in line and "-m torchjob.trainer" in line and "--epochs 12" in line
     assert line.startswith("OMP_NUM_THREADS=")
     assert f"{sys.executable} -m torchjob.trainer.agent" in line
-    elastic = torchjob("render", str(EXAMPLES / "elastic.yaml"))
+    elastic = torchjob("render", str(EXAMPLES / "elastic.yaml"), timeout=60)
     lines = elastic.stdout.splitlines()
     # the rendezvous store first (its own process), the two agents, then the store stopped
     assert elastic.returncode == 0 and len(lines) == 4 and lines[-1] == "wait %2 %3; kill %1"
@@ -93,14 +89,14 @@ def test_render_examples() -> None:
 
 def test_set_overrides_reach_the_command() -> None:
     result = torchjob("render", str(EXAMPLES / "default.yaml"), "--set", "trainer.args.epochs=3",
-                      "--set", "nnodes=1:2", "--set", "env.FOO=bar baz")
+                      "--set", "nnodes=1:2", "--set", "env.FOO=bar baz", timeout=60)
     assert result.returncode == 0, result.stderr
     assert "--epochs 3" in result.stdout and "--nnodes 1:2" in result.stdout
     assert "FOO='bar baz'" in result.stdout
 
 
 def test_run_dry_run_prints_and_starts_nothing(tmp_path: Path) -> None:
-    result = torchjob("run", "--dry-run", str(EXAMPLES / "default.yaml"), cwd=tmp_path)
+    result = torchjob("run", "--dry-run", str(EXAMPLES / "default.yaml"), cwd=tmp_path, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "--rdzv-id digits-" in result.stdout and "--rdzv-endpoint 127.0.0.1:" in result.stdout
     assert not (tmp_path / "runs").exists()
@@ -144,13 +140,13 @@ def test_run_dry_run_prints_and_starts_nothing(tmp_path: Path) -> None:
     (["run", "--grace", "soon", str(EXAMPLES / "default.yaml")], ["--grace"]),
 ])
 def test_usage_errors(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
-    assert_user_error(torchjob(*args, cwd=tmp_path), *fragments)
+    assert_user_error(torchjob(*args, cwd=tmp_path, timeout=60), *fragments)
 
 
 @pytest.mark.parametrize("command", [[], ["run"], ["render"], ["submit"], ["status"], ["logs"],
                                      ["cancel"]])
 def test_help(command: list[str]) -> None:
-    result = torchjob(*command, "--help")
+    result = torchjob(*command, "--help", timeout=60)
     assert result.returncode == 0 and "usage: torchjob" in result.stdout
     assert "--to" in result.stdout or not command
 
@@ -158,7 +154,7 @@ def test_help(command: list[str]) -> None:
 def test_missing_secret_exits_2_before_starting(tmp_path: Path) -> None:
     (tmp_path / "job.yaml").write_text("name: x\nsecrets: [{env: TORCHJOB_TEST_UNSET, "
                                        "secret: s, key: k}]\n")
-    result = torchjob("run", "job.yaml", cwd=tmp_path)
+    result = torchjob("run", "job.yaml", cwd=tmp_path, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "TORCHJOB_TEST_UNSET" in result.stderr and "torch.distributed" not in result.stderr
 
@@ -166,7 +162,7 @@ def test_missing_secret_exits_2_before_starting(tmp_path: Path) -> None:
 # -- torchjob run [OPTIONS] SCRIPT.py [ARGS...]: no YAML needed, as torchrun takes it ----------
 
 def rendered(*args: str, cwd: Path) -> str:
-    result = torchjob("render", *args, cwd=cwd)
+    result = torchjob("render", *args, cwd=cwd, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -222,7 +218,7 @@ def test_save_spec_writes_the_job_that_runs_again(tmp_path: Path) -> None:
 ])
 def test_command_line_job_errors(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
     (tmp_path / "t.py").write_text("pass\n")
-    assert_user_error(torchjob(*args, cwd=tmp_path), *fragments)
+    assert_user_error(torchjob(*args, cwd=tmp_path, timeout=60), *fragments)
     assert not (tmp_path / "runs").exists()
 
 
@@ -238,16 +234,17 @@ def test_validate_reads_job_specs_too(tmp_path: Path) -> None:
     the Kubernetes validator. Exit 2 when anything is wrong, each problem on stderr."""
     (tmp_path / "two.yaml").write_text("name: two\nnnodes: 2\n")
     (tmp_path / "bad.yaml").write_text("name: Bad\n")
-    ok = torchjob("validate", str(EXAMPLES / "default.yaml"), "two.yaml", cwd=tmp_path)
+    ok = torchjob("validate", str(EXAMPLES / "default.yaml"), "two.yaml", cwd=tmp_path, timeout=60)
     assert ok.returncode == 0 and ok.stdout.count("valid job spec") == 2, ok
-    bad = torchjob("validate", "bad.yaml", cwd=tmp_path)
+    bad = torchjob("validate", "bad.yaml", cwd=tmp_path, timeout=60)
     assert bad.returncode == 2 and "bad.yaml: name: 'Bad' is not a job name" in bad.stderr
     assert "kind" not in bad.stderr + bad.stdout  # never read as a manifest
-    for_k8s = torchjob("validate", "--to", "k8s", "two.yaml", cwd=tmp_path)
+    for_k8s = torchjob("validate", "--to", "k8s", "two.yaml", cwd=tmp_path, timeout=60)
     assert for_k8s.returncode == 2 and "two.yaml: k8s.pvc: is not set" in for_k8s.stderr
-    assert torchjob("validate", "--to", "slurm", "two.yaml", cwd=tmp_path).returncode == 0
+    assert torchjob("validate", "--to", "slurm", "two.yaml", cwd=tmp_path,
+                    timeout=60).returncode == 0
     manifest = Path(__file__).resolve().parents[2] / "k8s" / "manifests" / "trainjob.yaml"
-    both = torchjob("validate", str(manifest), "two.yaml", cwd=tmp_path)
+    both = torchjob("validate", str(manifest), "two.yaml", cwd=tmp_path, timeout=60)
     assert both.returncode == 0 and f"{manifest}: valid\n" in both.stdout, both
 
 
@@ -255,12 +252,10 @@ def test_list_has_a_header_and_is_quiet_about_backends_not_set_up(tmp_path: Path
     """No Kubernetes cluster, no TorchX scheduler named: not listed, without a word; with -v,
     why. An empty state directory: the header alone."""
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "none")}
-    quiet = subprocess.run([sys.executable, "-m", "torchjob.jobs", "list", "--to", "local"],
-                           capture_output=True, text=True, env=env, timeout=60)
+    quiet = torchjob("list", "--to", "local", env=env, timeout=60)
     assert quiet.returncode == 0 and quiet.stderr == ""
     assert quiet.stdout.split() == ["JOB", "STATE", "NAME", "AGE", "RUN", "DIR"]
-    told = subprocess.run([sys.executable, "-m", "torchjob.jobs", "list", "-v"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    told = torchjob("list", "-v", env=env)
     assert told.returncode == 0 and "torchjob: k8s: not listed: " in told.stderr, told.stderr
     assert "torchjob: torchx: not listed: say which TorchX scheduler" in told.stderr
 
@@ -282,12 +277,10 @@ def test_a_backend_whose_package_is_missing_names_its_extra(tmp_path: Path, to: 
     blocked = f"import sys\nsys.modules[{package!r}] = None  # as if not installed\n"
     env = {**os.environ, "PYTHONPATH": with_sitecustomize(tmp_path / "site", blocked)}
     (tmp_path / "t.py").write_text("pass\n")
-    proc = subprocess.run([sys.executable, "-m", "torchjob.jobs", "render", "--to", to, "t.py"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    proc = torchjob("render", "--to", to, "t.py", env=env, cwd=tmp_path, timeout=60)
     assert_user_error(proc, f"the {to} backend needs the Python package {package}, which is "
                       f"not installed here: pip install 'torchjob[{extra}]'")
-    local = subprocess.run([sys.executable, "-m", "torchjob.jobs", "render", "t.py"],
-                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    local = torchjob("render", "t.py", env=env, cwd=tmp_path, timeout=60)
     assert local.returncode == 0, local.stderr
 
 
@@ -296,10 +289,8 @@ def test_k8s_without_its_client_package_names_its_extra(tmp_path: Path) -> None:
     from tests.procs import with_sitecustomize
     env = {**os.environ, "PYTHONPATH": with_sitecustomize(
         tmp_path / "site", "import sys\nsys.modules['kubernetes'] = None\n")}
-    rendered = subprocess.run([sys.executable, "-m", "torchjob.jobs", "render", "--to", "k8s",
-                               str(EXAMPLES / "default.yaml")], capture_output=True, text=True,
-                              env=env, timeout=60)
+    rendered = torchjob("render", "--to", "k8s", str(EXAMPLES / "default.yaml"), env=env,
+                        timeout=60)
     assert rendered.returncode == 0, rendered.stderr
-    status = subprocess.run([sys.executable, "-m", "torchjob.jobs", "status", "k8s:default/x"],
-                            capture_output=True, text=True, env=env, timeout=60)
+    status = torchjob("status", "k8s:default/x", env=env, timeout=60)
     assert_user_error(status, "pip install 'torchjob[k8s]'")

@@ -13,6 +13,7 @@ from torchx.specs.file_linter import validate
 
 from torchjob.jobs.components import train
 from torchjob.jobs.values import SpecError
+from tests.procs import torchjob
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = f"{ROOT}/jobs/components.py:train"
@@ -75,10 +76,9 @@ def test_local_cwd_trains_like_torchjob_run(tmp_path: Path) -> None:
                             timeout=600)
     assert torchx.returncode == 0, torchx.stderr[-3000:]
     assert "SUCCEEDED" in torchx.stderr + torchx.stdout
-    local = subprocess.run([sys.executable, "-m", "torchjob.jobs", "run",
-                            str(ROOT / "jobs/examples/default.yaml"), "--set",
-                            f"run_dir={tmp_path}/local", "--set", "trainer.args.epochs=4"],
-                           env=torchx_env(), capture_output=True, text=True, timeout=600)
+    local = torchjob("run", str(ROOT / "jobs/examples/default.yaml"), "--set",
+                     f"run_dir={tmp_path}/local", "--set", "trainer.args.epochs=4",
+                     env=torchx_env(), timeout=600)
     assert local.returncode == 0, local.stderr[-3000:]
 
     def final(run: Path) -> dict:
@@ -89,13 +89,9 @@ def test_local_cwd_trains_like_torchjob_run(tmp_path: Path) -> None:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def torchjob(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torchjob.jobs", *argv], cwd=cwd, env=torchx_env(),
-                          capture_output=True, text=True, timeout=600)
-
-
 def test_render_to_torchx_prints_the_appdef() -> None:
-    proc = torchjob("render", "--to", "torchx", "jobs/examples/elastic.yaml")
+    proc = torchjob("render", "--to", "torchx", "jobs/examples/elastic.yaml", env=torchx_env(),
+                    timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "min_replicas: 1" in proc.stdout and "num_replicas: 2" in proc.stdout
     assert "-m torchjob.trainer.agent --run-dir runs/digits-elastic" in proc.stdout \
@@ -107,5 +103,6 @@ def test_render_to_torchx_prints_the_appdef() -> None:
     ("torchx", "say which TorchX scheduler"),
 ])
 def test_submit_to_a_bad_scheduler_exits_2(to: str, message: str) -> None:
-    proc = torchjob("submit", "--to", to, "jobs/examples/default.yaml")
+    proc = torchjob("submit", "--to", to, "jobs/examples/default.yaml", env=torchx_env(),
+                    timeout=600)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr

@@ -8,7 +8,6 @@ Regenerate the golden files after an intended change, and review the diff:
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,8 @@ from torchjob.jobs.backends.docker.launch import find_engine
 from torchjob.jobs.launcher import Stops
 from torchjob.jobs.load import load, loads
 from torchjob.jobs.values import SpecError, UserError
-from tests.procs import PYTHON, ROOT, env_for_tests
+from tests.golden import assert_golden
+from tests.procs import ROOT, env_for_tests, torchjob
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = ROOT / "jobs" / "examples"
@@ -33,11 +33,6 @@ HOSTILE = ["a'; touch /tmp/x", 'b"; echo "', "$(id)", "`id`", "${HOME}", "$HOME"
            "two words", "new\nline", "tab\there", "caf\u00e9 \u65e5\u672c \U0001f600", "",
            "yes", "null", "1e3", "0x10", "~", "- dash", "key: value", "# hash", "{a: b}",
            "[1]", "*ref", "&anchor", "!tag", "back\\slash", "trailing ", " leading"]
-
-
-def torchjob(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "torchjob.jobs", *args], cwd=cwd, env=env_for_tests(**env),
-                          capture_output=True, text=True, timeout=120)
 
 
 def unescape(value: object) -> object:
@@ -59,19 +54,16 @@ def unescape(value: object) -> object:
 ])
 def test_golden(name: str, job: str, sets: list[str]) -> None:
     args = [a for s in sets for a in ("--set", s)]
-    result = torchjob("render", "--to", "docker", f"jobs/examples/{job}", *args)
+    result = torchjob("render", "--to", "docker", f"jobs/examples/{job}", *args,
+                      env=env_for_tests())
     assert result.returncode == 0, result.stderr
-    golden = HERE / "golden" / name
-    if os.environ.get("TORCHJOB_REGEN_GOLDEN") == "1":
-        golden.write_text(result.stdout)
-    assert result.stdout == golden.read_text(), f"regenerate with TORCHJOB_REGEN_GOLDEN=1 " \
-                                                f"({golden})"
+    assert_golden(result.stdout, HERE / "golden" / name)
 
 
 def test_root_compose_yaml_is_the_rendered_example() -> None:
     """compose.yaml at the top of the repository is rendered, never edited: regenerate with
     ``torchjob render --to docker jobs/examples/elastic.yaml > compose.yaml``."""
-    result = torchjob("render", "--to", "docker", ROOT_EXAMPLE)
+    result = torchjob("render", "--to", "docker", ROOT_EXAMPLE, env=env_for_tests())
     assert result.returncode == 0, result.stderr
     assert (ROOT / "compose.yaml").read_text() == result.stdout, \
         f"compose.yaml drifted: torchjob render --to docker {ROOT_EXAMPLE} > compose.yaml"
@@ -244,7 +236,7 @@ def test_run_without_an_engine_exits_2_and_starts_nothing(tmp_path: Path) -> Non
     empty = tmp_path / "bin"
     empty.mkdir()
     result = torchjob("run", "--to", "docker", str(EXAMPLES / "default.yaml"), cwd=tmp_path,
-                      PATH=str(empty))
+                      env=env_for_tests(PATH=str(empty)))
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("torchjob: no container engine with compose found: "
                                     "install podman and podman-compose"), result.stderr
@@ -256,9 +248,11 @@ def test_run_dry_run_prints_the_compose_file_that_render_prints(tmp_path: Path) 
     """The file a run uses is the rendered one: relative host paths start at
     $TORCHJOB_HOST_DIR, which the run sets to the directory it was started in."""
     args = [str(EXAMPLES / "default.yaml"), "--set", "nnodes=2"]
-    result = torchjob("run", "--to", "docker", "--dry-run", *args, cwd=tmp_path)
+    result = torchjob("run", "--to", "docker", "--dry-run", *args, cwd=tmp_path,
+                      env=env_for_tests())
     assert result.returncode == 0, result.stderr
-    assert result.stdout == torchjob("render", "--to", "docker", *args, cwd=tmp_path).stdout
+    assert result.stdout == torchjob("render", "--to", "docker", *args, cwd=tmp_path,
+                                     env=env_for_tests()).stdout
     doc = yaml.safe_load(result.stdout)
     assert list(doc["services"]) == ["node0", "node1"]
     assert doc["services"]["node1"]["volumes"][0]["source"] == "${TORCHJOB_HOST_DIR:-.}/runs"
@@ -267,7 +261,8 @@ def test_run_dry_run_prints_the_compose_file_that_render_prints(tmp_path: Path) 
 
 def test_cli_docker_python_is_the_image_python() -> None:
     """The services run the image's ``python``, never the host's interpreter path."""
-    result = torchjob("render", "--to", "docker", str(EXAMPLES / "default.yaml"))
+    result = torchjob("render", "--to", "docker", str(EXAMPLES / "default.yaml"),
+                      env=env_for_tests())
     assert result.returncode == 0 and sys.executable not in result.stdout
 
 

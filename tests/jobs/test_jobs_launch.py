@@ -10,7 +10,6 @@ import io
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from torchjob.jobs.backends.local.launch import run_local
 from torchjob.jobs.backends.local.render import LocalPlan
 from torchjob.jobs.cli import free_port as find_free_port
 from torchjob.jobs.launcher import Stops
-from tests.procs import ROOT
+from tests.procs import ROOT, TORCHJOB
 
 pytestmark = pytest.mark.integration
 
@@ -53,9 +52,8 @@ def start(tmp_path: Path, mode: str, *, nodes: int = 1, nproc: int = 2, restarts
         f"env: {{PYTHONPATH: {os.pathsep.join([str(tmp_path), str(ROOT)])!r}}}\n"
         f"rdzv: {{join_timeout: 60}}\n"
         f"trainer: {{module: tinyworker, args: {{out: {str(tmp_path)!r}, mode: {mode}}}}}\n")
-    return subprocess.Popen([sys.executable, "-m", "torchjob.jobs", "run", "job.yaml", *extra],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    return subprocess.Popen([*TORCHJOB, "run", "job.yaml", *extra], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def recorded(tmp_path: Path) -> set[int]:

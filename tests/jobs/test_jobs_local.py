@@ -21,6 +21,7 @@ import pytest
 from torchjob.jobs.load import load, loads
 from torchjob.jobs.backends.local.render import LocalPlan, render_local, render_text
 from torchjob.trainer.contract import omp_threads
+from tests.golden import assert_golden
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parents[1] / "jobs" / "examples"
@@ -34,10 +35,7 @@ HOSTILE = ["a'; touch {marker}", 'b"; touch {marker}; "', "$(touch {marker})", "
 @pytest.mark.parametrize("example", ["default", "elastic"])
 def test_golden(example: str) -> None:
     text = render_text(render_local(load(EXAMPLES / f"{example}.yaml"), **FIXED))
-    golden = HERE / "golden" / f"{example}.sh"
-    if os.environ.get("TORCHJOB_REGEN_GOLDEN") == "1":
-        golden.write_text(text)
-    assert text == golden.read_text(), f"regenerate with TORCHJOB_REGEN_GOLDEN=1 ({golden})"
+    assert_golden(text, HERE / "golden" / f"{example}.sh")
 
 
 def test_plan_shape() -> None:

@@ -28,7 +28,7 @@ from torchjob.k8s.pytorchjob import render_pytorchjob
 from torchjob.k8s.trainjob import render_trainjob
 from torchjob.slurm.sbatch import render_sbatch
 from tests.jobs.test_jobs_components import torchx_env
-from tests.procs import ROOT, env_for_tests
+from tests.procs import ROOT, env_for_tests, torchjob
 
 SCRIPT = "jobs/examples/ddp_script.py"
 DIRS = ("--run-dir", "runs/s", "--checkpoint-dir", "runs/s/checkpoints")
@@ -146,10 +146,8 @@ def test_slurm_script_runs_the_script_under_each_nodes_agent() -> None:
 
 
 def test_missing_script_is_a_user_error_and_nothing_starts(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "torchjob.jobs", "run", "jobs/examples/script.yaml",
-                          "--set", "trainer.script=nowhere/train.py",
-                          "--set", f"run_dir={tmp_path}/run"], cwd=ROOT, env=env_for_tests(),
-                         capture_output=True, text=True, timeout=120)
+    out = torchjob("run", "jobs/examples/script.yaml", "--set", "trainer.script=nowhere/train.py",
+                   "--set", f"run_dir={tmp_path}/run", env=env_for_tests())
     assert out.returncode == 2, out.stderr
     assert "'nowhere/train.py' is not a file" in out.stderr
     assert not (tmp_path / "run").exists()

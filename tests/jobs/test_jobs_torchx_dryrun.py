@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.golden import assert_golden
+
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden" / "torchx_kubernetes_2x2.yaml"
 
@@ -29,7 +31,5 @@ def test_kubernetes_dryrun_request_is_the_golden_one(tmp_path: Path) -> None:
     app_id = re.search(r"^  name: (digits-\w+)$", request, re.MULTILINE)
     assert app_id, request
     request = request.replace(app_id.group(1), "APP_ID")
-    if os.environ.get("TORCHJOB_REGEN_GOLDEN") == "1":
-        GOLDEN.write_text(request)
-    assert request == GOLDEN.read_text()
+    assert_golden(request, GOLDEN)
     assert "nvidia.com/gpu: '2'" in request and "${TORCHX_RANK0_HOST:=localhost}:29400" in request

@@ -19,9 +19,9 @@ from torchjob.jobs import runs
 from torchjob.jobs.backend import Context
 from torchjob.jobs.backends.local.backend import LocalBackend
 from torchjob.jobs.load import load
-from tests.procs import ROOT, cmdline
+from tests.procs import ROOT, cmdline, env_for_tests, torchjob
 from tests.readme_sessions import run_session, sessions
-from tests.recorded import status, submit, torchjob, wait_until
+from tests.recorded import status, submit, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +73,9 @@ def test_the_command_lines_started_are_the_rendered_request(tmp_path: Path) -> N
     assert request["text"] == rendered.text
     started = [cmdline(int(node["pid"])).split() for node in record["nodes"]]
     assert started == [list(command) for command in rendered.data.commands]
-    dry = torchjob("run", "--dry-run", str(job), cwd=tmp_path).stdout  # a fresh id and port
+    env = env_for_tests()
+    dry = torchjob("run", "--dry-run", str(job), cwd=tmp_path,
+                   env=env).stdout  # a fresh id and port
     found = re.search(r"127\.0\.0\.1:(\d+) --rdzv-id (\S+)", dry)
     assert found, dry
     dry_port, dry_id = found.groups()
@@ -83,14 +85,14 @@ def test_the_command_lines_started_are_the_rendered_request(tmp_path: Path) -> N
     seen = {"logs": ""}
 
     def both_workers_logged() -> bool:
-        seen["logs"] = torchjob("logs", handle, cwd=tmp_path).stdout
+        seen["logs"] = torchjob("logs", handle, cwd=tmp_path, env=env).stdout
         return "worker 0 up" in seen["logs"] and "worker 1 up" in seen["logs"]
     wait_until(both_workers_logged, 60, "both workers' lines", lambda: seen["logs"])
     (tmp_path / "go").touch()
     end = wait_until(lambda: (s := status(handle, tmp_path))["state"] != "RUNNING" and s, 60,
                      "the run to end", lambda: status(handle, tmp_path))
     assert (end["state"], end["exit_code"]) == ("SUCCEEDED", 0), end
-    lines = torchjob("logs", handle, cwd=tmp_path).stdout.splitlines()
+    lines = torchjob("logs", handle, cwd=tmp_path, env=env).stdout.splitlines()
     assert "[node 0 rank 0 attempt 0] worker 0 up" in lines, lines
     assert "[node 1 rank 1 attempt 0] worker 1 up" in lines, lines
 
@@ -107,18 +109,22 @@ def test_logs_come_in_time_order_by_rank_and_tail(tmp_path: Path) -> None:
     between (the order they came, not node logs then launcher log); ``--rank 1`` only rank 1's
     lines; ``--tail 2`` the last two; a job's name means its latest run."""
     (tmp_path / "talk.py").write_text(TALKER)
-    ran = torchjob("run", "--nproc-per-node", "2", "--name", "talker", "talk.py", cwd=tmp_path)
+    env = env_for_tests()
+    ran = torchjob("run", "--nproc-per-node", "2", "--name", "talker", "talk.py", cwd=tmp_path,
+                   env=env)
     assert ran.returncode == 0, ran.stderr
-    lines = torchjob("logs", "local:talker", cwd=tmp_path).stdout.splitlines()
+    lines = torchjob("logs", "local:talker", cwd=tmp_path, env=env).stdout.splitlines()
     assert lines[0].startswith("torchjob: talker: 1 node(s) x 2 process(es)"), lines
     assert "the job finished" in lines[-1], lines
     assert [line.partition("] ")[2] for line in lines if "] rank 1 line" in line] == \
         [f"rank 1 line {i}" for i in range(3)]
-    ranked = torchjob("logs", "local:talker", "--rank", "1", cwd=tmp_path).stdout.splitlines()
+    ranked = torchjob("logs", "local:talker", "--rank", "1", cwd=tmp_path,
+                      env=env).stdout.splitlines()
     assert [line.partition("] ")[2] for line in ranked] == [f"rank 1 line {i}" for i in range(3)]
     assert all(line.startswith("[node 0 rank 1 attempt 0] ") for line in ranked), ranked
-    tail = torchjob("logs", "local:talker", "--tail", "2", cwd=tmp_path).stdout.splitlines()
+    tail = torchjob("logs", "local:talker", "--tail", "2", cwd=tmp_path,
+                    env=env).stdout.splitlines()
     assert tail == lines[-2:]
     assert torchjob("logs", "local:talker", "--rank", "0", "--tail", "1",
-                    cwd=tmp_path).stdout.splitlines() == [
+                    cwd=tmp_path, env=env).stdout.splitlines() == [
         next(line for line in reversed(lines) if "rank 0 attempt" in line)]

@@ -13,7 +13,8 @@ import pytest
 from torchjob.jobs import workspace
 from torchjob.jobs.load import loads
 from torchjob.jobs.values import SpecError
-from tests.jobs.test_jobs_cli import assert_user_error, torchjob
+from tests.jobs.test_jobs_cli import assert_user_error
+from tests.procs import torchjob
 
 IMAGE_BACKENDS = ["k8s", "k8s:trainjob", "torchx:kubernetes", "torchx:local_docker"]
 HOST_BACKENDS = ["local", "docker", "slurm", "torchx:local_cwd", "torchx:slurm"]
@@ -35,7 +36,7 @@ def images(text: str) -> set[str]:
 @pytest.mark.parametrize("to", IMAGE_BACKENDS)
 def test_a_script_job_gets_an_image_of_the_working_directory(tmp_path: Path, to: str) -> None:
     folder = project(tmp_path)
-    first = torchjob("render", "--to", to, "train.py", cwd=folder)
+    first = torchjob("render", "--to", to, "train.py", cwd=folder, timeout=60)
     assert first.returncode == 0, first.stderr
     tags = {i for i in images(first.stdout) if i.startswith("localhost/torchjob-workspace:")}
     assert len(tags) == 1 and re.fullmatch(r"localhost/torchjob-workspace:train-[0-9a-f]{12}",
@@ -46,29 +47,29 @@ def test_a_script_job_gets_an_image_of_the_working_directory(tmp_path: Path, to:
         (folder / ignored).parent.mkdir(parents=True, exist_ok=True)
         (folder / ignored).write_text("new")
     def shown() -> set[str]:
-        return images(torchjob("render", "--to", to, "train.py", cwd=folder).stdout)
+        return images(torchjob("render", "--to", to, "train.py", cwd=folder, timeout=60).stdout)
 
     assert shown() == images(first.stdout)
     # a changed file is a new image; a module job ships the same way
     (folder / "mylib" / "__init__.py").write_text("X = 2\n")
     assert shown() != images(first.stdout)
-    module = torchjob("render", "--to", to, "-m", "mylib", cwd=folder)
+    module = torchjob("render", "--to", to, "-m", "mylib", cwd=folder, timeout=60)
     assert module.returncode == 0 and "localhost/torchjob-workspace:mylib-" in module.stdout
 
 
 @pytest.mark.parametrize("to", HOST_BACKENDS)
 def test_backends_that_run_this_machines_files_ship_nothing(tmp_path: Path, to: str) -> None:
     folder = project(tmp_path)
-    proc = torchjob("render", "--to", to, "train.py", cwd=folder)
+    proc = torchjob("render", "--to", to, "train.py", cwd=folder, timeout=60)
     assert proc.returncode == 0 and "torchjob-workspace" not in proc.stdout, proc.stderr
 
 
 def test_the_builtin_trainer_and_an_image_of_ones_own_ship_nothing(tmp_path: Path) -> None:
     folder = project(tmp_path)
-    builtin = torchjob("render", "--to", "k8s", "-m", "torchjob.trainer", cwd=folder)
+    builtin = torchjob("render", "--to", "k8s", "-m", "torchjob.trainer", cwd=folder, timeout=60)
     assert builtin.returncode == 0 and "image: localhost/torchjob:latest" in builtin.stdout
     own = torchjob("render", "--to", "k8s", "--set", "image=reg.example/team/img:1", "-m",
-                   "theirpkg.train", cwd=folder)  # not here: their image holds it
+                   "theirpkg.train", cwd=folder, timeout=60)  # not here: their image holds it
     assert own.returncode == 0 and "image: reg.example/team/img:1" in own.stdout
 
 
@@ -96,7 +97,7 @@ def test_code_no_node_could_reach_is_refused_before_submitting(
         tmp_path: Path, args: list[str], fragments: list[str]) -> None:
     folder = project(tmp_path)
     for command in (["render"], ["submit"], ["run"]):
-        assert_user_error(torchjob(*command, *args, cwd=folder), *fragments)
+        assert_user_error(torchjob(*command, *args, cwd=folder, timeout=60), *fragments)
 
 
 def test_a_workspace_too_large_for_an_image_is_refused(tmp_path: Path,

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.procs import torchjob
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def torchjob(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torchjob.jobs", *argv], cwd=ROOT, input=stdin,
-                          capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("to, job", [("k8s", "default"), ("k8s", "elastic"),
@@ -21,7 +16,7 @@ def torchjob(*argv: str, stdin: str | None = None) -> subprocess.CompletedProces
 def test_rendered_manifests_validate(to: str, job: str) -> None:
     rendered = torchjob("render", "--to", to, f"jobs/examples/{job}.yaml")
     assert rendered.returncode == 0, rendered.stderr
-    checked = torchjob("validate", "-", stdin=rendered.stdout)
+    checked = torchjob("validate", "-", input=rendered.stdout)
     assert checked.returncode == 0 and checked.stdout == "-: valid\n", checked.stderr
 
 
@@ -45,7 +40,7 @@ def test_a_multi_node_trainjob_without_a_pvc_stops_before_anything_is_printed() 
 def test_validate_names_each_broken_rule() -> None:
     broken = ("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: Bad_Name}\n"
               "spec:\n  pytorchReplicaSpecs:\n    master: {replicas: 2}\n")
-    proc = torchjob("validate", "-", stdin=broken)
+    proc = torchjob("validate", "-", input=broken)
     assert proc.returncode == 2
     assert "metadata.name" in proc.stderr and "[name]" in proc.stderr
     assert "[replica-type]" in proc.stderr

@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import os
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.k8s.emulator import Emulator
+from tests.procs import torchjob
 
-ROOT = Path(__file__).resolve().parents[2]
 PODS = "pytorchjobs"
-
-
-def torchjob(kubeconfig: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": kubeconfig}
-    return subprocess.run([sys.executable, "-m", "torchjob.jobs", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture
@@ -32,8 +24,8 @@ def emulator(tmp_path: Path) -> Emulator:
 
 
 def test_submit_status_logs_cancel(emulator: Emulator) -> None:
-    config = emulator.config  # type: ignore[attr-defined]
-    sub = torchjob(config, "submit", "--to", "k8s", "jobs/examples/default.yaml")
+    env = {**os.environ, "KUBECONFIG": emulator.config}  # type: ignore[attr-defined]
+    sub = torchjob("submit", "--to", "k8s", "jobs/examples/default.yaml", env=env)
     assert sub.returncode == 0, sub.stderr
     assert sub.stdout.strip() == "k8s:default/digits"  # the handle names its backend
     created = emulator.objects[(PODS, "default", "digits")]
@@ -49,17 +41,17 @@ def test_submit_status_logs_cancel(emulator: Emulator) -> None:
                          {"training.kubeflow.org/job-name": "digits",
                           "training.kubeflow.org/replica-type": kind.lower(),
                           "training.kubeflow.org/replica-index": index}, line + "\n")
-    status = torchjob(config, "status", "k8s:default/digits")
+    status = torchjob("status", "k8s:default/digits", env=env)
     assert status.returncode == 0 and status.stdout.startswith("k8s:default/digits: RUNNING")
     assert "Running=True PyTorchJobRunning" in status.stdout
-    as_json = json.loads(torchjob(config, "status", "--json", "k8s:default/digits").stdout)
+    as_json = json.loads(torchjob("status", "--json", "k8s:default/digits", env=env).stdout)
     assert as_json["state"] == "RUNNING" and as_json["handle"] == "k8s:default/digits"
-    listed = json.loads(torchjob(config, "list", "--to", "k8s", "--json").stdout)
+    listed = json.loads(torchjob("list", "--to", "k8s", "--json", env=env).stdout)
     assert [(j["handle"], j["state"]) for j in listed] == [("k8s:default/digits", "RUNNING")]
-    logs = torchjob(config, "logs", "--to", "k8s", "digits")
+    logs = torchjob("logs", "--to", "k8s", "digits", env=env)
     assert logs.stdout.splitlines() == ["[node 0] step 10 from master",
                                         "[node 1] step 10 from worker"]
-    cancel = torchjob(config, "cancel", "--to", "k8s", "default/digits")
+    cancel = torchjob("cancel", "--to", "k8s", "default/digits", env=env)
     assert cancel.returncode == 0 and (PODS, "default", "digits") not in emulator.objects
 
 
@@ -68,10 +60,10 @@ def test_an_elastic_job_is_submitted_and_cancelled_with_its_rendezvous_store(
     """The PyTorchJob, then its store's Deployment and Service exactly as rendered, each owned
     by the job (the uid the server gave it); cancel deletes all three, and leaves alone a
     Service of the same name that is not this job's store."""
-    config = emulator.config  # type: ignore[attr-defined]
-    rendered = torchjob(config, "render", "--to", "k8s", "jobs/examples/elastic.yaml")
+    env = {**os.environ, "KUBECONFIG": emulator.config}  # type: ignore[attr-defined]
+    rendered = torchjob("render", "--to", "k8s", "jobs/examples/elastic.yaml", env=env)
     assert rendered.returncode == 0, rendered.stderr
-    sub = torchjob(config, "submit", "--to", "k8s", "jobs/examples/elastic.yaml")
+    sub = torchjob("submit", "--to", "k8s", "jobs/examples/elastic.yaml", env=env)
     assert sub.returncode == 0, sub.stderr
     job = emulator.objects[(PODS, "default", "digits-elastic")]
     deployment = emulator.objects[("deployments", "default", "digits-elastic-rdzv")]
@@ -85,17 +77,17 @@ def test_an_elastic_job_is_submitted_and_cancelled_with_its_rendezvous_store(
         obj["metadata"].pop("uid")
     assert sent == list(yaml.safe_load_all(rendered.stdout))  # what render showed, was sent
     assert job["spec"]["elasticPolicy"]["rdzvHost"] == "digits-elastic-rdzv"
-    cancel = torchjob(config, "cancel", "k8s:default/digits-elastic")
+    cancel = torchjob("cancel", "k8s:default/digits-elastic", env=env)
     assert cancel.returncode == 0, cancel.stderr
     assert "Deployment default/digits-elastic-rdzv" in cancel.stdout
     assert not emulator.objects
 
-    assert torchjob(config, "submit", "--to", "k8s", "jobs/examples/default.yaml"
-                    ).returncode == 0  # fixed size: no store; a stranger's Service stays
+    assert torchjob("submit", "--to", "k8s", "jobs/examples/default.yaml",
+                    env=env).returncode == 0  # fixed size: no store; a stranger's Service stays
     emulator.objects[("services", "default", "digits-rdzv")] = {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "digits-rdzv"},
         "spec": {"ports": [{"port": 1}]}}
-    assert torchjob(config, "cancel", "k8s:default/digits").returncode == 0
+    assert torchjob("cancel", "k8s:default/digits", env=env).returncode == 0
     assert list(emulator.objects) == [("services", "default", "digits-rdzv")]
 
 
@@ -104,12 +96,12 @@ def test_a_volcano_trainjob_is_submitted_after_its_runtime_and_cancelled_with_it
     """The job's own TrainingRuntime first (the TrainJob webhook wants it to exist), then the
     TrainJob, as rendered; the runtime is then owned by the job. Cancel deletes both; a job
     the server refuses leaves no runtime behind."""
-    config = emulator.config  # type: ignore[attr-defined]
+    env = {**os.environ, "KUBECONFIG": emulator.config}  # type: ignore[attr-defined]
     argv = ["--to", "k8s:trainjob", "--set", "k8s.volcano_queue=research",
             "jobs/examples/default.yaml"]
-    rendered = torchjob(config, "render", *argv)
+    rendered = torchjob("render", *argv, env=env)
     assert rendered.returncode == 0, rendered.stderr
-    sub = torchjob(config, "submit", *argv)
+    sub = torchjob("submit", *argv, env=env)
     assert sub.returncode == 0 and sub.stdout.strip() == "k8s:trainjob:default/digits", sub.stderr
     runtime = emulator.objects[("trainingruntimes", "default", "digits-runtime")]
     job = emulator.objects[("trainjobs", "default", "digits")]
@@ -119,25 +111,25 @@ def test_a_volcano_trainjob_is_submitted_after_its_runtime_and_cancelled_with_it
     for obj in (runtime, job):
         obj["metadata"].pop("uid")
     assert [runtime, job] == list(yaml.safe_load_all(rendered.stdout))
-    cancel = torchjob(config, "cancel", "k8s:trainjob:default/digits")
+    cancel = torchjob("cancel", "k8s:trainjob:default/digits", env=env)
     assert cancel.returncode == 0, cancel.stderr
     assert "TrainingRuntime default/digits-runtime" in cancel.stdout and not emulator.objects
 
     emulator.objects[("trainjobs", "default", "digits")] = job  # someone else's, by that name
-    again = torchjob(config, "submit", *argv)
+    again = torchjob("submit", *argv, env=env)
     assert again.returncode == 2 and "HTTP 409" in again.stderr, again.stderr
     assert list(emulator.objects) == [("trainjobs", "default", "digits")]
 
 
 def test_api_errors_are_one_clear_line_and_exit_2(emulator: Emulator, tmp_path: Path) -> None:
-    config = emulator.config  # type: ignore[attr-defined]
-    assert torchjob(config, "submit", "--to", "k8s", "jobs/examples/default.yaml").returncode == 0
-    again = torchjob(config, "submit", "--to", "k8s", "jobs/examples/default.yaml")
+    env = {**os.environ, "KUBECONFIG": emulator.config}  # type: ignore[attr-defined]
+    assert torchjob("submit", "--to", "k8s", "jobs/examples/default.yaml", env=env).returncode == 0
+    again = torchjob("submit", "--to", "k8s", "jobs/examples/default.yaml", env=env)
     assert again.returncode == 2 and "HTTP 409" in again.stderr and "already exists" in again.stderr
-    missing = torchjob(config, "status", "--to", "k8s", "default/nope")
+    missing = torchjob("status", "--to", "k8s", "default/nope", env=env)
     assert missing.returncode == 2 and "HTTP 404" in missing.stderr
     emulator.forbidden = True
-    denied = torchjob(config, "cancel", "--to", "k8s", "default/digits")
+    denied = torchjob("cancel", "--to", "k8s", "default/digits", env=env)
     assert denied.returncode == 2 and "HTTP 403" in denied.stderr and "RBAC" in denied.stderr
     for proc in (again, missing, denied):
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -149,7 +141,9 @@ def test_unreachable_server_and_no_config(tmp_path: Path) -> None:
                     "clusters: [{name: x, cluster: {server: 'http://127.0.0.1:9'}}]\n"
                     "users: [{name: x, user: {token: t}}]\n"
                     "contexts: [{name: x, context: {cluster: x, user: x}}]\n")
-    proc = torchjob(str(dead), "status", "--to", "k8s", "digits")
+    proc = torchjob("status", "--to", "k8s", "digits",
+                    env={**os.environ, "KUBECONFIG": str(dead)})
     assert proc.returncode == 2 and "cannot be reached" in proc.stderr, proc.stderr
-    none = torchjob(str(tmp_path / "absent"), "status", "--to", "k8s", "digits")
+    none = torchjob("status", "--to", "k8s", "digits",
+                    env={**os.environ, "KUBECONFIG": str(tmp_path / "absent")})
     assert none.returncode == 2 and "no Kubernetes cluster configured" in none.stderr

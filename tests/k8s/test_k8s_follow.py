@@ -20,7 +20,7 @@ from torchjob.k8s.backend import STATES
 from torchjob.k8s.client import ENDED, readable_run
 from torchjob.k8s.follow import labelled, node_rank, split_lines
 from tests.k8s.emulator import Emulator
-from tests.procs import PYTHON, ROOT, env_for_tests
+from tests.procs import ROOT, TORCHJOB, env_for_tests
 from torchjob.trainer.contract import log_prefix
 
 JOB = ("pytorchjobs", "default", "digits")
@@ -40,7 +40,7 @@ class Torchjob:
 
     def __init__(self, config: str, *argv: str) -> None:
         self.argv = argv
-        self.proc = subprocess.Popen([PYTHON, "-m", "torchjob.jobs", *argv], cwd=ROOT,
+        self.proc = subprocess.Popen([*TORCHJOB, *argv], cwd=ROOT,
                                      env=env_for_tests(KUBECONFIG=config),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, encoding="utf-8")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import copy
 import json
-import os
 import re
 import socket
 import subprocess
@@ -34,9 +33,10 @@ from torchjob.k8s.render import render_manifest, render_objects
 from torchjob.k8s.store import render_store
 from torchjob.k8s.trainjob import render_trainjob
 from torchjob.k8s.validate import validate, validate_text
+from tests.golden import assert_golden
 from tests.k8s.kubelet import Everything, expand
 from tests.k8s.pods_operator import as_mutated, forbidden
-from tests.procs import free_port
+from tests.procs import free_port, torchjob
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = ["a'; touch /tmp/pwned", 'b"; x; "', "$(touch /tmp/pwned)", "`id`", "two words",
@@ -57,11 +57,7 @@ def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_manifests_match_the_renderer(name: str) -> None:
     """k8s/manifests/ is the golden set: whole files compared."""
-    text = render_variant(name)
-    path = MANIFESTS / name
-    if os.environ.get("TORCHJOB_REGEN_GOLDEN") == "1":
-        path.write_text(text)
-    assert path.read_text() == text, f"{path} drifted: run python -m torchjob.k8s.manifests"
+    assert_golden(render_variant(name), MANIFESTS / name)
 
 
 def test_no_stray_manifests() -> None:
@@ -127,9 +123,8 @@ def test_several_pods_need_a_shared_claim_for_checkpoints_or_say_pod_local(text:
 
 
 def test_the_refusal_exits_2_before_anything_is_rendered_or_submitted() -> None:
-    out = subprocess.run([sys.executable, "-m", "torchjob.jobs", "render", "--to", "k8s",
-                          str(ROOT / "jobs" / "examples" / "default.yaml"), "--set", "nnodes=2"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = torchjob("render", "--to", "k8s", str(ROOT / "jobs" / "examples" / "default.yaml"),
+                   "--set", "nnodes=2")
     assert out.returncode == 2 and out.stdout == "", out
     assert out.stderr.startswith("torchjob: k8s.pvc: is not set") and "Traceback" not in out.stderr
 

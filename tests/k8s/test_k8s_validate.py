@@ -145,14 +145,6 @@ W = "spec.pytorchReplicaSpecs.Worker"
 M = "spec.pytorchReplicaSpecs.Master"
 
 
-def _rs(obj: dict[str, Any]) -> dict[str, Any]:
-    return dict(obj["spec"]["pytorchReplicaSpecs"])
-
-
-def _c(obj: dict[str, Any], kind: str = "Worker") -> dict[str, Any]:
-    return dict(obj["spec"]["pytorchReplicaSpecs"][kind]["template"]["spec"]["containers"][0])
-
-
 @pytest.mark.parametrize("edit, rule, path", [
     (lambda o: o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
      .update(name="main"), "pytorch-container", f"{W}.template.spec.containers"),

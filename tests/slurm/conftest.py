@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, ROOT, env_for_tests, require_setup
+from tests.procs import ROOT, env_for_tests, require_setup, torchjob
 
 DEVCLUSTER = ROOT / "slurm" / "devcluster"
 UP_TIMEOUT_S = 900  # first run installs packages with apt-get
@@ -35,8 +35,6 @@ class SlurmCluster:
     script: Path = DEVCLUSTER
     partition: str = "debug"
     nodes: tuple[str, ...] = ("n1", "n2")
-    cpus_per_node: int = 2
-    up_output: str = ""
 
 
 def devcluster(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -49,9 +47,9 @@ def devcluster(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
     """Bring the dev cluster up once per session (fast when it already runs) and yield it."""
-    output = require_setup(["bash", str(DEVCLUSTER), "up"], timeout=UP_TIMEOUT_S,
-                           what="slurm/devcluster up", env=env_for_tests())
-    yield SlurmCluster(up_output=output)
+    require_setup(["bash", str(DEVCLUSTER), "up"], timeout=UP_TIMEOUT_S,
+                  what="slurm/devcluster up", env=env_for_tests())
+    yield SlurmCluster()
 
 
 @contextlib.contextmanager
@@ -114,11 +112,8 @@ def local_two_by_two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, floa
     summary.json, the reference each Slurm path must match exactly."""
     run_dir = tmp_path_factory.mktemp("local-2x2")
     sets = [*TWO_BY_TWO_SETS, "local.nodes=2", f"run_dir={run_dir}"]
-    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run",
-                           str(ROOT / "jobs/examples/default.yaml"),
-                           *[w for s in sets for w in ("--set", s)]], capture_output=True,
-                          text=True, timeout=600, cwd=ROOT, env=env_for_tests(),
-                          stdin=subprocess.DEVNULL, check=False)
+    proc = torchjob("run", str(ROOT / "jobs/examples/default.yaml"),
+                    *[w for s in sets for w in ("--set", s)], env=env_for_tests(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary: dict[str, float] = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 4

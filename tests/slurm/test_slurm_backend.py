@@ -28,7 +28,7 @@ from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import UserError
 from torchjob.slurm.backend import SlurmBackend, create
 from torchjob.slurm.slurm_cli import SlurmError
-from tests.procs import (PYTHON, ROOT, cmdline, env_for_tests, is_fork_server, last_step, parent,
+from tests.procs import (PYTHON, ROOT, env_for_tests, is_fork_server, last_step, parent, torchjob,
                          wait_for)
 from tests.readme_sessions import run_session, sessions
 from tests.slurm.conftest import step_processes
@@ -53,11 +53,6 @@ def job_spec(run_dir: Path, *sets: str) -> JobSpec:
                           *sets])
 
 
-def torchjob(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "torchjob.jobs", *argv], cwd=ROOT, env=env_for_tests(),
-                          capture_output=True, text=True, timeout=120)
-
-
 @contextlib.contextmanager
 def cancelled_on_failure(job_id: str) -> Iterator[None]:
     """Cancel the job if the test fails before it ends (never leave it to hold the nodes)."""
@@ -72,8 +67,9 @@ def cancelled_on_failure(job_id: str) -> Iterator[None]:
 
 @pytest.mark.parametrize("sweep", [[], ["--sweep", "lr=1e-3,3e-3"]])
 def test_submit_dry_run_prints_exactly_what_render_prints(sweep: list[str]) -> None:
-    render = torchjob("render", "--to", "slurm", str(DEFAULT), *sweep)
-    dry_run = torchjob("submit", "--to", "slurm", "--dry-run", str(DEFAULT), *sweep)
+    render = torchjob("render", "--to", "slurm", str(DEFAULT), *sweep, env=env_for_tests())
+    dry_run = torchjob("submit", "--to", "slurm", "--dry-run", str(DEFAULT), *sweep,
+                       env=env_for_tests())
     assert render.returncode == 0, render.stderr
     assert dry_run.stdout == render.stdout and dry_run.returncode == 0, dry_run.stderr
     assert render.stdout.startswith("#!/bin/bash\n")
@@ -121,7 +117,7 @@ def test_run_submits_through_submitit_exactly_what_render_prints(
     assert code == 0, out[-3000:]
     rendered = torchjob("render", "--to", "slurm", str(DEFAULT), "--set", f"name={spec.name}",
                         "--set", f"run_dir={json.dumps(str(run_dir))}",
-                        *[w for s in sets for w in ("--set", s)])
+                        *[w for s in sets for w in ("--set", s)], env=env_for_tests())
     assert rendered.returncode == 0, rendered.stderr
     assert (run_dir / "submitit" / f"{job_id}_submission.sh").read_text() == rendered.stdout
     assert not marker.exists() and json.loads((run_dir / "summary.json").read_text())["steps"] == 5
@@ -324,10 +320,9 @@ def test_no_process_forks_after_querying_cuda_on_slurm(slurm_cluster: SlurmClust
     record = tmp_path / "record"
     name = f"bk-{uuid.uuid4().hex[:6]}"
     sets = [f"name={name}", f"run_dir={tmp_path / 'run'}", "nnodes=2", *SMALL]
-    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run", "--to", "slurm", str(DEFAULT),
-                           *[w for s in sets for w in ("--set", s)]], cwd=ROOT,
-                          env=env_for_tests(**cuda_forks.recording_env(record)),
-                          capture_output=True, text=True, timeout=300)
+    proc = torchjob("run", "--to", "slurm", str(DEFAULT),
+                    *[w for s in sets for w in ("--set", s)],
+                    env=env_for_tests(**cuda_forks.recording_env(record)), timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     records = cuda_forks.read(record)
     workers = {r["pid"] for r in records if r["event"] == "cuda" and "torchjob.trainer.agent" in
@@ -349,9 +344,8 @@ def test_a_script_from_the_command_line_in_a_project_with_the_kits_names(
     env = env_for_tests()
     del env["PYTHONPATH"]  # the kit as installed
     name = f"bk-{uuid.uuid4().hex[:6]}"
-    proc = subprocess.run([PYTHON, "-m", "torchjob.jobs", "run", "--to", "slurm", "--nnodes", "2",
-                           "--nproc-per-node", "1", "--name", name, "train.py", "a", "--b=1"],
-                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    proc = torchjob("run", "--to", "slurm", "--nnodes", "2", "--nproc-per-node", "1", "--name",
+                    name, "train.py", "a", "--b=1", cwd=folder, env=env, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     for rank in (0, 1):
         seen = json.loads((folder / "runs" / name / f"seen-{rank}.json").read_text())
@@ -361,6 +355,5 @@ def test_a_script_from_the_command_line_in_a_project_with_the_kits_names(
                         "file": str(folder.resolve() / "train.py")}
     assert (folder / "imported-by").read_text().split() == ["train.py"] * 8
     # the job's name stands for its latest job
-    by_name = subprocess.run([PYTHON, "-m", "torchjob.jobs", "status", f"slurm:{name}"],
-                             env=env, capture_output=True, text=True, timeout=60)
+    by_name = torchjob("status", f"slurm:{name}", env=env, timeout=60)
     assert by_name.returncode == 0 and ": SUCCEEDED (exit code 0)" in by_name.stdout, by_name
