@@ -11,7 +11,7 @@ job has left the queue (and `torchjob run`, which blocks like srun, has returned
 one torchrun agent per node with c10d rendezvous:
 - ``run``: ``torchjob run --to slurm`` (submitit hands sbatch the rendered script);
 - ``run-sbatch``: ``torchjob run --to slurm:sbatch`` (the same script on sbatch's stdin);
-- ``torchx``: ``torchx run -s slurm jobs/components.py:train -j 2x2``.
+- ``torchx``: ``torchx run -s slurm jobs/backends/torchx/components.py:train -j 2x2``.
 Reports medians and ratios (lower is faster); writes bench/results/slurm.json. Not pass/fail.
 """
 
@@ -72,7 +72,7 @@ def run_torchjob(backend: str) -> Callable[[str, Path], Path]:
 
 def submit_torchx(name: str, work: Path) -> Path:
     args = [w for k, v in ARGS.items() for w in (f"--{k.replace('_', '-')}", v)]
-    call([TORCHX, "run", "-s", "slurm", f"{ROOT}/jobs/components.py:train", "-j", "2x2",
+    call([TORCHX, "run", "-s", "slurm", f"{ROOT}/jobs/backends/torchx/components.py:train", "-j", "2x2",
          "--name", name, "--", *args], work)
     return work / "runs" / name
 

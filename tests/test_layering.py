@@ -20,7 +20,7 @@ CORE = {"torchjob.jobs"} | {f"torchjob.jobs.{m}" for m in (
     "launcher", "preflight", "workspace", "stops")}
 CLI = {"torchjob.jobs.cli", "torchjob.jobs.__main__"}
 BACKENDS = {"torchjob.jobs.backends.local": "local", "torchjob.jobs.backends.docker": "docker",
-            "torchjob.jobs.backends.torchx": "torchx", "torchjob.jobs.components": "torchx",
+            "torchjob.jobs.backends.torchx": "torchx",
             "torchjob.jobs.backends": "backends", "torchjob.slurm": "slurm",
             "torchjob.k8s": "k8s"}
 LEVEL = {"trainer": 0, "core": 1, "cli": 3}  # every backend is level 2

@@ -112,7 +112,7 @@ def test_torchx_local_docker_through_podman(container_image: str, docker_host: s
     runs.chmod(0o777)
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "torchx"), "run", "-s", "local_docker",
-         "--workspace", "", f"{ROOT}/jobs/components.py:train", "-j", "1x2", "--name", "txd",
+         "--workspace", "", f"{ROOT}/jobs/backends/torchx/components.py:train", "-j", "1x2", "--name", "txd",
          "--image", container_image, "--mounts", f"type=bind,src={runs},dst=/workspace/runs",
          "--", "--epochs", "4"], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=600)

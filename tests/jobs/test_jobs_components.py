@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from torchx.specs.file_linter import validate
 
-from torchjob.jobs.components import train
+from torchjob.jobs.backends.torchx.components import train
 from torchjob.jobs.values import SpecError
 from tests.procs import torchjob
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPONENT = f"{ROOT}/jobs/components.py:train"
+COMPONENT = f"{ROOT}/jobs/backends/torchx/components.py:train"
 
 
 def torchx_env() -> dict[str, str]:
@@ -28,7 +28,7 @@ def torchx_env() -> dict[str, str]:
 
 
 def test_torchx_linter_accepts_the_component() -> None:
-    assert validate(str(ROOT / "jobs/components.py"), "train") == []
+    assert validate(str(ROOT / "jobs/backends/torchx/components.py"), "train") == []
 
 
 def test_help_shows_every_option() -> None:

@@ -20,7 +20,7 @@ from torchjob.jobs.backends.docker.render import render_compose
 from torchjob.jobs.backends.local.render import render_local
 from torchjob.jobs.backends.torchx.render import render_appdef
 from torchjob.jobs.command import agent_command
-from torchjob.jobs.components import train
+from torchjob.jobs.backends.torchx.components import train
 from torchjob.jobs.load import build
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import Nnodes, SpecError
@@ -156,7 +156,7 @@ def test_missing_script_is_a_user_error_and_nothing_starts(tmp_path: Path) -> No
 @pytest.mark.integration
 def test_torchx_local_cwd_runs_the_script(tmp_path: Path) -> None:
     out = subprocess.run([str(Path(sys.executable).parent / "torchx"), "run", "-s", "local_cwd",
-                          f"{ROOT}/jobs/components.py:train", "-j", "1x2", "--name", "sx",
+                          f"{ROOT}/jobs/backends/torchx/components.py:train", "-j", "1x2", "--name", "sx",
                           "--script", f"{ROOT}/{SCRIPT}", "--", "--steps", "20"],
                          cwd=tmp_path, env=torchx_env(), capture_output=True, text=True,
                          timeout=300)

@@ -23,7 +23,7 @@ def test_kubernetes_dryrun_request_is_the_golden_one(tmp_path: Path) -> None:
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "torchx"), "run", "-s", "kubernetes", "--dryrun",
          "--workspace", "", "-cfg", "queue=default,namespace=default",
-         f"{ROOT}/jobs/components.py:train", "-j", "2x2", "--name", "digits", "--gpu", "2",
+         f"{ROOT}/jobs/backends/torchx/components.py:train", "-j", "2x2", "--name", "digits", "--gpu", "2",
          "--", "--epochs", "3"], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -169,13 +169,13 @@ def test_submit_sends_what_render_printed() -> None:
 @given(args=st.lists(WORD, max_size=4), value=WORD)
 def test_torchx_component_strings_survive_torchx_the_kubelet_and_bash(args: list[str],
                                                                       value: str) -> None:
-    """``torchx run -s kubernetes jobs/components.py:train``: the component cannot know the
+    """``torchx run -s kubernetes jobs/backends/torchx/components.py:train``: the component cannot know the
     scheduler, so its script is immune to the kubelet (render.shell_word) and the env goes
     into the script. TorchX's own macro substitution (``macros.Values.apply``), then the
     kubelet (emulated), then bash (real) give back the user's words."""
     from torchx import specs
 
-    from torchjob.jobs.components import train
+    from torchjob.jobs.backends.torchx.components import train
     role = train("--note", *args, j="2x1", name="digits", script="t.py",
                  env={"NOTE": value}).roles[0]
     role = specs.macros.Values(img_root="", app_id="app", replica_id="0",

@@ -19,7 +19,7 @@ def test_torchx_run_slurm_wait_2x2(slurm_cluster: None, tmp_path: Path) -> None:
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "torchx"), "run", "-s", "slurm", "--wait",
-         f"{ROOT}/jobs/components.py:train", "-j", "2x2", "--name", "tx-slurm", "--",
+         f"{ROOT}/jobs/backends/torchx/components.py:train", "-j", "2x2", "--name", "tx-slurm", "--",
          "--epochs", "3", "--batch-size", "16", "--progress", "lines"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

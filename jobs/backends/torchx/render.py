@@ -14,7 +14,7 @@ On Kubernetes the kubelet then expands ``$(VAR)`` and ``$$`` in the pod's comman
 user word of the ``bash -c`` script is written so that no ``$`` in it is followed by ``(`` or
 ``$`` (``shell_word``: each ``$`` closes its single-quoted segment, ``'$''...'``), which bash
 reads back as written and the kubelet leaves alone, whatever the scheduler: ``torchx run
-jobs/components.py:train`` does not know it. User env values are escaped for the kubelet when
+jobs/backends/torchx/components.py:train`` does not know it. User env values are escaped for the kubelet when
 the caller says the scheduler is Kubernetes (``kubelet``); a caller that cannot know
 (``env_in_script``, the component) passes them as ``env NAME=VALUE`` words of the script
 instead, so they are protected the same way.

@@ -1,8 +1,5 @@
-"""TorchX components for torchjob: ``torchx run jobs/components.py:train ...``.
-
-The component builds a JobSpec with the same loader as a YAML job (so the same checks and the
-same errors) and renders it with the same renderer as ``torchjob render --to torchx``.
-"""
+"""TorchX components for torchjob (``torchx run jobs/backends/torchx/components.py:train``): a
+JobSpec built by the spec loader, rendered as ``torchjob render --to torchx`` renders it."""
 
 import re
 from typing import Dict, List, Optional
