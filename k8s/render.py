@@ -18,7 +18,7 @@ from torchjob.jobs.values import SpecError, UserError, bad, secret_like_name
 from torchjob.k8s.pod import TOPOLOGY_ANNOTATION
 from torchjob.k8s.pytorchjob import render_pytorchjob
 from torchjob.k8s.store import has_store, render_store
-from torchjob.k8s.runtimes import default_runtimes, runtime_key
+from torchjob.k8s.validate.runtimes import default_runtimes, runtime_key
 from torchjob.k8s.trainjob import render_runtime, render_trainjob
 from torchjob.k8s.validate import SECRET_VALUE, validate
 from torchjob.k8s.yaml import manifests_text

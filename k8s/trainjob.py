@@ -49,7 +49,7 @@ from torchjob.jobs.values import SpecError
 from torchjob.k8s.pod import (WAIT_FOR_HOST, Obj, command_words, metadata, shared_checkpoints,
                               QUEUE_LABEL, container_security, labels, on_cluster, pod_security,
                               TOPOLOGY_ANNOTATION, pod_spec)
-from torchjob.k8s.runtimes import default_runtimes
+from torchjob.k8s.validate.runtimes import default_runtimes
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"

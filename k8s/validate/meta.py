@@ -1,15 +1,5 @@
-"""``metadata`` as the API server validates it for a custom resource, and the rules for names,
-label keys and values it is built from (k8s.io/apimachinery pkg/util/validation and
-pkg/api/validation/objectmeta.go; a custom resource's name is a DNS-1123 subdomain,
-apiextensions-apiserver pkg/registry/customresource/validator.go).
-
-``generateName``: on create the API server first sets ``name`` to ``generateName`` cut to 58
-characters plus 5 random characters (k8s.io/apiserver pkg/storage/names/generate.go:
-maxNameLength 63, randomLength 5), then validates; so a job with only ``generateName`` is
-judged by the name it will get (``effective_name``), and a long ``generateName`` is cut, not
-refused. The random characters are from ``bcdfghjklmnpqrstvwxz2456789``; ``GENERATED`` stands
-for them.
-"""
+"""``metadata`` as the API server validates it on create (k8s.io/apimachinery
+pkg/api/validation/objectmeta.go): name or generateName, namespace, labels, annotations."""
 
 from __future__ import annotations
 
@@ -24,8 +14,11 @@ LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 MAX_NAME = 63  # a label, a qualified name's name part, a label value
 MAX_SUBDOMAIN = 253
+# On create the API server first sets ``name`` to ``generateName`` cut to 58 characters plus 5
+# random ones from "bcdfghjklmnpqrstvwxz2456789" (k8s.io/apiserver pkg/storage/names), then
+# validates: a long generateName is cut, not refused.
 MAX_GENERATED_PREFIX = 58  # names.MaxGeneratedNameLength = 63 - 5
-GENERATED = "bcdfg"  # five of the characters the name generator draws from
+GENERATED = "bcdfg"  # stands for the 5 random characters
 MAX_ANNOTATIONS = 256 * 1024  # TotalAnnotationSizeLimitB
 # ObjectMeta's fields (k8s.io/apimachinery pkg/apis/meta/v1 types.go); strict field
 # validation refuses any other key under metadata.
@@ -132,7 +125,8 @@ def annotations_problems(annotations: object, path: str) -> Iterator[MetaProblem
 def object_meta_problems(meta: object, namespaced: bool = True,
                          names: bool = True) -> Iterator[MetaProblem]:
     """Problems of a custom resource's ``metadata`` on create (ValidateObjectMetaAccessor with
-    NameIsDNSSubdomain, after the name is generated). ``names=False`` leaves name and
+    NameIsDNSSubdomain, after the name is generated: a custom resource's name is a DNS-1123
+    subdomain, apiextensions-apiserver's validator.go). ``names=False`` leaves name and
     generateName to the caller (a core kind with a rule of its own)."""
     if not isinstance(meta, dict):
         yield "metadata", "is required and must be a mapping (with name or generateName)"

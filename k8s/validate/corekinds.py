@@ -1,9 +1,5 @@
-"""The Deployment (``apps/v1``) and Service (``v1``) of an elastic job's rendezvous store
-(``torchjob.k8s.store``): the fields the API server's validation of those kinds requires
-(k8s.io/kubernetes pkg/apis/apps/validation and pkg/apis/core/validation). No OpenAPI schema of
-the core kinds is kept here, so this is those rules, not a full schema. Each yields (rule,
-field path, message); Pod Security of the Deployment's pod template is torchjob.k8s.podsecurity's.
-"""
+"""The API server's own validation of the rendezvous store's Deployment (``apps/v1``) and
+Service (``v1``): the fields it requires, not a full schema (none of the core kinds is kept)."""
 
 from __future__ import annotations
 
@@ -11,10 +7,12 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 from torchjob.jobs.values import DNS_1035
-from torchjob.k8s.meta import subdomain_problem
-from torchjob.k8s.tree import get_in
+from torchjob.k8s.validate.meta import subdomain_problem
+from torchjob.k8s.validate.tree import get_in
 
-Rule = tuple[str, str, str]
+# k8s.io/kubernetes pkg/apis/apps/validation and pkg/apis/core/validation; the pod template's
+# Pod Security is podsecurity's.
+Rule = tuple[str, str, str]  # (rule, field path, message)
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
 
 
