@@ -15,7 +15,7 @@ from torchjob.k8s.validate.corekinds import CORE_KINDS
 from torchjob.k8s.validate.meta import object_meta_problems, template_meta_problems
 from torchjob.k8s.validate.schema import CRDS, is_namespaced, structural_problems
 from torchjob.k8s.validate.tree import get_in
-from torchjob.k8s.yamlread import YamlProblem, load_all
+from torchjob.k8s.yaml import YamlProblem, load_all
 
 # A problem's layer. "api": what the API server refuses on create (the CRD's schema and CEL
 # rules, metadata, the operators' webhooks, and pod template labels, which Pod validation refuses

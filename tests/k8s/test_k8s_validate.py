@@ -384,9 +384,9 @@ def test_a_multi_document_manifest_names_each_document() -> None:
 
 
 def test_yaml_is_read_as_kubectl_reads_it() -> None:
-    """go-yaml v2 semantics (k8s.yamlread): dates and 1:2 stay strings, y/yes/on are booleans,
+    """go-yaml v2 semantics (k8s.yaml): dates and 1:2 stay strings, y/yes/on are booleans,
     keys are strings, whole floats are integers, duplicates are refused."""
-    from torchjob.k8s.yamlread import YamlProblem, load_all
+    from torchjob.k8s.yaml import YamlProblem, load_all
     [doc] = load_all("a: 2024-01-01\nb: 1:2\nc: y\nd: on\ne: 1.0\nf: 1e3\ng: 0x1F\nh: 017\n"
                      "n: 1\ni: '2024-01-01'\nj: 1.5\nk: 2024-01-01T10:00:00Z\n")
     assert doc == {"a": "2024-01-01", "b": "1:2", "c": True, "d": True, "e": 1, "f": 1000,
