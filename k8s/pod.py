@@ -13,7 +13,7 @@ from typing import Any
 
 from torchjob.jobs.command import kubelet_literal
 from torchjob.jobs.spec import JobSpec
-from torchjob.jobs.values import DNS_1123_SUBDOMAIN, SpecError, bad
+from torchjob.jobs.values import SpecError, bad, subdomain_problem
 from torchjob.k8s.yaml import manifest_text as manifest_text  # re-exported: the one emitter
 from torchjob.k8s.yaml import manifests_text as manifests_text
 from torchjob.trainer.contract import omp_threads
@@ -61,7 +61,7 @@ def on_cluster(spec: JobSpec) -> JobSpec:
         if mount.source.startswith("/"):
             raise bad(f"mounts[{i}].source", mount.source, "is a host path: Pod Security "
                       "'restricted' forbids hostPath volumes; name a PersistentVolumeClaim")
-        if not DNS_1123_SUBDOMAIN.fullmatch(mount.source) or len(mount.source) > 253:
+        if subdomain_problem(mount.source):
             raise bad(f"mounts[{i}].source", mount.source, "is not a PersistentVolumeClaim "
                       "name (lower case letters, digits, '-' and '.')")
     if not spec.k8s.pvc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from torchjob.jobs.spec import JobSpec
-from torchjob.jobs.values import SpecError, UserError, bad, secret_like_name
+from torchjob.jobs.values import DNS_LABEL_MAX, SpecError, UserError, bad, secret_like_name
 from torchjob.k8s.pod import TOPOLOGY_ANNOTATION
 from torchjob.k8s.pytorchjob import render_pytorchjob
 from torchjob.k8s.store import has_store, render_store
@@ -34,7 +34,6 @@ TARGETS: dict[str, Callable[[JobSpec], dict[str, Any]]] = {
 # suffix to be a DNS-1035 label (kubernetes-sigs/jobset pkg/webhooks/jobset_webhook.go,
 # "-abcde"); a TrainJob's JobSet has the TrainJob's name, and torch-distributed's one
 # ReplicatedJob "node" has 1 Job of numNodes pods.
-DNS_LABEL_MAX = 63
 POD_SUFFIX = "-abcde"
 TRAINJOB_NODE = "node"
 # Kueue's topology-aware scheduling annotations on a pod template (kueue.sigs.k8s.io, "Run

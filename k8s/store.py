@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from torchjob.jobs.command import store_command
 from torchjob.jobs.spec import JobSpec
-from torchjob.jobs.values import bad
+from torchjob.jobs.values import DNS_LABEL_MAX, bad
 from torchjob.k8s.pod import Obj, command_words, container_security, pod_security
 
 SUFFIX = "-rdzv"
-NAME_MAX = 63  # a Service name is a DNS-1035 label
 COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "rendezvous"
 CONTAINER = "store"
@@ -43,11 +42,11 @@ def has_store(spec: JobSpec) -> bool:
 
 def store_name(spec: JobSpec) -> str:
     """The Deployment's and the Service's name (the rendezvous host): ``<job>-rdzv``."""
-    if len(spec.name) + len(SUFFIX) > NAME_MAX:
+    if len(spec.name) + len(SUFFIX) > DNS_LABEL_MAX:
         raise bad("name", spec.name, f"is {len(spec.name)} characters: the rendezvous "
                   f"Service of a Kubernetes job of several pods is <name>{SUFFIX}, and a "
-                  f"Service name has at most {NAME_MAX}; use at most {NAME_MAX - len(SUFFIX)} "
-                  "characters")
+                  f"Service name has at most {DNS_LABEL_MAX}; use at most "
+                  f"{DNS_LABEL_MAX - len(SUFFIX)} characters")
     return spec.name + SUFFIX
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 from typing import Any
 
-from torchjob.jobs.values import DNS_1035
-from torchjob.k8s.validate.meta import subdomain_problem
+from torchjob.jobs.values import subdomain_problem
+from torchjob.k8s.validate.meta import dns_1035_problem
 from torchjob.k8s.validate.tree import get_in
 
 # k8s.io/kubernetes pkg/apis/apps/validation and pkg/apis/core/validation; the pod template's
@@ -79,9 +79,9 @@ def ports(where: str, items: object, key: str) -> Iterator[Rule]:
 def service(obj: dict[str, Any]) -> Iterator[Rule]:
     """The fields ``v1`` Service validation requires."""
     name = get_in(obj, "metadata", "name")
-    if not isinstance(name, str) or len(name) > 63 or not DNS_1035.fullmatch(name):
-        yield ("name", "metadata.name", f"{name!r} is not a DNS-1035 label (lower case "
-               "letters, digits and '-', starting with a letter, at most 63 characters)")
+    why = dns_1035_problem(name)
+    if why:
+        yield ("name", "metadata.name", why)
     spec = yield from _spec(obj)
     if spec is None:
         return

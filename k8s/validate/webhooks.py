@@ -7,8 +7,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from torchjob.jobs.values import DNS_1035, DNS_1123_SUBDOMAIN
-from torchjob.k8s.validate.meta import effective_name
+from torchjob.jobs.values import subdomain_problem
+from torchjob.k8s.validate.meta import dns_1035_problem, effective_name
 from torchjob.k8s.validate.runtimes import Runtimes, referenced
 from torchjob.k8s.validate.tree import as_list, get_in
 
@@ -33,9 +33,9 @@ def pytorchjob(obj: dict[str, Any]) -> Iterator[Rule]:
     pkg/common/util/webhooks.go). Nothing else: the CRD has no enum for ``rdzvBackend``,
     ``restartPolicy`` or ``cleanPodPolicy``, and no webhook checks them."""
     name = effective_name(obj.get("metadata"))
-    if name is not None and (len(name) > 63 or not DNS_1035.fullmatch(name)):
-        yield ("name", "metadata.name", f"{name!r} is not a DNS-1035 label (lower case letters, "
-               "digits and '-', starting with a letter, at most 63 characters)")
+    why = dns_1035_problem(name) if name is not None else None
+    if why:
+        yield ("name", "metadata.name", why)
     spec: dict[str, Any] = obj["spec"] if isinstance(obj.get("spec"), dict) else {}
     managed = get_in(spec, "runPolicy", "managedBy")
     if managed is not None and managed not in MANAGED_BY:
@@ -164,7 +164,7 @@ def domain_prefixed_path_problem(value: object) -> str | None:
     host, slash, path = value.partition("/")
     if not slash or not host or not path:
         return f"{value!r} must be a domain-prefixed path (such as 'acme.io/foo')"
-    if len(host) > 253 or not DNS_1123_SUBDOMAIN.fullmatch(host):
+    if subdomain_problem(host):
         return f"{host!r} must be a lowercase RFC 1123 subdomain"
     if not HTTP_PATH.fullmatch(path):
         return f"{path!r} is not a valid path"
