@@ -1,9 +1,5 @@
-"""Pod pieces shared by the PyTorchJob and TrainJob renderers. Pure: JobSpec in, dicts out.
-
-Security context (Pod Security "restricted"), env with secrets only by ``secretKeyRef``,
-resources, the in-memory ``/dev/shm`` and the PVC volumes. ``manifest_text`` and
-``manifests_text`` are ``torchjob.k8s.yaml``'s (the one emitter), named here for the renderers.
-"""
+"""Pod pieces shared by the PyTorchJob and TrainJob renderers: security context ("restricted"),
+env (secrets only by ``secretKeyRef``), resources, ``/dev/shm`` and volumes. Pure."""
 
 from __future__ import annotations
 
