@@ -17,8 +17,9 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, ClassVar, Literal
 
 from torchjob.trainer.contract import MAX_STALLED_DEFAULT
-from torchjob.jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, MAX_TOTAL_BYTES,
-                                  MAX_VALUE_BYTES, MODULE, SECRET_KEY, Check, FrozenMap, Nnodes,
+from torchjob.jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, DNS_LABEL_MAX,
+                                  DNS_SUBDOMAIN_MAX, MAX_TOTAL_BYTES, MAX_VALUE_BYTES, MODULE,
+                                  SECRET_KEY, Check, FrozenMap, Nnodes,
                                   Quantity, SpecError, at_least, at_most_bytes, bad, between,
                                   env_check, env_map, env_name, gpu_layout, kind, label_key,
                                   one_line, path_line, pattern, positive, scalar_text, show, size,
@@ -142,9 +143,10 @@ def _resume(value: str, path: str) -> None:
 
 
 _dns_label = pattern(DNS_1123_LABEL, "a Kubernetes name (lower case letters, digits, '-')",
-                     "team-a", 63)
+                     "team-a", DNS_LABEL_MAX)
 _dns_name = _optional(pattern(DNS_1123_SUBDOMAIN, "a Kubernetes object name (lower case "
-                              "letters, digits, '-' and '.')", "my-secret"))
+                              "letters, digits, '-' and '.')", "my-secret",
+                              DNS_SUBDOMAIN_MAX))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -525,7 +527,7 @@ class JobSpec(Section):
     name: str = spec_field("job name: a DNS-1035 label (lower case, starts with a letter)",
                            check=pattern(DNS_1035, "a job name: lower case letters, digits "
                                          "and '-', starting with a letter, not ending with '-'",
-                                         "digits", 63))
+                                         "digits", DNS_LABEL_MAX))
     image: str = spec_field("container image (docker and Kubernetes backends)",
                             "localhost/torchjob:latest", check=_image)
     nnodes: Nnodes = spec_field("nodes: N, or MIN:MAX for an elastic job", Nnodes(1, 1),

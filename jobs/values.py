@@ -218,9 +218,16 @@ class Quantity:
 
 # ------------------------------------------------------------------------- name checks
 
+# Kubernetes names (k8s.io/apimachinery pkg/util/validation), for the spec and the k8s backend:
+# a DNS-1123 label (a namespace), a DNS-1035 label (a label starting with a letter: a Service's
+# name), a DNS-1123 subdomain (most objects' names), and a qualified name (a label or annotation
+# key: an optional subdomain prefix and '/', then a name part, as a non-empty label value is).
+DNS_LABEL_MAX = 63  # characters; also a qualified name's name part's and a label value's limit
+DNS_SUBDOMAIN_MAX = 253
 DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-DNS_1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS_1123_SUBDOMAIN = re.compile(rf"{DNS_1123_LABEL.pattern}(\.{DNS_1123_LABEL.pattern})*")
+QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")  # the name part
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
@@ -237,6 +244,36 @@ def pattern(regex: re.Pattern[str], what: str, example: str, max_len: int = 253)
             raise bad(path, value, f"is not {what}, at most {max_len} characters "
                       f"(e.g. {example})")
     return check
+
+
+def subdomain_problem(value: str) -> str | None:
+    """Why ``value`` is not a DNS-1123 subdomain; None when it is."""
+    if len(value) > DNS_SUBDOMAIN_MAX:
+        return f"must be no more than {DNS_SUBDOMAIN_MAX} characters"
+    if not DNS_1123_SUBDOMAIN.fullmatch(value):
+        return ("must be a lowercase RFC 1123 subdomain: lower case letters, digits, '-' and "
+                "'.', starting and ending with a letter or digit")
+    return None
+
+
+def qualified_name_problem(key: str) -> str | None:
+    """Why ``key`` is not a qualified name (``[prefix/]name``: a label or annotation key);
+    None when it is."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and not prefix:
+        return "the prefix before '/' must not be empty"
+    if slash and prefix.count("/"):
+        return "may hold at most one '/'"
+    if slash and subdomain_problem(prefix):
+        return f"prefix {prefix!r} {subdomain_problem(prefix)}"
+    if not name:
+        return "the name part must not be empty"
+    if len(name) > DNS_LABEL_MAX:
+        return f"the name part must be no more than {DNS_LABEL_MAX} characters"
+    if not QUALIFIED_NAME.fullmatch(name):
+        return ("the name part must be letters, digits, '-', '_' or '.', starting and ending "
+                "with a letter or digit")
+    return None
 
 
 def at_least(low: float) -> Check:
@@ -403,15 +440,9 @@ def secret_like_name(name: str) -> bool:
     return name.upper().rsplit("_", 1)[-1] in SECRET_NAME_ENDS
 
 
-# A label key (a node label, as Kueue's topology levels are): an optional DNS subdomain
-# prefix and '/', then a name of at most 63 characters.
-LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-
-
 def label_key(value: Any, path: str) -> None:
-    prefix, slash, name = value.rpartition("/") if isinstance(value, str) else ("", "", "")
-    if (not isinstance(value, str) or not LABEL_NAME.fullmatch(name) or len(name) > 63
-            or (slash and (not DNS_1123_SUBDOMAIN.fullmatch(prefix) or len(prefix) > 253))):
+    """A node label's key, as Kueue's topology levels are."""
+    if not isinstance(value, str) or qualified_name_problem(value):
         raise bad(path, value, "is not a node label key (an optional DNS prefix and '/', then "
-                  "at most 63 letters, digits, '-', '_', '.', e.g. "
+                  f"at most {DNS_LABEL_MAX} letters, digits, '-', '_', '.', e.g. "
                   "cloud.provider.com/topology-rack)")

@@ -1,9 +1,5 @@
-"""Pod pieces shared by the PyTorchJob and TrainJob renderers. Pure: JobSpec in, dicts out.
-
-Security context (Pod Security "restricted"), env with secrets only by ``secretKeyRef``,
-resources, the in-memory ``/dev/shm`` and the PVC volumes. ``manifest_text`` and
-``manifests_text`` are ``torchjob.k8s.yaml``'s (the one emitter), named here for the renderers.
-"""
+"""Pod pieces shared by the PyTorchJob and TrainJob renderers: security context ("restricted"),
+env (secrets only by ``secretKeyRef``), resources, ``/dev/shm`` and volumes. Pure."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from typing import Any
 
 from torchjob.jobs.command import kubelet_literal
 from torchjob.jobs.spec import JobSpec
-from torchjob.jobs.values import DNS_1123_SUBDOMAIN, SpecError, bad
+from torchjob.jobs.values import SpecError, bad, subdomain_problem
 from torchjob.k8s.yaml import manifest_text as manifest_text  # re-exported: the one emitter
 from torchjob.k8s.yaml import manifests_text as manifests_text
 from torchjob.trainer.contract import thread_env
@@ -61,7 +57,7 @@ def on_cluster(spec: JobSpec) -> JobSpec:
         if mount.source.startswith("/"):
             raise bad(f"mounts[{i}].source", mount.source, "is a host path: Pod Security "
                       "'restricted' forbids hostPath volumes; name a PersistentVolumeClaim")
-        if not DNS_1123_SUBDOMAIN.fullmatch(mount.source) or len(mount.source) > 253:
+        if subdomain_problem(mount.source):
             raise bad(f"mounts[{i}].source", mount.source, "is not a PersistentVolumeClaim "
                       "name (lower case letters, digits, '-' and '.')")
     if not spec.k8s.pvc:

@@ -1,24 +1,16 @@
-"""``torchjob render --to k8s[:trainjob]``: check, render, validate, then the text. Pure.
-
-The one entry the command line needs. Before anything is rendered, the spec is held to what
-the cluster would refuse or get wrong later (``check``: exit 2 naming the field, the value and
-the fix): names too long for the pods and Services the operators derive from them, Kueue
-without requests, literal secrets in ``env``. A rendered manifest that breaks a rule (a
-renderer bug) is refused too, never printed or submitted. An elastic PyTorchJob is three
-objects (the job, then its rendezvous store's Deployment and Service, ``k8s.store``), printed
-as one multi-document YAML (``torchjob.k8s.yaml``, the one emitter) and submitted as printed.
-"""
+"""``torchjob render --to k8s[:trainjob]``: the spec checked, the objects rendered and validated,
+then their text (one multi-document YAML, submitted as printed). Pure."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from torchjob.jobs.spec import JobSpec
-from torchjob.jobs.values import SpecError, UserError, bad, secret_like_name
+from torchjob.jobs.values import DNS_LABEL_MAX, SpecError, UserError, bad, secret_like_name
 from torchjob.k8s.pod import TOPOLOGY_ANNOTATION
 from torchjob.k8s.pytorchjob import render_pytorchjob
 from torchjob.k8s.store import has_store, render_store
-from torchjob.k8s.runtimes import default_runtimes, runtime_key
+from torchjob.k8s.validate.runtimes import default_runtimes, runtime_key
 from torchjob.k8s.trainjob import render_runtime, render_trainjob
 from torchjob.k8s.validate import SECRET_VALUE, validate
 from torchjob.k8s.yaml import manifests_text
@@ -34,7 +26,6 @@ TARGETS: dict[str, Callable[[JobSpec], dict[str, Any]]] = {
 # suffix to be a DNS-1035 label (kubernetes-sigs/jobset pkg/webhooks/jobset_webhook.go,
 # "-abcde"); a TrainJob's JobSet has the TrainJob's name, and torch-distributed's one
 # ReplicatedJob "node" has 1 Job of numNodes pods.
-DNS_LABEL_MAX = 63
 POD_SUFFIX = "-abcde"
 TRAINJOB_NODE = "node"
 # Kueue's topology-aware scheduling annotations on a pod template (kueue.sigs.k8s.io, "Run
@@ -120,7 +111,8 @@ def place(spec: JobSpec, job: dict[str, Any]) -> None:
 def render_objects(spec: JobSpec, target: str = "pytorchjob") -> list[dict[str, Any]]:
     """The validated objects of ``spec`` (``target``: pytorchjob or trainjob): the job, then,
     for an elastic PyTorchJob, its rendezvous store's Deployment and Service; a TrainJob with a
-    Volcano queue or a priority class comes after its own TrainingRuntime (``k8s.trainjob``)."""
+    Volcano queue or a priority class comes after its own TrainingRuntime (``k8s.trainjob``).
+    An object that breaks a rule (a renderer bug) is refused, never printed or submitted."""
     if target not in TARGETS:
         raise UserError(f"unknown Kubernetes target {target!r}; valid: {', '.join(TARGETS)}")
     check(spec, target)

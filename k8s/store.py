@@ -1,31 +1,14 @@
-"""The rendezvous store of a PyTorchJob of several pods (fixed or elastic): a Deployment and a
-Service beside the job. Pure.
-
-torch's c10d rendezvous keeps its state in a TCPStore; by default the agent of the endpoint's
-pod (``<job>-worker-0``, or the Master) serves it, and losing that pod killed every survivor
-(exit 1, which the ExitCode restart policy treats as permanent). A lost store pod is recreated
-here by its Deployment; the agents, which cannot reconnect to a new store, exit
-``EXIT_STORE_LOST`` (200, >= 128: retried), their pods are recreated by the ExitCode policy and
-meet at the new store, resuming from the shared checkpoint. Here the store is
-``python -m torchjob.trainer.store`` (``torchjob.jobs.command.store_command``) in a pod of its own,
-from the job's image: a Deployment of one
-replica (recreated by Kubernetes on any node when its pod or node goes; ``Recreate``: never two
-stores at once, which would split the rendezvous), with small cpu/memory requests, no GPU, and
-the same Pod Security "restricted" context as the job's pods. The Service ``<job>-rdzv``
-(ClusterIP, publishing the pod only once its port accepts connections) is the endpoint:
-``elasticPolicy.rdzvHost``, so the operator's ``PET_RDZV_ENDPOINT`` names it too, and every
-agent is its client (``is_host=false``).
-"""
+"""The rendezvous store of a PyTorchJob of several pods (fixed or elastic): a Deployment of one
+store pod and the Service ``<job>-rdzv`` every agent meets at, beside the job. Pure."""
 
 from __future__ import annotations
 
 from torchjob.jobs.command import store_command
 from torchjob.jobs.spec import JobSpec
-from torchjob.jobs.values import bad
+from torchjob.jobs.values import DNS_LABEL_MAX, bad
 from torchjob.k8s.pod import Obj, command_words, container_security, pod_security
 
 SUFFIX = "-rdzv"
-NAME_MAX = 63  # a Service name is a DNS-1035 label
 COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "rendezvous"
 CONTAINER = "store"
@@ -43,11 +26,11 @@ def has_store(spec: JobSpec) -> bool:
 
 def store_name(spec: JobSpec) -> str:
     """The Deployment's and the Service's name (the rendezvous host): ``<job>-rdzv``."""
-    if len(spec.name) + len(SUFFIX) > NAME_MAX:
+    if len(spec.name) + len(SUFFIX) > DNS_LABEL_MAX:
         raise bad("name", spec.name, f"is {len(spec.name)} characters: the rendezvous "
                   f"Service of a Kubernetes job of several pods is <name>{SUFFIX}, and a "
-                  f"Service name has at most {NAME_MAX}; use at most {NAME_MAX - len(SUFFIX)} "
-                  "characters")
+                  f"Service name has at most {DNS_LABEL_MAX}; use at most "
+                  f"{DNS_LABEL_MAX - len(SUFFIX)} characters")
     return spec.name + SUFFIX
 
 
@@ -95,5 +78,14 @@ def render_service(spec: JobSpec) -> Obj:
 
 
 def render_store(spec: JobSpec) -> list[Obj]:
-    """[Deployment, Service] of a job of several pods' store; [] for a one-pod job."""
+    """[Deployment, Service] of a job of several pods' store; [] for a one-pod job.
+
+    The store (``python -m torchjob.trainer.store``, from the job's image) lives in a pod of its
+    own, not in an agent's, so losing a node does not lose the rendezvous: its Deployment
+    recreates a lost store pod on any node (``Recreate``: never two stores at once, which would
+    split the rendezvous); the agents, which cannot reconnect to a new store, exit
+    ``EXIT_STORE_LOST`` (retried), and their recreated pods meet at the new store, resuming from
+    the shared checkpoint. The Service publishes the pod once its port accepts connections; it
+    is ``elasticPolicy.rdzvHost``, so the operator's ``PET_RDZV_ENDPOINT`` names it too, and
+    every agent is its client (``is_host=false``)."""
     return [render_deployment(spec), render_service(spec)] if has_store(spec) else []

@@ -1,43 +1,5 @@
-"""The TrainJob renderer (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer v2.3). Pure.
-
-What v2.3.0 does with a TrainJob (kubeflow/trainer tag v2.3.0, ``pkg/``):
-- The torch plugin (``runtime/framework/plugins/torch/torch.go``, ``EnforceMLPolicy``) sets
-  the node count and injects ``PET_NNODES``, ``PET_NPROC_PER_NODE`` (``trainer.numProcPerNode``,
-  still an int32 in v2.3's ``apis/trainer/v1alpha1/trainjob_types.go``), ``PET_NODE_RANK``,
-  ``PET_MASTER_ADDR`` = ``<job>-node-0-0.<job>`` and ``PET_MASTER_PORT`` into the ``node``
-  container; users may not set those five (``Validate``). It neither wraps nor checks the
-  command (only ``tune run`` is special): any command runs, so every node runs the same agent
-  command as on every other backend (``torchjob.jobs.command``), with the hang watchdog, exit-code
-  mapping, ledger and restart storm guard, and all of torchrun's flags written out (a flag
-  wins over the ``PET_*`` variable). c10d rendezvous at the address the plugin names for node
-  0, on ``rdzv.port``: node 0's agent hosts the store, as in a fixed-size PyTorchJob. Every
-  node first waits until that name resolves (JobSet publishes not-ready addresses, but a pod
-  may start before its DNS record exists, and torch's c10d fails at once on a lookup error).
-- No elastic training: ``numNodes`` is one number and the plugin's PET_NNODES too.
-- Pod settings go through ``spec.runtimePatches`` (``core/trainingruntime.go``,
-  ``mergeRuntimePatches``: a strategic merge into the runtime's JobSet template), which
-  allows, for the pod, only ``serviceAccountName``, ``volumes``, ``securityContext``,
-  ``initContainers``, ``containers`` (name, ``volumeMounts``, ``securityContext``; no env on
-  ``node``), ``imagePullSecrets``, ``nodeSelector``, ``affinity``, ``tolerations``,
-  ``schedulingGates`` and ``terminationGracePeriodSeconds`` (``PodSpecPatch``). So the pod of
-  a PyTorchJob (``k8s.pod.pod_spec``) is split: env and resources into ``trainer``, the rest
-  into one patch owned by ``PATCH_MANAGER``. There is no ``priorityClassName`` in it, nor
-  ``automountServiceAccountToken`` (the runtime's default stays).
-- Volcano acts only for a runtime with ``spec.podGroupPolicy.volcano``
-  (``runtime/framework/plugins/volcano/volcano.go``), which ``torch-distributed`` has not
-  (``manifests/base/runtimes/torch_distributed.yaml``). Its PodGroup takes the queue from the
-  ``scheduling.volcano.sh/queue-name`` annotation of the runtime's ``spec.template.metadata``
-  (runtimePatches may override it; ``core/trainingruntime.go`` ``newRuntimeInfo``) and the
-  priority class from the pod template's ``priorityClassName``; no plugin sets the pods'
-  ``schedulerName`` (the Volcano proposal, ``proposals/2437-volcano-scheduler``, writes
-  ``volcano`` in the runtime). So with ``k8s.volcano_queue`` or ``k8s.priority_class`` a
-  TrainJob gets a namespaced ``TrainingRuntime`` of its own, ``<job>-runtime``: a copy of
-  the vendored ``torch-distributed`` with those set (``render_runtime``), created before the
-  job (the TrainJob webhook refuses a runtime that does not exist yet,
-  ``TrainingRuntime.ValidateObjects``). ``k8s.topology`` goes there too: Kueue's
-  topology-aware scheduling reads its annotation from the node pods' template, which
-  runtimePatches cannot annotate. Without any of them, the stock runtime, as before.
-"""
+"""The TrainJob renderer (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer v2.3): the job, and
+the TrainingRuntime of its own that some settings need. Pure."""
 
 from __future__ import annotations
 
@@ -49,7 +11,45 @@ from torchjob.jobs.values import SpecError
 from torchjob.k8s.pod import (WAIT_FOR_HOST, Obj, command_words, metadata, shared_checkpoints,
                               QUEUE_LABEL, container_security, labels, on_cluster, pod_security,
                               TOPOLOGY_ANNOTATION, pod_spec)
-from torchjob.k8s.runtimes import default_runtimes
+from torchjob.k8s.validate.runtimes import default_runtimes
+
+# What v2.3.0 does with a TrainJob (kubeflow/trainer tag v2.3.0, ``pkg/``):
+# - The torch plugin (``runtime/framework/plugins/torch/torch.go``, ``EnforceMLPolicy``) sets
+#   the node count and injects ``PET_NNODES``, ``PET_NPROC_PER_NODE`` (``trainer.numProcPerNode``,
+#   still an int32 in v2.3's ``apis/trainer/v1alpha1/trainjob_types.go``), ``PET_NODE_RANK``,
+#   ``PET_MASTER_ADDR`` = ``<job>-node-0-0.<job>`` and ``PET_MASTER_PORT`` into the ``node``
+#   container; users may not set those five (``Validate``). It neither wraps nor checks the
+#   command (only ``tune run`` is special): any command runs, so every node runs the same agent
+#   command as on every other backend (``torchjob.jobs.command``), with the hang watchdog, exit-code
+#   mapping, ledger and restart storm guard, and all of torchrun's flags written out (a flag
+#   wins over the ``PET_*`` variable). c10d rendezvous at the address the plugin names for node
+#   0, on ``rdzv.port``: node 0's agent hosts the store, as in a fixed-size PyTorchJob. Every
+#   node first waits until that name resolves (JobSet publishes not-ready addresses, but a pod
+#   may start before its DNS record exists, and torch's c10d fails at once on a lookup error).
+# - No elastic training: ``numNodes`` is one number and the plugin's PET_NNODES too.
+# - Pod settings go through ``spec.runtimePatches`` (``core/trainingruntime.go``,
+#   ``mergeRuntimePatches``: a strategic merge into the runtime's JobSet template), which
+#   allows, for the pod, only ``serviceAccountName``, ``volumes``, ``securityContext``,
+#   ``initContainers``, ``containers`` (name, ``volumeMounts``, ``securityContext``; no env on
+#   ``node``), ``imagePullSecrets``, ``nodeSelector``, ``affinity``, ``tolerations``,
+#   ``schedulingGates`` and ``terminationGracePeriodSeconds`` (``PodSpecPatch``). So the pod of
+#   a PyTorchJob (``k8s.pod.pod_spec``) is split: env and resources into ``trainer``, the rest
+#   into one patch owned by ``PATCH_MANAGER``. There is no ``priorityClassName`` in it, nor
+#   ``automountServiceAccountToken`` (the runtime's default stays).
+# - Volcano acts only for a runtime with ``spec.podGroupPolicy.volcano``
+#   (``runtime/framework/plugins/volcano/volcano.go``), which ``torch-distributed`` has not
+#   (``manifests/base/runtimes/torch_distributed.yaml``). Its PodGroup takes the queue from the
+#   ``scheduling.volcano.sh/queue-name`` annotation of the runtime's ``spec.template.metadata``
+#   (runtimePatches may override it; ``core/trainingruntime.go`` ``newRuntimeInfo``) and the
+#   priority class from the pod template's ``priorityClassName``; no plugin sets the pods'
+#   ``schedulerName`` (the Volcano proposal, ``proposals/2437-volcano-scheduler``, writes
+#   ``volcano`` in the runtime). So with ``k8s.volcano_queue`` or ``k8s.priority_class`` a
+#   TrainJob gets a namespaced ``TrainingRuntime`` of its own, ``<job>-runtime``: a copy of
+#   the vendored ``torch-distributed`` with those set (``render_runtime``), created before the
+#   job (the TrainJob webhook refuses a runtime that does not exist yet,
+#   ``TrainingRuntime.ValidateObjects``). ``k8s.topology`` goes there too: Kueue's
+#   topology-aware scheduling reads its annotation from the node pods' template, which
+#   runtimePatches cannot annotate. Without any of them, the stock runtime.
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"
@@ -91,7 +91,7 @@ def refuse_unsupported(spec: JobSpec) -> None:
 
 
 def own_runtime_name(spec: JobSpec) -> str | None:
-    """The name of the TrainingRuntime ``spec`` needs of its own (module docstring), or None
+    """The name of the TrainingRuntime ``spec`` needs of its own (the notes above), or None
     when the stock one serves. Never the longest name: the pods' are longer (k8s.render)."""
     if spec.k8s.volcano_queue or spec.k8s.priority_class or spec.k8s.topology is not None:
         return spec.name + OWN_RUNTIME_SUFFIX

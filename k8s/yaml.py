@@ -1,30 +1,25 @@
-"""The one YAML emitter of Kubernetes output (``render``, ``--dry-run`` and ``submit`` alike).
-
-kubectl reads YAML with sigs.k8s.io/yaml, which is go-yaml v2: a YAML 1.1 reader that resolves
-a plain (unquoted) scalar by its look. ``y``, ``N``, ``off`` become booleans, ``1e-05`` and
-``.5`` floats, ``0o17``, ``0x1F``, ``017`` and ``1_000`` integers, ``2024-1-2`` a timestamp,
-``~`` null, ``<<`` a merge key; other YAML 1.1 readers (PyYAML) also read ``1:30`` as 5400
-(sexagesimal) and ``=`` as a value key. A string that any of these readers could take for
-anything but itself is written quoted here, so every reader gets the same string back; other
-strings stay plain, and multi-line ones are ``|`` blocks where the emitter can keep them exact.
-
-The rules added to PyYAML's own resolver (which already quotes yes/no/on/off/true/false/null
-in their three spellings, its ints, floats with a dot, sexagesimal numbers, timestamps, ``=``,
-``<<``) are go-yaml v2's ``resolve.go``: its map (``y``/``Y``/``n``/``N`` besides the others),
-``strconv.ParseInt(s, 0, 64)`` after removing ``_`` (``0x``, ``0o``, ``0b``, leading-zero
-octal), its ``yamlStyleFloat`` (``1e5``, ``1.``, ``.5``) and its timestamp layouts
-(``2006-1-2``, with a time after ``T``/``t``/space). Over-quoting never changes a value; the
-patterns below are a little wider than the readers' where that kept them simple.
-"""
+"""Manifest YAML as kubectl reads it (sigs.k8s.io/yaml: go-yaml v2, a YAML 1.1 reader): the
+one emitter of Kubernetes output, and the reader of manifests, rendered or hand-written."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 import yaml
 
 Obj = dict[str, Any]
+
+# ------------------------------------------------------------------------------ writing
+# go-yaml v2 resolves a plain (unquoted) scalar by its look: ``y``, ``N``, ``off`` are booleans,
+# ``1e-05`` and ``.5`` floats, ``0o17``, ``0x1F``, ``017`` and ``1_000`` integers, ``2024-1-2`` a
+# timestamp, ``~`` null, ``<<`` a merge key; PyYAML also reads ``1:30`` as 5400 and ``=`` as a
+# value key. A string that any of these readers could take for anything but itself is written
+# quoted, so every reader gets the same string back; other strings stay plain, and multi-line
+# ones are ``|`` blocks where the emitter can keep them exact. PyYAML's own resolver already
+# quotes most of them; GO_YAML_V2 adds the rest from go-yaml v2's ``resolve.go``. Over-quoting
+# never changes a value: the patterns are a little wider than the readers' where that is simpler.
 
 DIGITS = "0123456789"
 SIGNED = "-+" + DIGITS
@@ -94,6 +89,112 @@ def manifest_text(obj: Obj) -> str:
 def manifests_text(objs: list[Obj]) -> str:
     """Several manifests as one multi-document YAML (``---`` between them)."""
     return "---\n".join(manifest_text(obj) for obj in objs)
+
+
+# ------------------------------------------------------------------------------ reading
+# kubectl and the API server turn YAML into JSON with sigs.k8s.io/yaml, which decodes with its
+# fork of go-yaml v2 into ``interface{}``. Unlike ``yaml.safe_load``: a timestamp-looking plain
+# scalar stays a string, and so does ``1:20``; booleans are go-yaml's YAML 1.1 set, ``y`` and ``N``
+# included; integers follow Go's ``strconv.ParseInt(s, 0, 64)`` without underscores (``017`` is
+# octal), floats go-yaml's pattern (``1e3`` is one); JSON has no integral floats, so ``1.0``
+# arrives as the integer 1 and ``.inf`` cannot arrive at all; keys are JSON strings (``y:`` is
+# "true"); a key given twice is an error (strict field validation, the default since 1.27).
+
+BOOL_TRUE = ("y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON")
+BOOL_FALSE = ("n", "N", "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF")
+BOOL = re.compile("^(?:" + "|".join(BOOL_TRUE + BOOL_FALSE) + ")$")
+INT = re.compile(r"^[-+]?(?:0[xX][0-9a-fA-F_]+|0[oO][0-7_]+|0[bB][01_]+|[0-9][0-9_]*)$")
+FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?"
+                   r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
+
+
+_PARSER: Any = getattr(yaml, "CParser", None)  # libyaml's parser when PyYAML has it (fast)
+
+
+if _PARSER is not None:
+    class KubeLoader(_PARSER, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+        """A safe loader that resolves plain scalars as go-yaml v2 does (see "reading")."""
+
+        def __init__(self, stream: Any) -> None:
+            _PARSER.__init__(self, stream)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+else:  # pragma: no cover - PyYAML without libyaml
+    class KubeLoader(yaml.SafeLoader):  # type: ignore[no-redef]
+        """A safe loader that resolves plain scalars as go-yaml v2 does (see "reading")."""
+
+
+# Start from no implicit resolvers, then add go-yaml v2's; the first characters are hints.
+KubeLoader.yaml_implicit_resolvers = {}
+KubeLoader.add_implicit_resolver("tag:yaml.org,2002:bool", BOOL, list("yYnNtTfFoO"))
+KubeLoader.add_implicit_resolver("tag:yaml.org,2002:int", INT, list("-+0123456789"))
+KubeLoader.add_implicit_resolver("tag:yaml.org,2002:float", FLOAT, list("-+0123456789."))
+KubeLoader.add_implicit_resolver("tag:yaml.org,2002:null", NULL, ["~", "n", "N", ""])
+KubeLoader.add_implicit_resolver("tag:yaml.org,2002:merge", re.compile(r"^<<$"), ["<"])
+
+
+class YamlProblem(ValueError):
+    """The text is not YAML kubectl would send (message names the line)."""
+
+
+def _bool(loader: Any, node: yaml.ScalarNode) -> bool:
+    return str(loader.construct_scalar(node)) in BOOL_TRUE
+
+
+def _int(loader: Any, node: yaml.ScalarNode) -> int:
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    sign = -1 if text.startswith("-") else 1
+    digits = text.lstrip("+-")
+    if len(digits) > 1 and digits[0] == "0" and digits[1] in "0123456789":
+        return sign * int(digits, 8)  # Go's base 0: a leading 0 is octal
+    return sign * int(digits, 0)
+
+
+def _float(loader: Any, node: yaml.ScalarNode) -> float | int:
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    value = float(text.lower().replace(".inf", "inf").replace(".nan", "nan"))
+    if math.isinf(value) or math.isnan(value):
+        raise YamlProblem(f"line {node.start_mark.line + 1}: {text} is not a number JSON can "
+                          "carry (kubectl refuses it); quote it if it is a string")
+    return int(value) if value.is_integer() and abs(value) < 2**63 else value
+
+
+def _key_text(key: object) -> str:
+    """A key as sigs.k8s.io/yaml writes it into JSON: ``y:`` is the key "true", ``1:`` "1"."""
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if key is None:
+        return "null"
+    return repr(key) if isinstance(key, float) else str(key)
+
+
+def _mapping(loader: Any, node: yaml.MappingNode) -> dict[str, Any]:
+    loader.flatten_mapping(node)
+    seen: dict[str, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, (str, int, float, bool)) and key is not None:
+            raise YamlProblem(f"line {key_node.start_mark.line + 1}: a mapping key must be a "
+                              "scalar")
+        key = _key_text(key)
+        if key in seen:
+            raise YamlProblem(f"line {key_node.start_mark.line + 1}: duplicate key {key!r} "
+                              "(the API server's strict field validation refuses it)")
+        seen[key] = loader.construct_object(value_node, deep=True)
+    return seen
+
+
+KubeLoader.add_constructor("tag:yaml.org,2002:bool", _bool)
+KubeLoader.add_constructor("tag:yaml.org,2002:int", _int)
+KubeLoader.add_constructor("tag:yaml.org,2002:float", _float)
+KubeLoader.add_constructor("tag:yaml.org,2002:map", _mapping)
+
+
+def load_all(text: str) -> list[Any]:
+    """Every non-empty document of ``text``, read as kubectl reads it. Raises YamlProblem or
+    yaml.YAMLError on text kubectl would refuse."""
+    return [doc for doc in yaml.load_all(text, Loader=KubeLoader) if doc is not None]
 
 
 def read_manifests(text: str) -> list[Obj]:

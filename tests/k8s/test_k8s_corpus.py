@@ -75,8 +75,8 @@ def test_every_cel_rule_of_the_vendored_crds_evaluates() -> None:
     """cel-python compiles and runs each create-time rule of every CRD in k8s/schemas and
     /work/shared/k8s-schemas (when present) on a value that satisfies it and one that does
     not; transition rules (oldSelf) are skipped on create, as by the API server."""
-    from torchjob.k8s.cel import holds, is_transition_rule, rule_problems
-    from torchjob.k8s.schema import SCHEMA_DIR
+    from torchjob.k8s.validate.cel import holds, is_transition_rule, rule_problems
+    from torchjob.k8s.validate.schema import SCHEMA_DIR
     rules: set[str] = set()
 
     def walk(node: object) -> None:

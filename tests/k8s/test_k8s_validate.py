@@ -10,7 +10,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from torchjob.k8s.schema import check
+from torchjob.k8s.validate.schema import check
 from torchjob.k8s.validate import Problem, looks_secret, validate, validate_text
 
 RESTRICTED = """
@@ -271,7 +271,7 @@ def test_validate_text_and_non_manifests() -> None:
 def test_rendered_trainjob_fits_the_newest_trainjob_crd_too() -> None:
     """k8s.schema checks the latest release (v2.3.0); master's CRD must accept it as well."""
     from torchjob.k8s.manifests import variant_spec
-    from torchjob.k8s.schema import SCHEMA_DIR
+    from torchjob.k8s.validate.schema import SCHEMA_DIR
     from torchjob.k8s.trainjob import render_trainjob
 
     crd = yaml.load((SCHEMA_DIR / "trainer.kubeflow.org_trainjobs.yaml").read_text(),
@@ -307,7 +307,7 @@ def test_vendored_crds_match_their_checksums() -> None:
     them, so an edited, missing or unlisted file fails here rather than changing validation."""
     import hashlib
 
-    from torchjob.k8s.schema import SCHEMA_DIR
+    from torchjob.k8s.validate.schema import SCHEMA_DIR
     fix = ("copy the file again from upstream (SOURCES.md), then in k8s/schemas run "
            "`sha256sum $(ls | grep -vx SHA256SUMS) > SHA256SUMS`")
     listed: dict[str, str] = {}
@@ -376,9 +376,9 @@ def test_a_multi_document_manifest_names_each_document() -> None:
 
 
 def test_yaml_is_read_as_kubectl_reads_it() -> None:
-    """go-yaml v2 semantics (k8s.yamlread): dates and 1:2 stay strings, y/yes/on are booleans,
+    """go-yaml v2 semantics (k8s.yaml): dates and 1:2 stay strings, y/yes/on are booleans,
     keys are strings, whole floats are integers, duplicates are refused."""
-    from torchjob.k8s.yamlread import YamlProblem, load_all
+    from torchjob.k8s.yaml import YamlProblem, load_all
     [doc] = load_all("a: 2024-01-01\nb: 1:2\nc: y\nd: on\ne: 1.0\nf: 1e3\ng: 0x1F\nh: 017\n"
                      "n: 1\ni: '2024-01-01'\nj: 1.5\nk: 2024-01-01T10:00:00Z\n")
     assert doc == {"a": "2024-01-01", "b": "1:2", "c": True, "d": True, "e": 1, "f": 1000,
@@ -397,7 +397,7 @@ def test_int_or_string_quantities_and_generate_name() -> None:
         assert not list(check(good, quantity, "q")), good
     for bad in (1.5, "1GB", "1.5.0", "", "1 Gi", True):
         assert list(check(bad, quantity, "q")), bad
-    from torchjob.k8s.meta import effective_name
+    from torchjob.k8s.validate.meta import effective_name
     assert effective_name({"generateName": "a" * 70}) == "a" * 58 + "bcdfg"
     assert effective_name({"name": "x", "generateName": "y-"}) == "x"
     job = static()
@@ -413,7 +413,7 @@ def test_int_or_string_quantities_and_generate_name() -> None:
 def test_a_trainjobs_pods_are_its_runtimes_with_its_patches() -> None:
     """runtime_pods: the stock torch-distributed runtime's node pods break restricted; a patch
     that sets the securityContext fixes that, merged by container name."""
-    from torchjob.k8s.runtimes import merge
+    from torchjob.k8s.validate.runtimes import merge
     assert merge({"containers": [{"name": "node", "image": "i"}]},
                  {"containers": [{"name": "node", "securityContext": {"a": 1}},
                                  {"name": "side"}]}) == {

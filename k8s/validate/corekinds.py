@@ -1,20 +1,18 @@
-"""The Deployment (``apps/v1``) and Service (``v1``) of an elastic job's rendezvous store
-(``torchjob.k8s.store``): the fields the API server's validation of those kinds requires
-(k8s.io/kubernetes pkg/apis/apps/validation and pkg/apis/core/validation). No OpenAPI schema of
-the core kinds is kept here, so this is those rules, not a full schema. Each yields (rule,
-field path, message); Pod Security of the Deployment's pod template is torchjob.k8s.podsecurity's.
-"""
+"""The API server's own validation of the rendezvous store's Deployment (``apps/v1``) and
+Service (``v1``): the fields it requires, not a full schema (none of the core kinds is kept)."""
 
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
 from typing import Any
 
-from torchjob.jobs.values import DNS_1035
-from torchjob.k8s.meta import subdomain_problem
-from torchjob.k8s.tree import get_in
+from torchjob.jobs.values import subdomain_problem
+from torchjob.k8s.validate.meta import dns_1035_problem
+from torchjob.k8s.validate.tree import get_in
 
-Rule = tuple[str, str, str]
+# k8s.io/kubernetes pkg/apis/apps/validation and pkg/apis/core/validation; the pod template's
+# Pod Security is podsecurity's.
+Rule = tuple[str, str, str]  # (rule, field path, message)
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
 
 
@@ -81,9 +79,9 @@ def ports(where: str, items: object, key: str) -> Iterator[Rule]:
 def service(obj: dict[str, Any]) -> Iterator[Rule]:
     """The fields ``v1`` Service validation requires."""
     name = get_in(obj, "metadata", "name")
-    if not isinstance(name, str) or len(name) > 63 or not DNS_1035.fullmatch(name):
-        yield ("name", "metadata.name", f"{name!r} is not a DNS-1035 label (lower case "
-               "letters, digits and '-', starting with a letter, at most 63 characters)")
+    why = dns_1035_problem(name)
+    if why:
+        yield ("name", "metadata.name", why)
     spec = yield from _spec(obj)
     if spec is None:
         return

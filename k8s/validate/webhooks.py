@@ -1,32 +1,5 @@
-"""The operators' validating admission webhooks, offline: each rule is upstream's, cited where
-it is defined. A rule yields (rule, field path, message).
-
-PyTorchJob (kubeflow/trainer release-1.9, pkg/webhooks/pytorch/pytorchjob_webhook.go and
-pkg/common/util/webhooks.go): the name is a DNS-1035 label; replica types are Master and
-Worker; every replica has containers, each with an image, one of them named ``pytorch``;
-Master replicas is 1, other replicas >= 1 when set; an elasticPolicy needs a Worker;
-elasticPolicy.nProcPerNode may not be combined with spec.nprocPerNode; runPolicy.managedBy is
-one of two controllers. Nothing else: the CRD has no enum for ``rdzvBackend``,
-``restartPolicy`` or ``cleanPodPolicy``, and no webhook checks them.
-
-TrainJob (v2.3.0, pkg/webhooks/trainjob_webhook.go): the runtime of ``spec.runtimeRef`` must be
-a registered kind (TrainingRuntime or ClusterTrainingRuntime of trainer.kubeflow.org), then that
-runtime's plugins validate the job. Those need the runtime object, which only a cluster has;
-here it is one found among the documents being validated or one of the ClusterTrainingRuntimes
-upstream installs (``torchjob.k8s.runtimes``). Checked:
-runtimePatches' managers are domain-prefixed paths (jobset plugin); with the runtime known,
-patches name only its replicated jobs and containers, set no env of the node and initializer
-containers, and an initializer needs its job and container (jobset plugin); with a torch
-runtime, ``trainer.env`` sets none of torchrun's five reserved variables (torch plugin); with a
-Flux runtime, numProcPerNode >= 1 and no ``flux-installer`` init container of its own (flux
-plugin). Of our own, not upstream's: numProcPerNode >= 1 for every TrainJob (upstream admits 0,
-and the job's nodes fail at start).
-Nothing requires the command to start with torchrun.
-
-TrainingRuntime and ClusterTrainingRuntime (v2.3.0, pkg/webhooks/trainingruntime_webhook.go):
-a replicated job labelled as an ancestor (trainer, model-initializer, dataset-initializer)
-has replicas 1 (the CRD's default) and the container that ancestor needs.
-"""
+"""The operators' validating admission webhooks, offline, for PyTorchJob, TrainJob and the
+training runtimes: each rule is upstream's, cited where it is defined."""
 
 from __future__ import annotations
 
@@ -34,10 +7,10 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from torchjob.jobs.values import DNS_1035, DNS_1123_SUBDOMAIN
-from torchjob.k8s.meta import effective_name
-from torchjob.k8s.runtimes import Runtimes, referenced
-from torchjob.k8s.tree import as_list, get_in
+from torchjob.jobs.values import subdomain_problem
+from torchjob.k8s.validate.meta import dns_1035_problem, effective_name
+from torchjob.k8s.validate.runtimes import Runtimes, referenced
+from torchjob.k8s.validate.tree import as_list, get_in
 
 Rule = tuple[str, str, str]  # (rule, field path, message)
 GROUP = "trainer.kubeflow.org"
@@ -56,10 +29,13 @@ HTTP_PATH = re.compile(r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+")
 
 
 def pytorchjob(obj: dict[str, Any]) -> Iterator[Rule]:
+    """The PyTorchJob webhook (kubeflow/trainer release-1.9, pkg/webhooks/pytorch and
+    pkg/common/util/webhooks.go). Nothing else: the CRD has no enum for ``rdzvBackend``,
+    ``restartPolicy`` or ``cleanPodPolicy``, and no webhook checks them."""
     name = effective_name(obj.get("metadata"))
-    if name is not None and (len(name) > 63 or not DNS_1035.fullmatch(name)):
-        yield ("name", "metadata.name", f"{name!r} is not a DNS-1035 label (lower case letters, "
-               "digits and '-', starting with a letter, at most 63 characters)")
+    why = dns_1035_problem(name) if name is not None else None
+    if why:
+        yield ("name", "metadata.name", why)
     spec: dict[str, Any] = obj["spec"] if isinstance(obj.get("spec"), dict) else {}
     managed = get_in(spec, "runPolicy", "managedBy")
     if managed is not None and managed not in MANAGED_BY:
@@ -105,7 +81,8 @@ def pytorchjob(obj: dict[str, Any]) -> Iterator[Rule]:
 
 
 def runtime(obj: dict[str, Any]) -> Iterator[Rule]:
-    """validateReplicatedJobs of the TrainingRuntime/ClusterTrainingRuntime webhook."""
+    """validateReplicatedJobs of the TrainingRuntime/ClusterTrainingRuntime webhook (v2.3.0,
+    pkg/webhooks/trainingruntime_webhook.go)."""
     base = "spec.template.spec.replicatedJobs"
     for i, rjob in enumerate(as_list(get_in(obj, "spec", "template", "spec", "replicatedJobs"))):
         ancestor = get_in(rjob, "template", "metadata", "labels", ANCESTOR_LABEL)
@@ -124,6 +101,9 @@ def runtime(obj: dict[str, Any]) -> Iterator[Rule]:
 
 
 def trainjob(obj: dict[str, Any], runtimes: Runtimes) -> Iterator[Rule]:
+    """The TrainJob webhook (v2.3.0, pkg/webhooks/trainjob_webhook.go): a registered runtime
+    kind, then that runtime's plugins (jobset, torch, flux), which need the runtime object: one
+    of ``runtimes`` or none. Nothing requires the command to start with torchrun."""
     ref = get_in(obj, "spec", "runtimeRef")
     if not isinstance(ref, dict):
         return
@@ -184,7 +164,7 @@ def domain_prefixed_path_problem(value: object) -> str | None:
     host, slash, path = value.partition("/")
     if not slash or not host or not path:
         return f"{value!r} must be a domain-prefixed path (such as 'acme.io/foo')"
-    if len(host) > 253 or not DNS_1123_SUBDOMAIN.fullmatch(host):
+    if subdomain_problem(host):
         return f"{host!r} must be a lowercase RFC 1123 subdomain"
     if not HTTP_PATH.fullmatch(path):
         return f"{path!r} is not a valid path"

@@ -1,27 +1,12 @@
-"""Pod Security Standards, "restricted" profile (which includes "baseline"), version "latest",
-for one pod spec: https://kubernetes.io/docs/concepts/security/pod-security-standards/ and
-k8s.io/pod-security-admission/policy/check_*.go.
-
-A report, not an admission verdict: Pod Security is a namespace's policy (the
-``pod-security.kubernetes.io/enforce`` label), so a manifest the API server accepts may still
-break these rules. Every check names its control and a field path. "containers" below means
-``containers``, ``initContainers`` and ``ephemeralContainers``.
-
-Baseline: HostProcess; host namespaces; privileged; capabilities beyond the baseline set;
-hostPath volumes; host ports; AppArmor; SELinux type/user/role; /proc mount; seccomp
-Unconfined; sysctls outside the safe set. Restricted adds: volume types (an allowlist);
-allowPrivilegeEscalation false; runAsNonRoot true; runAsUser not 0; seccomp RuntimeDefault or
-Localhost at the pod or every container; capabilities drop ALL and add only NET_BIND_SERVICE.
-Pods with ``spec.os.name: windows`` are exempt from three restricted controls, Privilege
-Escalation, Seccomp and Capabilities (the admission plugin's 1.25+ policy).
-"""
+"""Pod Security Standards "restricted" (which includes "baseline"), version "latest", for one pod
+spec (k8s.io/pod-security-admission policy/check_*.go). A namespace's policy, so a report."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
-from torchjob.k8s.tree import as_list
+from torchjob.k8s.validate.tree import as_list
 
 PodProblem = tuple[str, str]  # (field path, message)
 CONTAINER_GROUPS = ("initContainers", "containers", "ephemeralContainers")
@@ -146,7 +131,7 @@ def _container(c: dict[str, Any], where: str, pod_non_root: bool, pod_seccomp: b
     beyond = sorted(set(added) - BASELINE_CAPABILITIES)
     if beyond:
         yield f"{path}.capabilities.add", f"(Capabilities) {beyond} are beyond the baseline set"
-    if windows:
+    if windows:  # exempt from Privilege Escalation, Seccomp and Capabilities (1.25+ policy)
         return
     escalation = sc.get("allowPrivilegeEscalation")
     if escalation is True or (escalation is None and complete):

@@ -1,17 +1,5 @@
-"""Structural validation against an upstream CRD's ``openAPIV3Schema``, as the API server does.
-
-A small walker over the structural-schema subset the CRDs use: ``type`` (with ``format``
-int32/int64 ranges), ``properties`` (unknown fields are errors, as with kubectl's strict field
-validation) and ``additionalProperties``, ``required``, ``enum``, ``items``, ``anyOf``,
-``pattern``, ``minimum``/``maximum``, ``minLength``/``maxLength``, ``minItems``/``maxItems``,
-``minProperties``/``maxProperties``, ``x-kubernetes-int-or-string`` (an integer, or a string
-that matches the field's ``pattern``: a quantity such as ``500m`` or ``1Gi``; a fractional
-number such as an unquoted ``1.5`` is neither), ``x-kubernetes-list-type`` set/map (no
-duplicates), ``x-kubernetes-preserve-unknown-fields``, and the CEL rules
-(``x-kubernetes-validations``, ``torchjob.k8s.cel``; the root's rules see ``metadata.name`` and
-``metadata.generateName`` only, the name being the generated one for a ``generateName``). The
-CRDs are data in ``k8s/schemas/`` (copied byte for byte from upstream).
-"""
+"""A custom resource checked as the API server checks it on create: against its upstream CRD's
+``openAPIV3Schema`` and CEL rules. The CRDs are data in ``k8s/schemas/``."""
 
 from __future__ import annotations
 
@@ -23,12 +11,12 @@ from typing import Any
 
 import yaml
 
-from torchjob.k8s.cel import rule_problems
-from torchjob.k8s.meta import effective_name
+from torchjob.k8s.validate.cel import rule_problems
+from torchjob.k8s.validate.meta import effective_name
 
 # Byte-for-byte copies of the upstream CRDs (k8s/schemas/SOURCES.md says where from); a test
 # checks them against k8s/schemas/SHA256SUMS.
-SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
+SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
 CRDS = {
     ("kubeflow.org/v1", "PyTorchJob"): "kubeflow.org_pytorchjobs.yaml",
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org_trainjobs.v2.3.0.yaml",
@@ -80,7 +68,10 @@ def _join(path: str, key: object) -> str:
 
 
 def check(value: Any, schema: dict[str, Any], path: str) -> Iterator[SchemaProblem]:
-    """Every structural problem of ``value`` against ``schema``, with its field path."""
+    """Every structural problem of ``value`` against ``schema``, with its field path: the
+    structural-schema subset the CRDs use. Unknown fields are errors (kubectl's strict field
+    validation); ``x-kubernetes-int-or-string`` is an integer or a string matching the field's
+    ``pattern`` (a quantity such as ``500m``; an unquoted ``1.5`` is neither)."""
     if value is None:
         if not schema.get("nullable"):
             yield path, "is null; remove the field or give it a value"
@@ -188,7 +179,8 @@ def is_namespaced(api_version: str, kind: str, schema_dir: Path = SCHEMA_DIR) ->
 def structural_problems(obj: dict[str, Any], schema_dir: Path = SCHEMA_DIR,
                         ) -> list[SchemaProblem]:
     """Problems of a custom resource of a vendored CRD against its schema and CEL rules ([]
-    when it conforms). ``metadata`` is left to k8s.meta, except what the root's rules read."""
+    when it conforms). ``metadata`` is left to ``meta``, except what the root's rules read:
+    ``name`` (the generated one for a ``generateName``) and ``generateName``."""
     key = (obj.get("apiVersion"), obj.get("kind"))
     if not all(isinstance(k, str) for k in key) or key not in CRDS:
         known = ", ".join(f"{k} {v}" for v, k in CRDS)
@@ -199,7 +191,7 @@ def structural_problems(obj: dict[str, Any], schema_dir: Path = SCHEMA_DIR,
     root = {k: v for k, v in schema.items() if k != "x-kubernetes-validations"}
     problems = list(check(body, {**root, "properties": props}, "")) if body else []
     name = effective_name(obj.get("metadata"))
-    if name is not None:  # without a name, torchjob.k8s.meta reports it; the rules cannot run
+    if name is not None:  # without a name, meta reports it; the rules cannot run
         meta = {"name": name}
         generate = obj["metadata"].get("generateName")
         if isinstance(generate, str):

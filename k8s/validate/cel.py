@@ -1,21 +1,5 @@
-"""The CRDs' CEL rules (``x-kubernetes-validations``), evaluated as the API server does on
-create.
-
-The evaluator is cel-python (PyPI ``cel-python``, import ``celpy``): a Python implementation of
-CEL that installs with pip here and evaluates every rule of the vendored CRDs (a test runs each
-one, true and false): ``self``, ``has()``, ``size()`` and ``.size()``, ``in``, ``matches``
-(RE2, through google-re2, the regular expression engine of Kubernetes' CEL), ``all``,
-``exists`` and ``filter``. common-expression-language (bindings to the Rust cel crate) also
-installs and gets the same answers on these rules; cel-python was kept for being Python
-(errors and values are Python objects we can read, no compiled CEL runtime to trust) and as
-fast to start (both take about a second on first use: building cel-python's parser, importing
-the other). The environment is built on first use, so manifests without create-time rules
-(a PyTorchJob: its one rule is a transition rule) never pay for it.
-
-Transition rules (those that reference ``oldSelf``) are skipped, which is what the API server
-does on create: there is no old object. A rule that cannot be evaluated (a missing field it
-reads without ``has()``) fails, as it does in the API server, with the evaluation error named.
-"""
+"""The CRDs' CEL rules (``x-kubernetes-validations``), evaluated with cel-python as the API
+server evaluates them on create, where transition rules (those reading ``oldSelf``) are skipped."""
 
 from __future__ import annotations
 
@@ -32,6 +16,7 @@ OLD_SELF = re.compile(r"\boldSelf\b")
 
 @functools.lru_cache(maxsize=1)
 def environment() -> Any:
+    """Built on first use: a manifest without create-time rules never pays for it."""
     return celpy.Environment()
 
 
@@ -47,7 +32,8 @@ def is_transition_rule(rule: str) -> bool:
 
 def holds(rule: str, value: Any) -> tuple[bool, str]:
     """Whether ``rule`` holds for ``self`` = ``value`` (JSON-like data); (False, why) when it
-    does not or cannot be evaluated."""
+    does not or cannot be evaluated (a field read without ``has()`` is missing), as in the API
+    server."""
     try:
         result = program(rule).evaluate({"self": celpy.json_to_cel(value)})
     except celpy.CELEvalError as exc:

@@ -1,15 +1,5 @@
-"""``metadata`` as the API server validates it for a custom resource, and the rules for names,
-label keys and values it is built from (k8s.io/apimachinery pkg/util/validation and
-pkg/api/validation/objectmeta.go; a custom resource's name is a DNS-1123 subdomain,
-apiextensions-apiserver pkg/registry/customresource/validator.go).
-
-``generateName``: on create the API server first sets ``name`` to ``generateName`` cut to 58
-characters plus 5 random characters (k8s.io/apiserver pkg/storage/names/generate.go:
-maxNameLength 63, randomLength 5), then validates; so a job with only ``generateName`` is
-judged by the name it will get (``effective_name``), and a long ``generateName`` is cut, not
-refused. The random characters are from ``bcdfghjklmnpqrstvwxz2456789``; ``GENERATED`` stands
-for them.
-"""
+"""``metadata`` as the API server validates it on create (k8s.io/apimachinery
+pkg/api/validation/objectmeta.go): name or generateName, namespace, labels, annotations."""
 
 from __future__ import annotations
 
@@ -17,15 +7,16 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from torchjob.jobs.values import DNS_1123_LABEL, DNS_1123_SUBDOMAIN
+from torchjob.jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_LABEL_MAX, QUALIFIED_NAME,
+                                  qualified_name_problem, subdomain_problem)
 
 MetaProblem = tuple[str, str]  # (field path, message)
-LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
-QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-MAX_NAME = 63  # a label, a qualified name's name part, a label value
-MAX_SUBDOMAIN = 253
+LABEL_VALUE = re.compile(rf"({QUALIFIED_NAME.pattern})?")
+# On create the API server first sets ``name`` to ``generateName`` cut to 58 characters plus 5
+# random ones from "bcdfghjklmnpqrstvwxz2456789" (k8s.io/apiserver pkg/storage/names), then
+# validates: a long generateName is cut, not refused.
 MAX_GENERATED_PREFIX = 58  # names.MaxGeneratedNameLength = 63 - 5
-GENERATED = "bcdfg"  # five of the characters the name generator draws from
+GENERATED = "bcdfg"  # stands for the 5 random characters
 MAX_ANNOTATIONS = 256 * 1024  # TotalAnnotationSizeLimitB
 # ObjectMeta's fields (k8s.io/apimachinery pkg/apis/meta/v1 types.go); strict field
 # validation refuses any other key under metadata.
@@ -48,35 +39,13 @@ def effective_name(meta: object) -> str | None:
     return None
 
 
-def subdomain_problem(value: str, prefix: bool = False) -> str | None:
-    """Why ``value`` is not a DNS-1123 subdomain (``prefix``: a generateName, whose trailing
-    '-' is allowed, as NameIsDNSSubdomain(name, prefix=true) masks it); None when it is."""
-    text = value[:-1] + "a" if prefix and value.endswith("-") else value
-    if len(text) > MAX_SUBDOMAIN:
-        return f"must be no more than {MAX_SUBDOMAIN} characters"
-    if not DNS_1123_SUBDOMAIN.fullmatch(text):
-        return ("must be a lowercase RFC 1123 subdomain: lower case letters, digits, '-' and "
-                "'.', starting and ending with a letter or digit")
-    return None
-
-
-def qualified_name_problem(key: str) -> str | None:
-    """Why ``key`` is not a qualified name (``[prefix/]name``: label and annotation keys)."""
-    prefix, slash, name = key.rpartition("/")
-    if slash and not prefix:
-        return "the prefix before '/' must not be empty"
-    if slash and prefix.count("/"):
-        return "may hold at most one '/'"
-    if slash and subdomain_problem(prefix):
-        return f"prefix {prefix!r} {subdomain_problem(prefix)}"
-    if not name:
-        return "the name part must not be empty"
-    if len(name) > MAX_NAME:
-        return f"the name part must be no more than {MAX_NAME} characters"
-    if not QUALIFIED_NAME.fullmatch(name):
-        return ("the name part must be letters, digits, '-', '_' or '.', starting and ending "
-                "with a letter or digit")
-    return None
+def dns_1035_problem(name: object) -> str | None:
+    """Why ``name`` is not a DNS-1035 label (a Service's or a PyTorchJob's name); None when it
+    is."""
+    if isinstance(name, str) and len(name) <= DNS_LABEL_MAX and DNS_1035.fullmatch(name):
+        return None
+    return (f"{name!r} is not a DNS-1035 label (lower case letters, digits and '-', starting "
+            f"with a letter, at most {DNS_LABEL_MAX} characters)")
 
 
 def label_value_problem(value: object) -> str | None:
@@ -84,8 +53,8 @@ def label_value_problem(value: object) -> str | None:
     if not isinstance(value, str):
         return (f"is {type(value).__name__} {value!r}: label values are strings; quote it "
                 f"('{value}')")
-    if len(value) > MAX_NAME:
-        return f"must be no more than {MAX_NAME} characters"
+    if len(value) > DNS_LABEL_MAX:
+        return f"must be no more than {DNS_LABEL_MAX} characters"
     if not LABEL_VALUE.fullmatch(value):
         return ("must be empty or letters, digits, '-', '_' or '.', starting and ending with a "
                 "letter or digit")
@@ -132,7 +101,8 @@ def annotations_problems(annotations: object, path: str) -> Iterator[MetaProblem
 def object_meta_problems(meta: object, namespaced: bool = True,
                          names: bool = True) -> Iterator[MetaProblem]:
     """Problems of a custom resource's ``metadata`` on create (ValidateObjectMetaAccessor with
-    NameIsDNSSubdomain, after the name is generated). ``names=False`` leaves name and
+    NameIsDNSSubdomain, after the name is generated: a custom resource's name is a DNS-1123
+    subdomain, apiextensions-apiserver's validator.go). ``names=False`` leaves name and
     generateName to the caller (a core kind with a rule of its own)."""
     if not isinstance(meta, dict):
         yield "metadata", "is required and must be a mapping (with name or generateName)"
@@ -151,7 +121,8 @@ def _names(meta: dict[str, Any]) -> Iterator[MetaProblem]:
         if value is not None and not isinstance(value, str):
             yield f"metadata.{field}", f"is {type(value).__name__} {value!r}: it is a string"
     if isinstance(prefix, str) and prefix:
-        why = subdomain_problem(prefix, prefix=True)
+        # NameIsDNSSubdomain(prefix=true): a generateName may end in '-'
+        why = subdomain_problem(prefix[:-1] + "a" if prefix.endswith("-") else prefix)
         if why:
             yield "metadata.generateName", f"{prefix!r} {why}"
     full = effective_name(meta)
@@ -167,10 +138,10 @@ def _after_names(meta: dict[str, Any], namespaced: bool) -> Iterator[MetaProblem
     if namespace is not None:
         if not namespaced:
             yield "metadata.namespace", "not allowed on a cluster-scoped object"
-        elif not isinstance(namespace, str) or len(namespace) > MAX_NAME \
+        elif not isinstance(namespace, str) or len(namespace) > DNS_LABEL_MAX \
                 or not DNS_1123_LABEL.fullmatch(namespace):
             yield "metadata.namespace", (f"{namespace!r} must be a lowercase RFC 1123 label "
-                                         f"(at most {MAX_NAME} characters)")
+                                         f"(at most {DNS_LABEL_MAX} characters)")
     yield from labels_problems(meta.get("labels"), "metadata.labels")
     yield from annotations_problems(meta.get("annotations"), "metadata.annotations")
     finalizers = meta.get("finalizers")

@@ -1,15 +1,5 @@
-"""Training runtimes a TrainJob refers to, and the pods a TrainJob gets from its runtime.
-
-A TrainJob's pods are its runtime's pod templates with the job's ``runtimePatches`` applied,
-so what the webhooks and Pod Security judge depends on the runtime. Known runtimes are those
-among the documents being validated and, by name, the ClusterTrainingRuntimes upstream
-installs (v2.3.0 ``manifests/base/runtimes``, vendored byte for byte in k8s/schemas as
-``runtime_*.yaml``; a cluster whose admin changed one of them may differ).
-
-Patches merge as the controller's strategic merge does for these fields: maps recursively,
-the lists ``containers``, ``initContainers``, ``volumes``, ``env`` and ``volumeMounts`` by
-``name``, anything else replaced.
-"""
+"""The training runtimes a TrainJob may refer to, known without a cluster, and the pods a
+TrainJob gets from its runtime with its ``runtimePatches`` merged in."""
 
 from __future__ import annotations
 
@@ -20,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from torchjob.k8s.schema import SCHEMA_DIR
-from torchjob.k8s.tree import as_list, get_in
+from torchjob.k8s.validate.schema import SCHEMA_DIR
+from torchjob.k8s.validate.tree import as_list, get_in
 
 Runtimes = dict[tuple[str, str, str], dict[str, Any]]  # (kind, namespace or "", name) -> obj
 MERGE_BY_NAME = ("containers", "initContainers", "volumes", "env", "volumeMounts")
@@ -45,8 +35,9 @@ def _defaults() -> tuple[tuple[tuple[str, str, str], dict[str, Any]], ...]:
 
 
 def default_runtimes() -> Runtimes:
-    """The ClusterTrainingRuntimes upstream installs, by key (a new dict of shared objects,
-    which nothing here changes: ``merge`` copies)."""
+    """The ClusterTrainingRuntimes upstream installs (v2.3.0 ``manifests/base/runtimes``,
+    vendored byte for byte in k8s/schemas as ``runtime_*.yaml``; a cluster whose admin changed
+    one may differ), by key: a new dict of shared objects, which nothing here changes."""
     return dict(_defaults())
 
 
@@ -61,7 +52,9 @@ def referenced(obj: dict[str, Any], runtimes: Runtimes) -> tuple[str, dict[str, 
 
 
 def merge(base: Any, patch: Any) -> Any:
-    """``patch`` applied to ``base`` (module docstring); neither is changed."""
+    """``patch`` applied to ``base`` as the controller's strategic merge applies it to these
+    fields: maps recursively, the lists of MERGE_BY_NAME by ``name``, anything else replaced;
+    neither is changed."""
     if isinstance(base, dict) and isinstance(patch, dict):
         out = dict(base)
         for key, value in patch.items():

@@ -1,23 +1,5 @@
-"""Validate Kubernetes manifests, rendered or hand-written: PyTorchJob, TrainJob,
-TrainingRuntime, ClusterTrainingRuntime, and the rendezvous store's Deployment and Service.
-Reads no cluster.
-
-Each problem names its rule and field path, and belongs to one of three layers:
-
-- ``api``: what the API server refuses on create. The upstream CRD's schema and CEL rules
-  (``k8s.schema``, ``k8s.cel``), ``metadata`` as the API server validates it (``k8s.meta``:
-  name or generateName, labels, annotations), the operators' validating webhooks
-  (``k8s.webhooks``), and the labels of pod templates, which Pod validation refuses when the
-  operator creates the pods. A manifest is valid for upstream when it has no ``api``
-  problem; the corpus in tests/k8s/corpus holds this layer to upstream's own verdicts.
-- ``restricted``: Pod Security "restricted" (``k8s.podsecurity``), a namespace's policy, so a
-  report rather than a verdict; ``pod_security=False`` leaves it out.
-- ``lint``: torchjob's own advice, for settings the API accepts that fail at run time or leak:
-  literal secrets in ``env``, ``elasticPolicy.standalone: true`` (the operator then sets
-  ``PET_STANDALONE=''``, which torchrun cannot parse), an ``nprocPerNode`` torchrun cannot read.
-
-YAML is read as kubectl reads it (``k8s.yamlread``). Rendered jobs must have no problem at all.
-"""
+"""The Kubernetes manifest validator: every broken rule of a PyTorchJob, TrainJob, training
+runtime, or a rendezvous store's Deployment or Service, with its field path. Reads no cluster."""
 
 from __future__ import annotations
 
@@ -28,13 +10,18 @@ from typing import Any
 
 import yaml
 
-from torchjob.k8s import podsecurity, runtimes as known_runtimes, webhooks
-from torchjob.k8s.corekinds import CORE_KINDS
-from torchjob.k8s.meta import object_meta_problems, template_meta_problems
-from torchjob.k8s.schema import CRDS, is_namespaced, structural_problems
-from torchjob.k8s.tree import get_in
-from torchjob.k8s.yamlread import YamlProblem, load_all
+from torchjob.k8s.validate import podsecurity, runtimes as known_runtimes, webhooks
+from torchjob.k8s.validate.corekinds import CORE_KINDS
+from torchjob.k8s.validate.meta import object_meta_problems, template_meta_problems
+from torchjob.k8s.validate.schema import CRDS, is_namespaced, structural_problems
+from torchjob.k8s.validate.tree import get_in
+from torchjob.k8s.yaml import YamlProblem, load_all
 
+# A problem's layer. "api": what the API server refuses on create (the CRD's schema and CEL
+# rules, metadata, the operators' webhooks, and pod template labels, which Pod validation refuses
+# when the operator makes the pods); tests/k8s/corpus holds it to upstream's own verdicts.
+# "restricted": Pod Security "restricted", a namespace's policy, so a report rather than a
+# verdict. "lint": torchjob's advice on settings the API accepts that fail at run time or leak.
 LAYERS = ("api", "restricted", "lint")
 NPROC = re.compile(r"auto|cpu|gpu|[1-9][0-9]*")
 SECRET_WORDS = {"PASSWORD", "PASSWD", "TOKEN", "SECRET", "KEY", "APIKEY", "CREDENTIAL",

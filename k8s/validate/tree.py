@@ -1,5 +1,4 @@
-"""Walking a decoded manifest whose shape is not yet known to be right: one place for the two
-lookups every check of it needs."""
+"""Lookups in a decoded manifest whose shape is not yet known to be right."""
 
 from __future__ import annotations
 
