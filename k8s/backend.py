@@ -10,13 +10,13 @@ logs while the job runs (``follow.py``). Handles: ``k8s:NAMESPACE/NAME`` and
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator, Sequence
 
 from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobStatus, Request,
                                    State)
 from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import DNS_1123_LABEL, DNS_1123_SUBDOMAIN
 from torchjob.k8s.client import Cluster, JobRef, K8sError
 from torchjob.k8s.follow import POLL_S
 from torchjob.k8s.yaml import manifests_text, read_manifests
@@ -59,8 +59,9 @@ class K8sBackend(Backend):
                                f"{', '.join(TARGETS)}")
         if name == "k8s:pytorchjob":
             name = "k8s"
-        if not re.fullmatch(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[a-z0-9])?",
-                            path):
+        namespace, _, job = path.rpartition("/")
+        if not DNS_1123_SUBDOMAIN.fullmatch(job) or (
+                "/" in path and not DNS_1123_LABEL.fullmatch(namespace)):
             raise BackendError(f"{path!r} is not a job: write NAMESPACE/NAME or NAME, as "
                                "torchjob submit printed it")
         return Handle(name, path if "/" in path else f"default/{path}")

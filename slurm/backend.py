@@ -18,7 +18,7 @@ from pathlib import Path
 
 from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobStatus, Request)
 from torchjob.jobs.spec import JobSpec
-from torchjob.jobs.values import SpecError, UserError
+from torchjob.jobs.values import DNS_1035, DNS_LABEL_MAX, SpecError, UserError
 from torchjob.slurm import slurm_cli, status
 from torchjob.slurm.engine import CANCEL_SIGNAL, ScriptExecutor, sbatch_message
 from torchjob.slurm.sbatch import directives, render_sbatch
@@ -26,7 +26,6 @@ from torchjob.slurm.slurm_cli import SlurmError
 from torchjob.slurm.slurm_logs import Follower, first_failures, job_logs, log_files
 
 JOB_ID = re.compile(r"\d+(_\d+)?")
-NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # a job name (the spec's name: a DNS label)
 POLL_S = 0.5  # how often `run` and `logs --follow` read the logs and ask squeue
 SUBMITIT_FOLDER = "submitit"  # under the run directory: submitit's copy of the script
 
@@ -117,7 +116,7 @@ class SlurmBackend(Backend):
     def parse_handle(self, text: str) -> Handle:
         if JOB_ID.fullmatch(text):
             return Handle("slurm", text)
-        if NAME.fullmatch(text):  # a job's name: its latest job of this user's (sacct)
+        if DNS_1035.fullmatch(text) and len(text) <= DNS_LABEL_MAX:  # a job's name: its latest job of this user's (sacct)
             live, records = slurm_cli.mine()
             named = [r["JobID"] for r in records if r.get("JobName") == text
                      and "_" not in r["JobID"] and "." not in r["JobID"]]
