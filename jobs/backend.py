@@ -125,7 +125,7 @@ class JobStatus:
         return out
 
 
-class Closings:
+class ClosingLines:
     """The agents' closing lines (``torchjob.trainer.contract.CLOSING_RE``) seen in a job's output,
     whatever prefix a line has. How the job failed: the last attempt's line, a first-hand one
     (from the node where the failure began) before one that only heard of it."""
@@ -200,7 +200,7 @@ class Backend(abc.ABC):
         a second leaves it stopping on its own (exit 143)."""
         handle = self.submit(request)
         print(f"torchjob: submitted {handle}", file=sys.stderr, flush=True)
-        closings = Closings()
+        closings = ClosingLines()
         with stop_signals() as stops:
             ended = _follow_and_wait(self, handle, request)
             acted = 0  # the stops acted on
@@ -245,7 +245,7 @@ class Backend(abc.ABC):
         return status
 
     @staticmethod
-    def exit_code(status: JobStatus, closings: Closings | None = None) -> int:
+    def exit_code(status: JobStatus, closings: ClosingLines | None = None) -> int:
         """The job's exit code: the scheduler's; for a failed job of which it knows none, the
         agents' (``closings``); else the state's."""
         if status.exit_code is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, cast
 
 from torchjob.jobs import runs
-from torchjob.jobs.backend import GRACE_S, Backend, Closings, Handle, Request
+from torchjob.jobs.backend import GRACE_S, Backend, ClosingLines, Handle, Request
 from torchjob.jobs.runs import Record
 from torchjob.jobs.stops import Stops, stop_signals
 from torchjob.jobs.values import UserError
@@ -124,7 +124,7 @@ class NodeOutput:
         self.lock = threading.Lock()
         self.files: dict[int, IO[bytes]] = {}
         self.closed = False
-        self.closings = Closings()  # the agents' closing lines
+        self.closings = ClosingLines()  # the agents' closing lines
 
     def line(self, node: int, raw: bytes, *, stderr: bool = False) -> None:
         if raw.startswith(_CLOSING):

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchjob.jobs.backend import Closings
+from torchjob.jobs.backend import ClosingLines
 from torchjob.jobs.values import UserError
 from torchjob.k8s.follow import Run, follow_runs, node_rank
 from tests.k8s.pods_operator import forbidden, injected
@@ -440,7 +440,7 @@ def run(manifest: Obj | list[Obj], claims: dict[str, Path], *, grace: float = GR
     chaos: threading.Thread | None = None
     before = {s: signal.signal(s, lambda *_: pods.delete())
               for s in (signal.SIGINT, signal.SIGTERM)}
-    closings = Closings()
+    closings = ClosingLines()
     try:
         print(f"{ANNOUNCE} {pods.token} {pods.name}: the PyTorchJob's pods in podman "
               "(an emulator of the operator)", file=sys.stderr, flush=True)
