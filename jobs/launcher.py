@@ -16,12 +16,12 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, cast
 
 from torchjob.jobs import runs
-from torchjob.jobs.backend import GRACE_S, Backend, ClosingLines, Handle, Request
+from torchjob.jobs.backend import Backend, ClosingLines, Handle, Request
 from torchjob.jobs.runs import Record
 from torchjob.jobs.stops import Stops, stop_signals
 from torchjob.jobs.values import UserError

@@ -18,7 +18,8 @@ PACKAGES = ("trainer", "jobs", "k8s", "slurm")  # folders; installed as torchjob
 CORE = {"torchjob.jobs"} | {f"torchjob.jobs.{m}" for m in (
     "spec", "load", "values", "command", "hosts", "backend", "sweep", "examples", "runs",
     "launcher", "preflight", "workspace", "stops")}
-CLI = {"torchjob.jobs.cli", "torchjob.jobs.__main__"}
+CLI = {"torchjob.jobs.cli", "torchjob.jobs.__main__", "torchjob.jobs.invocation",
+       "torchjob.jobs.parser"}
 BACKENDS = {"torchjob.jobs.backends.local": "local", "torchjob.jobs.backends.docker": "docker",
             "torchjob.jobs.backends.torchx": "torchx",
             "torchjob.jobs.backends": "backends", "torchjob.slurm": "slurm",

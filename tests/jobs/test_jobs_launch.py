@@ -17,7 +17,7 @@ import pytest
 
 from torchjob.jobs.backends.local.launch import run_local
 from torchjob.jobs.backends.local.render import LocalPlan
-from torchjob.jobs.cli import free_port as find_free_port
+from torchjob.jobs.invocation import free_port as find_free_port
 from torchjob.jobs.launcher import Stops
 from tests.procs import ROOT, TORCHJOB
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from torchjob.jobs import backend as registry
-from torchjob.jobs.cli import build_parser, finish_target, requests, ship
+from torchjob.jobs.invocation import finish_target, requests, ship
+from torchjob.jobs.parser import build_parser
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import SpecError, UserError
 from tests.k8s.pods import GRACE_S, run

@@ -1,0 +1,190 @@
+"""What one ``torchjob run|render|submit`` command line asks for: the job (a spec file, or a
+script or module and its arguments, as torchrun takes them), its context, the backend's
+requests, and the workspace image they run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shlex
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from secrets import token_hex
+from typing import Any
+
+import yaml
+
+from torchjob.jobs import workspace
+from torchjob.jobs.backend import GRACE_S, Backend, Context, Request
+from torchjob.jobs.hosts import refuse_system_dirs
+from torchjob.jobs.load import parse_yaml, read_spec, with_overrides
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.sweep import Sweep, parse_sweep, sweep_specs
+from torchjob.jobs.values import UserError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now (for a rendezvous on this machine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def context(spec: JobSpec, args: argparse.Namespace, *, fresh: bool) -> Context:
+    """Everything a render may depend on besides the spec, decided here at the edge. ``fresh``
+    (run, submit): a new run id and a free port; else (render) the spec's own, so that the
+    printed text is the same every time."""
+    return Context(run_id=f"{spec.name}-{token_hex(3)}" if fresh else spec.name,
+                   python=sys.executable, workdir=os.getcwd(),
+                   port=free_port() if fresh else spec.rdzv.port,
+                   cpu_count=os.cpu_count() or 1, source=args.source,
+                   grace=getattr(args, "grace", GRACE_S))
+
+
+def resume_overrides(args: argparse.Namespace) -> list[str]:
+    """``--fresh`` and ``--resume=force`` as the spec's ``resume`` field."""
+    if getattr(args, "fresh", False) and getattr(args, "resume", None):
+        raise UserError("--fresh and --resume=force contradict each other: choose one")
+    if getattr(args, "fresh", False):
+        return ["resume=fresh"]
+    return [f"resume={args.resume}"] if getattr(args, "resume", None) else []
+
+
+def submission(spec: JobSpec, run_id: str) -> JobSpec:
+    """``resume: fresh`` tied to this submission (its run id): the old checkpoints are moved
+    aside once, and a restart of the same job (a new attempt, a requeue, a pod or container
+    started again) resumes its own."""
+    return dataclasses.replace(spec, resume=f"fresh:{run_id}") if spec.resume == "fresh" \
+        else spec
+
+
+# torchrun's options (and the job's name) as the spec fields they set, before any --set
+LAUNCH_OPTIONS = {"nproc_per_node": "--nproc-per-node", "nnodes": "--nnodes",
+                  "max_restarts": "--max-restarts", "name": "--name"}
+
+
+def job_name(target: str) -> str:
+    """A job name (a DNS-1035 label) from a script's or module's name: train_gpt.py is
+    train-gpt, mypkg.train is train."""
+    stem = Path(target).stem if target.endswith(".py") else target.rpartition(".")[2]
+    name = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")[:40].strip("-")
+    return name if re.match(r"[a-z]", name) else f"job-{name}".strip("-")
+
+
+def job_data(args: argparse.Namespace) -> Any:
+    """The job as data before ``--set``: the spec file's, or one made from the command line
+    (``torchjob run [OPTIONS] SCRIPT.py ARGS...``, as torchrun takes it: every word after the
+    script is the script's own)."""
+    if not args.script:
+        return parse_yaml(read_spec(Path(args.target)), args.target)
+    trainer: dict[str, Any] = {"module": args.target} if args.module else \
+        {"script": args.target}
+    if args.rest:
+        trainer["args"] = list(args.rest)
+    return {"name": job_name(args.target), "trainer": trainer}
+
+
+def job_spec(args: argparse.Namespace) -> JobSpec:
+    """The job this command runs: spec file or command line, then torchrun's options, then
+    ``--set``; with ``--save-spec FILE`` written there as YAML (``torchjob run FILE`` runs it
+    again)."""
+    launch = [(f"{dest}={getattr(args, dest)}", option) for dest, option in
+              LAUNCH_OPTIONS.items() if getattr(args, dest) is not None]
+    data, spec = with_overrides(job_data(args), [*launch, *args.set, *resume_overrides(args)],
+                                source=args.source)
+    if args.save_spec:
+        save_spec(Path(args.save_spec), data, args)
+    return spec
+
+
+def save_spec(path: Path, data: Any, args: argparse.Namespace) -> None:
+    """Write ``data`` to ``path`` whole or not at all (a temporary file renamed over it)."""
+    text = (f"# Written by torchjob {args.command} --save-spec: torchjob run {path.name} runs "
+            "this job again.\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True,
+                                                  width=100))
+    if path.is_dir():
+        raise UserError(f"--save-spec {path}: is a directory; name a file, e.g. {path}/job.yaml")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise UserError(f"--save-spec {path}: cannot write it ({exc.strerror or exc}); name a "
+                        "file in a directory you can write") from None
+
+
+def finish_target(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    """What TARGET is: a script (``*.py``) or, with ``-m``, a module, whose arguments are every
+    word after it, as torchrun takes them; else a job spec file, after which options may
+    still come (``torchjob run job.yaml --set epochs=3``)."""
+    args.script = bool(args.module) or args.target.endswith(".py")
+    # where the job came from, as renderings name it (Regenerate with: torchjob render SOURCE):
+    # the command line without the options that are not part of the job
+    words = list(argv[1:])
+    at = words.index(args.target) if args.target in words else len(words)
+    kept: list[str] = []
+    for i, word in enumerate(words[:at]):
+        if word in ("--to", "--save-spec") or word.startswith(("--to=", "--save-spec=")) or \
+                (i and words[i - 1] in ("--to", "--save-spec")):
+            continue
+        kept.append(word)
+    args.source = shlex.join([*kept, *words[at:]]) if args.script else args.target
+    if args.script or not args.rest:
+        return
+    target = args.target
+    # the options after the spec file, parsed into the same namespace; one given before it
+    # (--to of submit) counts as given
+    given = [a for a in args.parser._actions if a.required and a.option_strings]
+    for action in given:
+        action.required = False
+    try:
+        args.parser.parse_args([*args.rest, target], namespace=args)
+    finally:
+        for action in given:
+            action.required = True
+    if args.target != target or args.rest:
+        words = [w for w in (args.target, *args.rest) if w != target]
+        raise UserError(f"{' '.join(words)!r} after {target}: a job spec takes no arguments; "
+                        "set trainer arguments with --set trainer.args.NAME=VALUE, or run a "
+                        "script as torchjob run [OPTIONS] SCRIPT.py [ARGS...]")
+
+
+def requests(backend: Backend, args: argparse.Namespace, *, fresh: bool) -> list[Request]:
+    """The spec rendered for ``backend``: one request, or with ``--sweep`` one for the whole
+    array where the backend has arrays, else one per point."""
+    spec = job_spec(args)
+    backend.fits(spec)
+    if backend.sees_run_dir:  # its nodes write where this machine does: relative paths from here
+        refuse_system_dirs(spec, workdir=os.getcwd())
+    shipped = None
+    if (field := backend.image_field(spec)) is not None:  # the code reaches them in an image
+        found = workspace.decide(spec, os.getcwd(), field)
+        if found is not None:
+            spec = workspace.with_image(spec, field, found.tag)
+            shipped = found.as_option()
+    sweep = parse_sweep(getattr(args, "sweep", []))
+
+    def render(spec: JobSpec, sweep: Sweep | None = None) -> Request:
+        ctx = dataclasses.replace(context(spec, args, fresh=fresh), workspace=shipped,
+                                  sweep=sweep)
+        return backend.render(submission(spec, ctx.run_id) if fresh else spec, ctx)
+
+    if not sweep:
+        return [render(spec)]
+    points = sweep_specs(spec, sweep)  # checks the sweep on every backend
+    if backend.native_sweep:
+        return [render(spec, sweep=sweep)]
+    return [render(point) for point in points]
+
+
+def ship(request: Request) -> None:
+    """Build (and push) the workspace image the request runs, before it is submitted
+    (torchjob.jobs.workspace)."""
+    raw = request.context.workspace
+    if raw:
+        workspace.build(workspace.Workspace.from_option(raw), sys.stderr)
