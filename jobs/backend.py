@@ -178,17 +178,21 @@ class Backend(abc.ABC):
 
     def preflight(self, request: Request) -> None:
         """Before run/submit: the secrets, tools, cluster and files the job needs are there;
-        else a UserError with the fix (exit 2), nothing submitted. Backends add their tools
-        and cluster, then call this."""
+        else a UserError with the fix (exit 2), nothing submitted."""
         spec, workdir = request.spec, request.context.workdir
         missing = [ref.env for ref in spec.secrets if ref.env not in os.environ]
         if self.env_secrets and missing:
             raise UserError(f"secret variable(s) not set: {', '.join(missing)}; the "
                             f"{self.name} backend reads secrets from your environment "
                             f"(export {missing[0]}=... first)")
+        self.ready(request)
         if self.sees_run_dir:
             check_dirs(spec, workdir)
             check_checkpoints(spec, workdir)
+
+    def ready(self, request: Request) -> None:
+        """Part of preflight: the tools and cluster this backend needs, and the files its
+        request names, are there."""
 
     @abc.abstractmethod
     def submit(self, request: Request) -> Handle:

@@ -41,9 +41,8 @@ class K8sBackend(Backend):
     def fits(self, spec: JobSpec) -> None:
         check(spec, self.target)
 
-    def preflight(self, request: Request) -> None:
+    def ready(self, request: Request) -> None:
         Cluster()  # a K8sError (exit 2) when no cluster is configured
-        super().preflight(request)
 
     def submit(self, request: Request) -> Handle:
         """Creates the objects of ``request.text``, the manifest render and --dry-run print,

@@ -36,6 +36,7 @@ class SlurmBackend(Backend):
     name = "slurm"
     native_sweep = True  # a sweep is one job array (Context.sweep)
     sees_run_dir = True  # a cluster's shared filesystem, from where the job is submitted
+    env_secrets = True  # sbatch exports the submitting environment
 
     # -- before anything is queued ---------------------------------------------------------
 
@@ -45,11 +46,10 @@ class SlurmBackend(Backend):
         except ValueError as exc:
             raise UserError(str(exc)) from None
 
-    def preflight(self, request: Request) -> None:
+    def ready(self, request: Request) -> None:
         spec = request.spec
         slurm_cli.preflight(partition=spec.slurm.partition, min_nodes=spec.nnodes.min,
                             max_nodes=spec.nnodes.max)
-        super().preflight(request)
 
     def render(self, spec: JobSpec, context: Context) -> Request:
         # in a container (pyxis, apptainer) the image's interpreter, else this one's: the

@@ -151,12 +151,17 @@ def test_help(command: list[str]) -> None:
     assert "--to" in result.stdout or not command
 
 
-def test_missing_secret_exits_2_before_starting(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [("run",), ("run", "--to", "docker"),
+                                     ("submit", "--to", "slurm"), ("submit", "--to", "local")])
+def test_missing_secret_exits_2_before_starting(tmp_path: Path, command: tuple[str, ...]) -> None:
+    """Every backend whose nodes read secrets from this environment checks them once, in
+    preflight, before anything else (no cluster or engine needed to be told)."""
     (tmp_path / "job.yaml").write_text("name: x\nsecrets: [{env: TORCHJOB_TEST_UNSET, "
                                        "secret: s, key: k}]\n")
-    result = torchjob("run", "job.yaml", cwd=tmp_path, timeout=60)
+    result = torchjob(*command, "job.yaml", cwd=tmp_path, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "TORCHJOB_TEST_UNSET" in result.stderr and "torch.distributed" not in result.stderr
+    assert result.stderr.startswith("torchjob: secret variable(s) not set: TORCHJOB_TEST_UNSET")
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
 
 
 # -- torchjob run [OPTIONS] SCRIPT.py [ARGS...]: no YAML needed, as torchrun takes it ----------

@@ -38,9 +38,8 @@ class DockerBackend(launcher.LaunchedHere):
         return Request(self.name, spec.name, doc, compose_text(doc, source=context.source),
                        spec, context)
 
-    def preflight(self, request: Request) -> None:
+    def ready(self, request: Request) -> None:
         launch.find_engine(request.spec.docker.engine)  # a UserError that says how to install one
-        super().preflight(request)
 
     def launch(self, request: Request, record: Record) -> launcher.Launch:
         spec, context = request.spec, request.context

@@ -24,13 +24,12 @@ class LocalBackend(launcher.LaunchedHere):
                             run_id=context.run_id, cpu_count=context.cpu_count)
         return Request(self.name, spec.name, plan, render_text(plan), spec, context)
 
-    def preflight(self, request: Request) -> None:
+    def ready(self, request: Request) -> None:
         script = request.spec.trainer.script
         if script is not None and not os.path.isfile(os.path.join(request.context.workdir,
                                                                   script)):
             raise UserError(f"trainer.script {script!r} is not a file (relative paths start "
                             f"at {request.context.workdir}): fix the path in the job spec")
-        super().preflight(request)
 
     def record_data(self, request: Request) -> dict[str, Any]:
         plan: LocalPlan = request.data
