@@ -9,24 +9,22 @@ Checks also run when a spec is built in Python, so a JobSpec is valid however it
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, ClassVar, Literal
 
-from torchjob.trainer.contract import MAX_STALLED_DEFAULT
-from torchjob.jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, MAX_TOTAL_BYTES,
-                                  MAX_VALUE_BYTES, MODULE, SECRET_KEY, Check, FrozenMap, Nnodes,
-                                  Quantity, SpecError, at_least, at_most_bytes, bad, between,
-                                  env_check, env_map, env_name, gpu_layout, kind, label_key,
-                                  one_line, path_line, pattern, positive, scalar_text, show, size,
+from torchjob.jobs.trainer_args import Args, check_args, parse_args
+# imported from here by the loader, the renderers and the tests
+from torchjob.jobs.trainer_args import suggest, trainer_argv  # noqa: F401
+from torchjob.jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, MODULE,
+                                  SECRET_KEY, Check, FrozenMap, Nnodes, Quantity, SpecError,
+                                  at_least, bad, between, env_check, env_map, env_name,
+                                  gpu_layout, label_key, one_line, path_line, pattern, positive,
                                   slurm_time, system_dir)
-from torchjob.trainer.contract import HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
+from torchjob.trainer.contract import HANG_TIMEOUT_S, MAX_STALLED_DEFAULT, MIN_HANG_TIMEOUT_S
 
-Scalar = str | bool | int | float
-Args = Mapping[str, Scalar] | tuple[str, ...]
 # Worker processes per node: one per GPU (8 on most nodes) or per CPU core for CPU training
 # (the largest nodes have a few hundred cores).
 MAX_NPROC_PER_NODE = 256
@@ -44,14 +42,6 @@ def spec_field(help: str, default: Any = MISSING, *, factory: Callable[[], Any] 
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
-
-
-def suggest(word: object, valid: list[str]) -> str:
-    """``; valid keys: a, b (did you mean 'x'?)`` for an unknown key."""
-    close = difflib.get_close_matches(word, valid, n=1, cutoff=0.5) \
-        if isinstance(word, str) else []
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"; valid keys: {', '.join(valid)}{hint}"
 
 
 class Section:
@@ -178,54 +168,6 @@ class Mount(Section):
     read_only: bool = spec_field("mount read-only", False)
 
 
-_ARGS_FIX = ("write a mapping (grad_accum: 2) or a list of command-line words "
-             "(['10', '--lr=0.1', 'model.depth=4'])")
-
-
-def _parse_args(raw: object, path: str) -> Args:
-    """``trainer.args`` from YAML: a mapping of scalars, or a list of words (a scalar item
-    becomes its text, as a mapping's value does: ``1e-3`` -> ``0.001``, ``true`` -> ``true``)."""
-    if isinstance(raw, list):
-        words = []
-        for i, item in enumerate(raw):
-            _check_value(item, f"{path}[{i}]", word=True)
-            words.append(scalar_text(item))
-        return tuple(words)
-    if isinstance(raw, dict):
-        for key, value in raw.items():
-            if not isinstance(key, str):
-                raise bad(f"{path}.{key}", key, f"is {kind(key)}, but keys are strings")
-            _check_value(value, f"{path}.{key}")
-        return FrozenMap(raw)
-    raise bad(path, raw, f"is {kind(raw)}: {_ARGS_FIX}")
-
-
-_one_word = at_most_bytes(MAX_VALUE_BYTES, "per command-line word (MAX_VALUE_BYTES)")
-
-
-def _check_value(value: object, path: str, *, word: bool = False) -> None:
-    """One argument value or word: a string, a finite number or true/false, without NUL."""
-    if isinstance(value, (str, bool, int, float)):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise bad(path, value, "is not a finite number (quote it to pass it as text)")
-        if isinstance(value, str):
-            _one_word(value, path)
-        return
-    if word:
-        raise bad(path, value, f"is {kind(value)}, but each item is one command-line word: a "
-                  "string, a number or true/false (write key=value, or quote an item that "
-                  "holds ': ' or ', ', e.g. '--opt=a,b'; '' is an empty word)")
-    raise bad(path, value, f"is {kind(value)}, but a single value (a string, a number or "
-              "true/false) is expected (or write trainer.args as a list of words)")
-
-
-def _check_word(word: object, path: str) -> None:
-    if not isinstance(word, str):
-        raise bad(path, word, f"is {kind(word)}, but each item is one command-line word: a "
-                  "string (write a number or boolean as text, e.g. '10')")
-    _check_value(word, path, word=True)
-
-
 @dataclass(frozen=True, kw_only=True)
 class TrainerSection(Section):
     module: str = spec_field("Python module run with -m on every worker", BUILTIN_MODULE,
@@ -237,32 +179,14 @@ class TrainerSection(Section):
     args: Args = spec_field(
         "arguments for the module or script: a mapping (grad_accum: 2 becomes --grad-accum 2) "
         "or a list of words passed exactly as written (['10', '--lr=0.1', 'model.depth=4'])",
-        factory=FrozenMap, parse=_parse_args)
+        factory=FrozenMap, parse=parse_args)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.script is not None and self.module != BUILTIN_MODULE:
             raise bad("script", self.script, f"and module {self.module!r} are both set: a "
                       "worker runs one of them, so remove one")
-        if isinstance(self.args, tuple):
-            for i, word in enumerate(self.args):
-                _check_word(word, f"args[{i}]")
-        else:
-            for key, value in self.args.items():
-                if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,99}",
-                                                                key):
-                    raise bad(f"args.{key}", key, "is not an argument name (e.g. grad_accum)")
-                _check_value(value, f"args.{key}")
-        total = sum(size(word) for word in trainer_argv(self.args))
-        if total > MAX_TOTAL_BYTES:
-            raise SpecError("args", f"hold {total} bytes, more than {MAX_TOTAL_BYTES} bytes "
-                            "(MAX_TOTAL_BYTES, what one command line carries): put large "
-                            "data in a file and pass its path")
-        if self.builtin:
-            if isinstance(self.args, tuple):
-                _check_trainer_words(self.args)
-            else:
-                _check_trainer_args(self.args)
+        check_args(self.args, builtin=self.builtin)
 
     @property
     def builtin(self) -> bool:
@@ -274,98 +198,6 @@ class TrainerSection(Section):
     def entry(self) -> tuple[str, ...]:
         """What follows the agent's own flags: ``-m MODULE`` or ``SCRIPT`` (as torchrun)."""
         return (self.script,) if self.script is not None else ("-m", self.module)
-
-
-def trainer_argv(args: Args) -> list[str]:
-    """A list of words as it is; a mapping ``{grad_accum: 2, resume: False}`` ->
-    ``--grad-accum 2 --resume false``, in order."""
-    if isinstance(args, tuple):
-        return list(args)
-    out: list[str] = []
-    for key, value in args.items():
-        out += [f"--{key.replace('_', '-')}", scalar_text(value)]
-    return out
-
-
-def _check_trainer_words(words: tuple[str, ...]) -> None:
-    """A list of words for the built-in trainer, parsed by its own parser here: a mistake
-    stops before anything is submitted, naming the word."""
-    # the trainer never imports jobs; jobs may import the trainer
-    from torchjob.trainer import config
-
-    types = config.field_types()
-    valid = sorted(f"--{config.flag(name)}" for name in types
-                   if name not in ("run_dir", "checkpoint_dir"))
-    for i, word in enumerate(words):
-        if not word.startswith("-") or _is_number(word):
-            continue
-        name = word.partition("=")[0]
-        key = name[2:].replace("-", "_") if name.startswith("--") else ""
-        if key in ("run_dir", "checkpoint_dir"):
-            raise bad(f"args[{i}]", word, f"belongs at the top level of the job spec: write "
-                      f"{key}: DIR there, not in trainer.args")
-        if key not in types:
-            close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise bad(f"args[{i}]", word, f"is not an option of the trainer{hint}: write "
-                      "--name VALUE or --name=VALUE (see python -m torchjob.trainer --help)")
-    try:
-        config.parse_args(list(words))
-    except (config.ConfigError, SystemExit) as exc:
-        named = re.findall(r"--[a-z0-9-]+", str(exc))
-        unknown = re.search(r"unrecognized arguments: (\S+)", str(exc))
-        for i in reversed(range(len(words))):  # argparse keeps an option's last value
-            word = words[i]
-            if (unknown and word == unknown[1]) or \
-                    (not unknown and named and word.partition("=")[0] == named[0]):
-                raise bad(f"args[{i}]", word, f"is rejected by the trainer: {exc}") from None
-        raise SpecError("args", f"the trainer rejects {show(list(words))}: {exc}") from None
-
-
-def _is_number(word: str) -> bool:
-    try:
-        float(word)
-    except ValueError:
-        return False
-    return True
-
-
-def _check_trainer_args(args: Mapping[str, Scalar]) -> None:
-    """Check args against the trainer's own parser, so mistakes stop here, not on a cluster."""
-    # the trainer never imports jobs; jobs may import the trainer
-    from torchjob.trainer import config
-
-    types = config.field_types()
-    for key, value in args.items():
-        path = f"args.{key}"
-        if key in ("run_dir", "checkpoint_dir"):
-            raise bad(path, value, f"belongs at the top level of the job spec: write "
-                      f"{key}: {scalar_text(value)} there, not under trainer.args")
-        if key not in types:
-            valid = sorted(set(types) - {"run_dir", "checkpoint_dir"})
-            raise SpecError(path, f"is not a trainer argument{suggest(key, valid)}")
-        want = types[key]
-        if not _is_type(value, want):
-            raise bad(path, value, f"is {kind(value)}, but --{key.replace('_', '-')} takes "
-                      f"{kind(want())} (see python -m torchjob.trainer --help)")
-    argv = trainer_argv(args)
-    try:
-        config.parse_args(argv)
-    except (config.ConfigError, SystemExit) as exc:
-        named = [k for k in re.findall(r"--([a-z0-9-]+)", str(exc))
-                 if k.replace("-", "_") in args]
-        if named:
-            key = named[0].replace("-", "_")
-            raise bad(f"args.{key}", args[key], f"is rejected by the trainer: {exc}") from None
-        raise SpecError("args", f"the trainer rejects {show(argv)}: {exc}") from None
-
-
-def _is_type(value: object, want: type) -> bool:
-    if want is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if want is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, want)
 
 
 @dataclass(frozen=True, kw_only=True)
