@@ -9,25 +9,22 @@ Checks also run when a spec is built in Python, so a JobSpec is valid however it
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, ClassVar, Literal
 
+from torchjob.jobs import checks
 from torchjob.jobs.trainer_args import Args, check_args, parse_args
 # imported from here by the loader, the renderers and the tests
+from torchjob.jobs.checks import MAX_NPROC_PER_NODE  # noqa: F401
 from torchjob.jobs.trainer_args import suggest, trainer_argv  # noqa: F401
-from torchjob.jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, MODULE,
-                                  SECRET_KEY, Check, FrozenMap, Nnodes, Quantity, SpecError,
-                                  at_least, bad, between, env_check, env_map, env_name,
-                                  gpu_layout, label_key, one_line, path_line, pattern, positive,
-                                  slurm_time, system_dir)
-from torchjob.trainer.contract import HANG_TIMEOUT_S, MAX_STALLED_DEFAULT, MIN_HANG_TIMEOUT_S
+from torchjob.jobs.values import (DNS_1035, MODULE, SECRET_KEY, Check, FrozenMap, Nnodes,
+                                  Quantity, SpecError, at_least, bad, between, env_check, env_map,
+                                  env_name, gpu_layout, label_key, one_line, pattern, positive,
+                                  slurm_time)
+from torchjob.trainer.contract import HANG_TIMEOUT_S, MAX_STALLED_DEFAULT
 
-# Worker processes per node: one per GPU (8 on most nodes) or per CPU core for CPU training
-# (the largest nodes have a few hundred cores).
-MAX_NPROC_PER_NODE = 256
 # The built-in trainer's module. The kit's packages live under torchjob (torchjob.trainer,
 # torchjob.jobs, ...), so a user's own trainer.py, jobs/, slurm/ or k8s/ is never confused with
 # them.
@@ -61,82 +58,6 @@ class Section:
                 f.metadata["check"](value, f.name)
 
 
-def _optional(check: Check) -> Check:
-    return lambda value, path: None if value is None else check(value, path)
-
-
-def _flags(value: tuple[str, ...], path: str) -> None:
-    for i, flag in enumerate(value):
-        one_line(flag, f"{path}[{i}]")
-        if not flag.startswith("-"):
-            raise bad(f"{path}[{i}]", flag, "is not an option: write it as on the command line, "
-                      "e.g. --gres=gpu:1")
-
-
-def _mount_source(value: str, path: str) -> None:
-    path_line(value, path)
-    if ":" in value or "," in value:
-        raise bad(path, value, "must not contain ':' or ',' (a host path or a volume/PVC name)")
-
-
-def _mount_target(value: str, path: str) -> None:
-    _mount_source(value, path)
-    if not value.startswith("/") or value == "/":
-        raise bad(path, value, "is not an absolute path inside the container (e.g. /data)")
-    found = system_dir(value)
-    if found is not None:
-        raise bad(path, value, f"is the container's system directory {found} once normalised: "
-                  "a mount there hides the image's own; mount at a directory of your own "
-                  "(e.g. /data)")
-
-
-def _own_dir(value: str, path: str) -> None:
-    """run_dir, checkpoint_dir: written by the job, so never a system directory (an absolute
-    one here; a relative one is resolved where the job starts, torchjob.jobs.hosts)."""
-    path_line(value, path)
-    found = system_dir(value)
-    if found is not None:
-        raise bad(path, value, f"is the system directory {found}: no job may write into it; "
-                  "use a directory of your own (e.g. runs/NAME or /data/NAME)")
-
-
-def _image(value: str, path: str) -> None:
-    if not value or len(value) > 512 or any(c.isspace() or not c.isprintable() for c in value):
-        raise bad(path, value, "is not an image reference (e.g. localhost/torchjob:latest)")
-
-
-def _script(value: str, path: str) -> None:
-    path_line(value, path)
-    if value.startswith("-"):
-        raise bad(path, value, "starts with '-', so torchrun would read it as an option: "
-                  "write ./" + value)
-
-
-def _nproc(value: int, path: str) -> None:
-    at_least(1)(value, path)
-    if value > MAX_NPROC_PER_NODE:
-        raise bad(path, value, f"is more than {MAX_NPROC_PER_NODE} (MAX_NPROC_PER_NODE): a node "
-                  "runs one worker process per GPU or CPU core")
-
-
-def _hang_timeout(value: float, path: str) -> None:
-    if not (value == 0 or MIN_HANG_TIMEOUT_S <= value < math.inf):
-        raise bad(path, value, f"must be 0 (no hang watchdog) or at least {MIN_HANG_TIMEOUT_S} "
-                  f"seconds (e.g. {HANG_TIMEOUT_S})")
-
-
-def _resume(value: str, path: str) -> None:
-    if value in ("auto", "force", "fresh") or re.fullmatch(r"fresh:[A-Za-z0-9._-]{1,120}", value):
-        return
-    raise bad(path, value, "must be auto, force or fresh (torchjob run --fresh, --resume=force)")
-
-
-_dns_label = pattern(DNS_1123_LABEL, "a Kubernetes name (lower case letters, digits, '-')",
-                     "team-a", 63)
-_dns_name = _optional(pattern(DNS_1123_SUBDOMAIN, "a Kubernetes object name (lower case "
-                              "letters, digits, '-' and '.')", "my-secret"))
-
-
 @dataclass(frozen=True, kw_only=True)
 class Resources(Section):
     cpu: float | None = spec_field("CPUs per node (container, pod or Slurm allocation)", None,
@@ -156,15 +77,16 @@ class SecretRef(Section):
                           "secretKeyRef, local runs from your environment"}
     env: str = spec_field("environment variable the trainer reads the secret from",
                           check=env_name)
-    secret: str = spec_field("name of the Kubernetes Secret", check=_dns_name)
+    secret: str = spec_field("name of the Kubernetes Secret", check=checks.dns_name)
     key: str = spec_field("key inside the Secret", check=pattern(
         SECRET_KEY, "a Secret key (letters, digits, '-', '_', '.')", "token"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Mount(Section):
-    source: str = spec_field("host path, or volume/PVC name on a cluster", check=_mount_source)
-    target: str = spec_field("absolute path inside the container", check=_mount_target)
+    source: str = spec_field("host path, or volume/PVC name on a cluster",
+                             check=checks.mount_source)
+    target: str = spec_field("absolute path inside the container", check=checks.mount_target)
     read_only: bool = spec_field("mount read-only", False)
 
 
@@ -175,7 +97,8 @@ class TrainerSection(Section):
                                            BUILTIN_MODULE))
     script: str | None = spec_field(
         "a Python script every worker runs instead of module (a path where the job runs: "
-        "relative to the working directory, or inside the image)", None, check=_optional(_script))
+        "relative to the working directory, or inside the image)", None,
+        check=checks.optional(checks.script))
     args: Args = spec_field(
         "arguments for the module or script: a mapping (grad_accum: 2 becomes --grad-accum 2) "
         "or a list of words passed exactly as written (['10', '--lr=0.1', 'model.depth=4'])",
@@ -226,7 +149,7 @@ class Slurm(Section):
     time: str | None = spec_field("time limit: minutes or 'HH:MM:SS'", None, parse=slurm_time)
     exclusive: bool = spec_field("sbatch --exclusive", False)
     extra_flags: tuple[str, ...] = spec_field("further sbatch options, e.g. --gres=gpu:1", (),
-                                              check=_flags)
+                                              check=checks.flags)
     signal_delay: int = spec_field("seconds before the time limit at which Slurm sends SIGUSR2 "
                                    "so the trainer checkpoints (0: no signal)", 90,
                                    check=at_least(0))
@@ -238,12 +161,7 @@ class Slurm(Section):
         "apptainer (apptainer exec); none runs the nodes' own python", "none")
     container_image: str | None = spec_field(
         "image for slurm.container (e.g. a .sif path or docker://...); default: image", None,
-        check=_optional(_image))
-
-
-def _env_names(value: tuple[str, ...], path: str) -> None:
-    for i, name in enumerate(value):
-        env_name(name, f"{path}[{i}]")
+        check=checks.optional(checks.image))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -257,14 +175,14 @@ class Topology(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class K8s(Section):
-    namespace: str = spec_field("Kubernetes namespace", "default", check=_dns_label)
-    queue: str | None = spec_field("Kueue LocalQueue name", None, check=_dns_name)
-    service_account: str | None = spec_field("pod service account", None, check=_dns_name)
+    namespace: str = spec_field("Kubernetes namespace", "default", check=checks.dns_label)
+    queue: str | None = spec_field("Kueue LocalQueue name", None, check=checks.dns_name)
+    service_account: str | None = spec_field("pod service account", None, check=checks.dns_name)
     pvc: str | None = spec_field("PersistentVolumeClaim for run_dir and checkpoints", None,
-                                 check=_dns_name)
+                                 check=checks.dns_name)
     pvc_mount_path: str = spec_field("where the pvc is mounted; a relative run_dir and "
                                      "checkpoint_dir are placed under it", "/mnt/torchjob",
-                                     check=_mount_target)
+                                     check=checks.mount_target)
     checkpoints: Literal["pvc", "pod-local"] = spec_field(
         "where checkpoints live: pvc (on a PersistentVolumeClaim every pod mounts: k8s.pvc, "
         "ReadWriteMany for several pods, or a writable mounts entry holding checkpoint_dir; a "
@@ -287,13 +205,13 @@ class K8s(Section):
     volcano_queue: str | None = spec_field(
         "Volcano queue: a PyTorchJob's runPolicy.schedulingPolicy (gang of nnodes MIN pods); "
         "a TrainJob's own TrainingRuntime with a Volcano podGroupPolicy", None,
-        check=_dns_name)
+        check=checks.dns_name)
     priority_class: str | None = spec_field("PriorityClass of the pods (and of the Volcano "
-                                            "gang)", None, check=_dns_name)
+                                            "gang)", None, check=checks.dns_name)
     run_as_user: int = spec_field("non-zero user id the containers run as (Pod Security "
                                   "restricted)", 1000, check=between(1, 2**31 - 1))
     fs_group: int | None = spec_field("pod fsGroup, so the pvc is writable by run_as_user",
-                                      1000, check=_optional(between(1, 2**31 - 1)))
+                                      1000, check=checks.optional(between(1, 2**31 - 1)))
     rdzv_wait_seconds: int = spec_field(
         "jobs of several pods: how long a pod waits for the rendezvous store to answer (a "
         "PyTorchJob's <job>-rdzv:<rdzv.port>; a TrainJob's node 0 to resolve) before it starts "
@@ -304,7 +222,7 @@ class K8s(Section):
     allow_literal_env: tuple[str, ...] = spec_field(
         "env names whose literal values are not secrets although the names end in _KEY, "
         "_TOKEN, _SECRET, _PASSWORD (which are refused otherwise: use secrets)", (),
-        check=_env_names)
+        check=checks.env_names)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -359,10 +277,10 @@ class JobSpec(Section):
                                          "and '-', starting with a letter, not ending with '-'",
                                          "digits", 63))
     image: str = spec_field("container image (docker and Kubernetes backends)",
-                            "localhost/torchjob:latest", check=_image)
+                            "localhost/torchjob:latest", check=checks.image)
     nnodes: Nnodes = spec_field("nodes: N, or MIN:MAX for an elastic job", Nnodes(1, 1),
                                 parse=Nnodes.parse)
-    nproc_per_node: int = spec_field("worker processes per node", 1, check=_nproc)
+    nproc_per_node: int = spec_field("worker processes per node", 1, check=checks.nproc)
     resources: Resources = spec_field("per-node resources", factory=Resources)
     env: Mapping[str, str] = spec_field("environment variables for every worker",
                                         factory=FrozenMap, parse=env_map, check=env_check)
@@ -388,11 +306,11 @@ class JobSpec(Section):
         "(and in a script that reports none) its heartbeat, which a stopped or frozen process "
         "loses. Set it above your longest gap between two steps (evaluation and blocking "
         "checkpoint saves included) and below the trainer's pg_timeout (300 s). 0: off",
-        HANG_TIMEOUT_S, check=_hang_timeout)
+        HANG_TIMEOUT_S, check=checks.hang_timeout)
     resume: str = spec_field(
         "checkpoints of another configuration: auto (refused, exit 2), force (resumed anyway) "
         "or fresh (moved aside once per submission; start over); torchjob run --fresh and "
-        "--resume=force set it", "auto", check=_resume)
+        "--resume=force set it", "auto", check=checks.resume)
     trainer: TrainerSection = spec_field("what every worker runs", factory=TrainerSection)
     rdzv: Rdzv = spec_field("rendezvous settings", factory=Rdzv)
     local: Local = spec_field("local backend settings", factory=Local)
@@ -407,8 +325,8 @@ class JobSpec(Section):
         run_dir = self.run_dir or f"runs/{self.name}"
         object.__setattr__(self, "run_dir", run_dir)
         object.__setattr__(self, "checkpoint_dir", self.checkpoint_dir or f"{run_dir}/checkpoints")
-        _own_dir(self.run_dir, "run_dir")
-        _own_dir(self.checkpoint_dir, "checkpoint_dir")
+        checks.own_dir(self.run_dir, "run_dir")
+        checks.own_dir(self.checkpoint_dir, "checkpoint_dir")
         nodes = self.nnodes.max if self.local.nodes is None else self.local.nodes
         if not self.nnodes.min <= nodes <= self.nnodes.max:
             raise bad("local.nodes", nodes, f"is outside nnodes {self.nnodes}: it must lie "

@@ -16,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("trainer", "jobs", "k8s", "slurm")  # folders; installed as torchjob.trainer, ...
 CORE = {"torchjob.jobs"} | {f"torchjob.jobs.{m}" for m in (
-    "spec", "trainer_args", "load", "values", "command", "hosts", "backend", "sweep", "examples",
-    "runs", "launcher", "preflight", "workspace")}
+    "spec", "checks", "trainer_args", "load", "values", "command", "hosts", "backend", "sweep",
+    "examples", "runs", "launcher", "preflight", "workspace")}
 CLI = {"torchjob.jobs.cli", "torchjob.jobs.__main__"}
 BACKENDS = {"torchjob.jobs.backends.local": "local", "torchjob.jobs.backends.docker": "docker",
             "torchjob.jobs.backends.torchx": "torchx", "torchjob.jobs.components": "torchx",
