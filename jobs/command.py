@@ -12,7 +12,8 @@ user's script gets exactly its ``trainer.args``; the built-in trainer also its
 
 from __future__ import annotations
 
-from torchjob.jobs.spec import JobSpec, trainer_argv
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.trainer_args import trainer_argv
 from torchjob.trainer.contract import (CHECKPOINT_DIR_OPTION, HANG_TIMEOUT_OPTION,
                                        MAX_STALLED_DEFAULT, MAX_STALLED_OPTION, RESUME_OPTION,
                                        RUN_DIR_OPTION)

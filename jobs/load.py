@@ -21,7 +21,8 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from torchjob.jobs.spec import JobSpec, Section, suggest
+from torchjob.jobs.spec import JobSpec, Section
+from torchjob.jobs.trainer_args import suggest
 from torchjob.jobs.values import FrozenMap, SpecError, bad, kind, show
 
 __all__ = ["SpecError", "build", "load", "load_data", "loads", "parse_yaml", "with_overrides"]

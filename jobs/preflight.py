@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from torchjob.jobs.spec import JobSpec, trainer_argv
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.trainer_args import trainer_argv
 from torchjob.jobs.values import UserError
 from torchjob.trainer.contract import MANIFEST
 from torchjob.trainer.dirs import unusable

@@ -9,28 +9,19 @@ Checks also run when a spec is built in Python, so a JobSpec is valid however it
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, ClassVar, Literal
 
-from torchjob.trainer.contract import MAX_STALLED_DEFAULT
-from torchjob.jobs.values import (DNS_1035, DNS_1123_LABEL, DNS_1123_SUBDOMAIN, DNS_LABEL_MAX,
-                                  DNS_SUBDOMAIN_MAX, MAX_TOTAL_BYTES, MAX_VALUE_BYTES, MODULE,
-                                  SECRET_KEY, Check, FrozenMap, Nnodes,
-                                  Quantity, SpecError, at_least, at_most_bytes, bad, between,
-                                  env_check, env_map, env_name, gpu_layout, kind, label_key,
-                                  one_line, path_line, pattern, positive, scalar_text, show, size,
-                                  slurm_time, system_dir)
-from torchjob.trainer.contract import HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
+from torchjob.jobs import checks
+from torchjob.jobs.trainer_args import Args, check_args, parse_args
+from torchjob.jobs.values import (DNS_1035, DNS_LABEL_MAX, MODULE, SECRET_KEY, Check, FrozenMap,
+                                  Nnodes, Quantity, SpecError, at_least, bad, between, env_check,
+                                  env_map, env_name, gpu_layout, label_key, one_line, pattern,
+                                  positive, slurm_time)
+from torchjob.trainer.contract import HANG_TIMEOUT_S, MAX_STALLED_DEFAULT
 
-Scalar = str | bool | int | float
-Args = Mapping[str, Scalar] | tuple[str, ...]
-# Worker processes per node: one per GPU (8 on most nodes) or per CPU core for CPU training
-# (the largest nodes have a few hundred cores).
-MAX_NPROC_PER_NODE = 256
 # The built-in trainer's module. The kit's packages live under torchjob (torchjob.trainer,
 # torchjob.jobs, ...), so a user's own trainer.py, jobs/, slurm/ or k8s/ is never confused with
 # them.
@@ -45,14 +36,6 @@ def spec_field(help: str, default: Any = MISSING, *, factory: Callable[[], Any] 
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
-
-
-def suggest(word: object, valid: list[str]) -> str:
-    """``; valid keys: a, b (did you mean 'x'?)`` for an unknown key."""
-    close = difflib.get_close_matches(word, valid, n=1, cutoff=0.5) \
-        if isinstance(word, str) else []
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"; valid keys: {', '.join(valid)}{hint}"
 
 
 class Section:
@@ -70,83 +53,6 @@ class Section:
                 object.__setattr__(self, f.name, value := tuple(value))
             if f.metadata.get("check"):
                 f.metadata["check"](value, f.name)
-
-
-def _optional(check: Check) -> Check:
-    return lambda value, path: None if value is None else check(value, path)
-
-
-def _flags(value: tuple[str, ...], path: str) -> None:
-    for i, flag in enumerate(value):
-        one_line(flag, f"{path}[{i}]")
-        if not flag.startswith("-"):
-            raise bad(f"{path}[{i}]", flag, "is not an option: write it as on the command line, "
-                      "e.g. --gres=gpu:1")
-
-
-def _mount_source(value: str, path: str) -> None:
-    path_line(value, path)
-    if ":" in value or "," in value:
-        raise bad(path, value, "must not contain ':' or ',' (a host path or a volume/PVC name)")
-
-
-def _mount_target(value: str, path: str) -> None:
-    _mount_source(value, path)
-    if not value.startswith("/") or value == "/":
-        raise bad(path, value, "is not an absolute path inside the container (e.g. /data)")
-    found = system_dir(value)
-    if found is not None:
-        raise bad(path, value, f"is the container's system directory {found} once normalised: "
-                  "a mount there hides the image's own; mount at a directory of your own "
-                  "(e.g. /data)")
-
-
-def _own_dir(value: str, path: str) -> None:
-    """run_dir, checkpoint_dir: written by the job, so never a system directory (an absolute
-    one here; a relative one is resolved where the job starts, torchjob.jobs.hosts)."""
-    path_line(value, path)
-    found = system_dir(value)
-    if found is not None:
-        raise bad(path, value, f"is the system directory {found}: no job may write into it; "
-                  "use a directory of your own (e.g. runs/NAME or /data/NAME)")
-
-
-def _image(value: str, path: str) -> None:
-    if not value or len(value) > 512 or any(c.isspace() or not c.isprintable() for c in value):
-        raise bad(path, value, "is not an image reference (e.g. localhost/torchjob:latest)")
-
-
-def _script(value: str, path: str) -> None:
-    path_line(value, path)
-    if value.startswith("-"):
-        raise bad(path, value, "starts with '-', so torchrun would read it as an option: "
-                  "write ./" + value)
-
-
-def _nproc(value: int, path: str) -> None:
-    at_least(1)(value, path)
-    if value > MAX_NPROC_PER_NODE:
-        raise bad(path, value, f"is more than {MAX_NPROC_PER_NODE} (MAX_NPROC_PER_NODE): a node "
-                  "runs one worker process per GPU or CPU core")
-
-
-def _hang_timeout(value: float, path: str) -> None:
-    if not (value == 0 or MIN_HANG_TIMEOUT_S <= value < math.inf):
-        raise bad(path, value, f"must be 0 (no hang watchdog) or at least {MIN_HANG_TIMEOUT_S} "
-                  f"seconds (e.g. {HANG_TIMEOUT_S})")
-
-
-def _resume(value: str, path: str) -> None:
-    if value in ("auto", "force", "fresh") or re.fullmatch(r"fresh:[A-Za-z0-9._-]{1,120}", value):
-        return
-    raise bad(path, value, "must be auto, force or fresh (torchjob run --fresh, --resume=force)")
-
-
-_dns_label = pattern(DNS_1123_LABEL, "a Kubernetes name (lower case letters, digits, '-')",
-                     "team-a", DNS_LABEL_MAX)
-_dns_name = _optional(pattern(DNS_1123_SUBDOMAIN, "a Kubernetes object name (lower case "
-                              "letters, digits, '-' and '.')", "my-secret",
-                              DNS_SUBDOMAIN_MAX))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,64 +74,17 @@ class SecretRef(Section):
                           "secretKeyRef, local runs from your environment"}
     env: str = spec_field("environment variable the trainer reads the secret from",
                           check=env_name)
-    secret: str = spec_field("name of the Kubernetes Secret", check=_dns_name)
+    secret: str = spec_field("name of the Kubernetes Secret", check=checks.dns_name)
     key: str = spec_field("key inside the Secret", check=pattern(
         SECRET_KEY, "a Secret key (letters, digits, '-', '_', '.')", "token"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Mount(Section):
-    source: str = spec_field("host path, or volume/PVC name on a cluster", check=_mount_source)
-    target: str = spec_field("absolute path inside the container", check=_mount_target)
+    source: str = spec_field("host path, or volume/PVC name on a cluster",
+                             check=checks.mount_source)
+    target: str = spec_field("absolute path inside the container", check=checks.mount_target)
     read_only: bool = spec_field("mount read-only", False)
-
-
-_ARGS_FIX = ("write a mapping (grad_accum: 2) or a list of command-line words "
-             "(['10', '--lr=0.1', 'model.depth=4'])")
-
-
-def _parse_args(raw: object, path: str) -> Args:
-    """``trainer.args`` from YAML: a mapping of scalars, or a list of words (a scalar item
-    becomes its text, as a mapping's value does: ``1e-3`` -> ``0.001``, ``true`` -> ``true``)."""
-    if isinstance(raw, list):
-        words = []
-        for i, item in enumerate(raw):
-            _check_value(item, f"{path}[{i}]", word=True)
-            words.append(scalar_text(item))
-        return tuple(words)
-    if isinstance(raw, dict):
-        for key, value in raw.items():
-            if not isinstance(key, str):
-                raise bad(f"{path}.{key}", key, f"is {kind(key)}, but keys are strings")
-            _check_value(value, f"{path}.{key}")
-        return FrozenMap(raw)
-    raise bad(path, raw, f"is {kind(raw)}: {_ARGS_FIX}")
-
-
-_one_word = at_most_bytes(MAX_VALUE_BYTES, "per command-line word (MAX_VALUE_BYTES)")
-
-
-def _check_value(value: object, path: str, *, word: bool = False) -> None:
-    """One argument value or word: a string, a finite number or true/false, without NUL."""
-    if isinstance(value, (str, bool, int, float)):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise bad(path, value, "is not a finite number (quote it to pass it as text)")
-        if isinstance(value, str):
-            _one_word(value, path)
-        return
-    if word:
-        raise bad(path, value, f"is {kind(value)}, but each item is one command-line word: a "
-                  "string, a number or true/false (write key=value, or quote an item that "
-                  "holds ': ' or ', ', e.g. '--opt=a,b'; '' is an empty word)")
-    raise bad(path, value, f"is {kind(value)}, but a single value (a string, a number or "
-              "true/false) is expected (or write trainer.args as a list of words)")
-
-
-def _check_word(word: object, path: str) -> None:
-    if not isinstance(word, str):
-        raise bad(path, word, f"is {kind(word)}, but each item is one command-line word: a "
-                  "string (write a number or boolean as text, e.g. '10')")
-    _check_value(word, path, word=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,36 +94,19 @@ class TrainerSection(Section):
                                            BUILTIN_MODULE))
     script: str | None = spec_field(
         "a Python script every worker runs instead of module (a path where the job runs: "
-        "relative to the working directory, or inside the image)", None, check=_optional(_script))
+        "relative to the working directory, or inside the image)", None,
+        check=checks.optional(checks.script))
     args: Args = spec_field(
         "arguments for the module or script: a mapping (grad_accum: 2 becomes --grad-accum 2) "
         "or a list of words passed exactly as written (['10', '--lr=0.1', 'model.depth=4'])",
-        factory=FrozenMap, parse=_parse_args)
+        factory=FrozenMap, parse=parse_args)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.script is not None and self.module != BUILTIN_MODULE:
             raise bad("script", self.script, f"and module {self.module!r} are both set: a "
                       "worker runs one of them, so remove one")
-        if isinstance(self.args, tuple):
-            for i, word in enumerate(self.args):
-                _check_word(word, f"args[{i}]")
-        else:
-            for key, value in self.args.items():
-                if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,99}",
-                                                                key):
-                    raise bad(f"args.{key}", key, "is not an argument name (e.g. grad_accum)")
-                _check_value(value, f"args.{key}")
-        total = sum(size(word) for word in trainer_argv(self.args))
-        if total > MAX_TOTAL_BYTES:
-            raise SpecError("args", f"hold {total} bytes, more than {MAX_TOTAL_BYTES} bytes "
-                            "(MAX_TOTAL_BYTES, what one command line carries): put large "
-                            "data in a file and pass its path")
-        if self.builtin:
-            if isinstance(self.args, tuple):
-                _check_trainer_words(self.args)
-            else:
-                _check_trainer_args(self.args)
+        check_args(self.args, builtin=self.builtin)
 
     @property
     def builtin(self) -> bool:
@@ -276,98 +118,6 @@ class TrainerSection(Section):
     def entry(self) -> tuple[str, ...]:
         """What follows the agent's own flags: ``-m MODULE`` or ``SCRIPT`` (as torchrun)."""
         return (self.script,) if self.script is not None else ("-m", self.module)
-
-
-def trainer_argv(args: Args) -> list[str]:
-    """A list of words as it is; a mapping ``{grad_accum: 2, resume: False}`` ->
-    ``--grad-accum 2 --resume false``, in order."""
-    if isinstance(args, tuple):
-        return list(args)
-    out: list[str] = []
-    for key, value in args.items():
-        out += [f"--{key.replace('_', '-')}", scalar_text(value)]
-    return out
-
-
-def _check_trainer_words(words: tuple[str, ...]) -> None:
-    """A list of words for the built-in trainer, parsed by its own parser here: a mistake
-    stops before anything is submitted, naming the word."""
-    # the trainer never imports jobs; jobs may import the trainer
-    from torchjob.trainer import config
-
-    types = config.field_types()
-    valid = sorted(f"--{config.flag(name)}" for name in types
-                   if name not in ("run_dir", "checkpoint_dir"))
-    for i, word in enumerate(words):
-        if not word.startswith("-") or _is_number(word):
-            continue
-        name = word.partition("=")[0]
-        key = name[2:].replace("-", "_") if name.startswith("--") else ""
-        if key in ("run_dir", "checkpoint_dir"):
-            raise bad(f"args[{i}]", word, f"belongs at the top level of the job spec: write "
-                      f"{key}: DIR there, not in trainer.args")
-        if key not in types:
-            close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise bad(f"args[{i}]", word, f"is not an option of the trainer{hint}: write "
-                      "--name VALUE or --name=VALUE (see python -m torchjob.trainer --help)")
-    try:
-        config.parse_args(list(words))
-    except (config.ConfigError, SystemExit) as exc:
-        named = re.findall(r"--[a-z0-9-]+", str(exc))
-        unknown = re.search(r"unrecognized arguments: (\S+)", str(exc))
-        for i in reversed(range(len(words))):  # argparse keeps an option's last value
-            word = words[i]
-            if (unknown and word == unknown[1]) or \
-                    (not unknown and named and word.partition("=")[0] == named[0]):
-                raise bad(f"args[{i}]", word, f"is rejected by the trainer: {exc}") from None
-        raise SpecError("args", f"the trainer rejects {show(list(words))}: {exc}") from None
-
-
-def _is_number(word: str) -> bool:
-    try:
-        float(word)
-    except ValueError:
-        return False
-    return True
-
-
-def _check_trainer_args(args: Mapping[str, Scalar]) -> None:
-    """Check args against the trainer's own parser, so mistakes stop here, not on a cluster."""
-    # the trainer never imports jobs; jobs may import the trainer
-    from torchjob.trainer import config
-
-    types = config.field_types()
-    for key, value in args.items():
-        path = f"args.{key}"
-        if key in ("run_dir", "checkpoint_dir"):
-            raise bad(path, value, f"belongs at the top level of the job spec: write "
-                      f"{key}: {scalar_text(value)} there, not under trainer.args")
-        if key not in types:
-            valid = sorted(set(types) - {"run_dir", "checkpoint_dir"})
-            raise SpecError(path, f"is not a trainer argument{suggest(key, valid)}")
-        want = types[key]
-        if not _is_type(value, want):
-            raise bad(path, value, f"is {kind(value)}, but --{key.replace('_', '-')} takes "
-                      f"{kind(want())} (see python -m torchjob.trainer --help)")
-    argv = trainer_argv(args)
-    try:
-        config.parse_args(argv)
-    except (config.ConfigError, SystemExit) as exc:
-        named = [k for k in re.findall(r"--([a-z0-9-]+)", str(exc))
-                 if k.replace("-", "_") in args]
-        if named:
-            key = named[0].replace("-", "_")
-            raise bad(f"args.{key}", args[key], f"is rejected by the trainer: {exc}") from None
-        raise SpecError("args", f"the trainer rejects {show(argv)}: {exc}") from None
-
-
-def _is_type(value: object, want: type) -> bool:
-    if want is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if want is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, want)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -396,7 +146,7 @@ class Slurm(Section):
     time: str | None = spec_field("time limit: minutes or 'HH:MM:SS'", None, parse=slurm_time)
     exclusive: bool = spec_field("sbatch --exclusive", False)
     extra_flags: tuple[str, ...] = spec_field("further sbatch options, e.g. --gres=gpu:1", (),
-                                              check=_flags)
+                                              check=checks.flags)
     signal_delay: int = spec_field("seconds before the time limit at which Slurm sends SIGUSR2 "
                                    "so the trainer checkpoints (0: no signal)", 90,
                                    check=at_least(0))
@@ -408,12 +158,7 @@ class Slurm(Section):
         "apptainer (apptainer exec); none runs the nodes' own python", "none")
     container_image: str | None = spec_field(
         "image for slurm.container (e.g. a .sif path or docker://...); default: image", None,
-        check=_optional(_image))
-
-
-def _env_names(value: tuple[str, ...], path: str) -> None:
-    for i, name in enumerate(value):
-        env_name(name, f"{path}[{i}]")
+        check=checks.optional(checks.image))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -427,14 +172,14 @@ class Topology(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class K8s(Section):
-    namespace: str = spec_field("Kubernetes namespace", "default", check=_dns_label)
-    queue: str | None = spec_field("Kueue LocalQueue name", None, check=_dns_name)
-    service_account: str | None = spec_field("pod service account", None, check=_dns_name)
+    namespace: str = spec_field("Kubernetes namespace", "default", check=checks.dns_label)
+    queue: str | None = spec_field("Kueue LocalQueue name", None, check=checks.dns_name)
+    service_account: str | None = spec_field("pod service account", None, check=checks.dns_name)
     pvc: str | None = spec_field("PersistentVolumeClaim for run_dir and checkpoints", None,
-                                 check=_dns_name)
+                                 check=checks.dns_name)
     pvc_mount_path: str = spec_field("where the pvc is mounted; a relative run_dir and "
                                      "checkpoint_dir are placed under it", "/mnt/torchjob",
-                                     check=_mount_target)
+                                     check=checks.mount_target)
     checkpoints: Literal["pvc", "pod-local"] = spec_field(
         "where checkpoints live: pvc (on a PersistentVolumeClaim every pod mounts: k8s.pvc, "
         "ReadWriteMany for several pods, or a writable mounts entry holding checkpoint_dir; a "
@@ -457,13 +202,13 @@ class K8s(Section):
     volcano_queue: str | None = spec_field(
         "Volcano queue: a PyTorchJob's runPolicy.schedulingPolicy (gang of nnodes MIN pods); "
         "a TrainJob's own TrainingRuntime with a Volcano podGroupPolicy", None,
-        check=_dns_name)
+        check=checks.dns_name)
     priority_class: str | None = spec_field("PriorityClass of the pods (and of the Volcano "
-                                            "gang)", None, check=_dns_name)
+                                            "gang)", None, check=checks.dns_name)
     run_as_user: int = spec_field("non-zero user id the containers run as (Pod Security "
                                   "restricted)", 1000, check=between(1, 2**31 - 1))
     fs_group: int | None = spec_field("pod fsGroup, so the pvc is writable by run_as_user",
-                                      1000, check=_optional(between(1, 2**31 - 1)))
+                                      1000, check=checks.optional(between(1, 2**31 - 1)))
     rdzv_wait_seconds: int = spec_field(
         "jobs of several pods: how long a pod waits for the rendezvous store to answer (a "
         "PyTorchJob's <job>-rdzv:<rdzv.port>; a TrainJob's node 0 to resolve) before it starts "
@@ -474,7 +219,7 @@ class K8s(Section):
     allow_literal_env: tuple[str, ...] = spec_field(
         "env names whose literal values are not secrets although the names end in _KEY, "
         "_TOKEN, _SECRET, _PASSWORD (which are refused otherwise: use secrets)", (),
-        check=_env_names)
+        check=checks.env_names)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -529,10 +274,10 @@ class JobSpec(Section):
                                          "and '-', starting with a letter, not ending with '-'",
                                          "digits", DNS_LABEL_MAX))
     image: str = spec_field("container image (docker and Kubernetes backends)",
-                            "localhost/torchjob:latest", check=_image)
+                            "localhost/torchjob:latest", check=checks.image)
     nnodes: Nnodes = spec_field("nodes: N, or MIN:MAX for an elastic job", Nnodes(1, 1),
                                 parse=Nnodes.parse)
-    nproc_per_node: int = spec_field("worker processes per node", 1, check=_nproc)
+    nproc_per_node: int = spec_field("worker processes per node", 1, check=checks.nproc)
     resources: Resources = spec_field("per-node resources", factory=Resources)
     env: Mapping[str, str] = spec_field("environment variables for every worker",
                                         factory=FrozenMap, parse=env_map, check=env_check)
@@ -558,11 +303,11 @@ class JobSpec(Section):
         "(and in a script that reports none) its heartbeat, which a stopped or frozen process "
         "loses. Set it above your longest gap between two steps (evaluation and blocking "
         "checkpoint saves included) and below the trainer's pg_timeout (300 s). 0: off",
-        HANG_TIMEOUT_S, check=_hang_timeout)
+        HANG_TIMEOUT_S, check=checks.hang_timeout)
     resume: str = spec_field(
         "checkpoints of another configuration: auto (refused, exit 2), force (resumed anyway) "
         "or fresh (moved aside once per submission; start over); torchjob run --fresh and "
-        "--resume=force set it", "auto", check=_resume)
+        "--resume=force set it", "auto", check=checks.resume)
     trainer: TrainerSection = spec_field("what every worker runs", factory=TrainerSection)
     rdzv: Rdzv = spec_field("rendezvous settings", factory=Rdzv)
     local: Local = spec_field("local backend settings", factory=Local)
@@ -577,8 +322,8 @@ class JobSpec(Section):
         run_dir = self.run_dir or f"runs/{self.name}"
         object.__setattr__(self, "run_dir", run_dir)
         object.__setattr__(self, "checkpoint_dir", self.checkpoint_dir or f"{run_dir}/checkpoints")
-        _own_dir(self.run_dir, "run_dir")
-        _own_dir(self.checkpoint_dir, "checkpoint_dir")
+        checks.own_dir(self.run_dir, "run_dir")
+        checks.own_dir(self.checkpoint_dir, "checkpoint_dir")
         nodes = self.nnodes.max if self.local.nodes is None else self.local.nodes
         if not self.nnodes.min <= nodes <= self.nnodes.max:
             raise bad("local.nodes", nodes, f"is outside nnodes {self.nnodes}: it must lie "

@@ -4,10 +4,10 @@ reliable.
 It takes exactly torchrun's arguments (and its ``PET_*`` environment fallbacks) and runs
 torchrun's own elastic agent. When the workers run this trainer (``-m torchjob.trainer``), they are
 forked from a server that has already imported torch and the trainer, instead of each
-starting a fresh interpreter: a restart after a crash then costs a fork, not the ~3 s of
-importing torch again. Anything else (``-m other`` or a script) runs exactly as torchrun runs
-it. It also defaults ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: with the rendezvous store shared
-with the workers, half of the restarts measured here failed (pytorch/pytorch#135712).
+starting a fresh interpreter: a restart after a crash then costs a fork, not an import of
+torch. Anything else (``-m other`` or a script) runs exactly as torchrun runs it. It also
+defaults ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: restarts with the rendezvous store shared
+with the workers are unreliable (pytorch/pytorch#135712).
 
 And its agent (trainer.elastic_agent) answers a stop signal while it waits for the other nodes
 at the end, and puts the one log prefix (node, rank, attempt) on every line of its workers:
@@ -19,9 +19,7 @@ the hot path of a restart, stays free of the agent's imports.
 A stop signal is answered from the agent's first line, not only once torch's agent installs
 its handler as it starts the workers (after importing torch, a few seconds, and after the
 rendezvous, which waits for the other nodes): until then a SIGTERM ends the agent with 143 at
-once. Without a handler, a container's first process (the agent, under compose and in a pod)
-never even receives a SIGTERM: the kernel drops it, and the engine waited its whole grace
-period, while the workers it then started trained on.
+once (a container's first process without a handler never receives one at all).
 
 Before torchrun's arguments it takes torchjob's own options: ``--retry-on-error`` (restart on
 exceptions too), ``--run-dir DIR --checkpoint-dir DIR``, exported to every worker as
@@ -37,6 +35,7 @@ lock while it runs (torchjob.trainer.runlock): a second live run on it is refuse
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.util
@@ -63,7 +62,7 @@ FAST_MODULE = "torchjob.trainer"
 # runs any other worker, as python would (trainer/script.py)
 SCRIPT_MODULE = "torchjob.trainer.script"
 RETRY_ON_ERROR = "--retry-on-error"  # ours, before torchrun's arguments: restart on exceptions
-# ours too, each a whole number: the Agent attribute it sets
+# ours too, each a whole number: the Agent keyword argument it sets
 COUNT_OPTIONS = {MAX_STALLED_OPTION: "max_stalled_restarts"}
 # trainer.forkserver_guard first: the server dies with this agent (trainer.orphans);
 # torch.optim imports torch._dynamo on first use
@@ -116,8 +115,8 @@ def stop_as_torch_does(signum: int, frame: FrameType | None) -> NoReturn:
 
 def own_options(argv: list[str]) -> tuple[list[str], dict[str, Any], dict[str, str]]:
     """torchjob's options off the front of ``argv``, in any order: (torchrun's arguments, the
-    agent's settings (``Agent`` attributes), the variables to export to the workers). A
-    number that is not one: a ValueError that names the option."""
+    agent's settings (``Agent``'s keyword arguments), the variables to export to the workers).
+    A number that is not one: a ValueError that names the option."""
     settings: dict[str, Any] = {}
     env: dict[str, str] = {}
     while argv:
@@ -149,6 +148,7 @@ def hang_timeout(environ: dict[str, str]) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """torchrun with torchjob's own options first (see the module's docstring)."""
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     try:
         argv, settings, env = own_options(list(sys.argv[1:] if argv is None else argv))
@@ -173,13 +173,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         print(f"torchjob: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
-    launcher_api.LocalElasticAgent = Agent  # type: ignore[misc]  # launch_agent makes one
-    Agent.hang_timeout, Agent.progress_dir = seconds, progress_dir
-    for name, value in settings.items():
-        setattr(Agent, name, value)
+    # launch_agent makes the agent: ours, with our settings
+    launcher_api.LocalElasticAgent = functools.partial(  # type: ignore[misc, assignment]
+        Agent, hang_timeout=seconds, progress_dir=progress_dir, **settings)
     args = parse_args(argv)
+    own_log_dir = tee_to_us(args)
+    lock = lock_run_dir(args, env)
+    try:
+        launch(args)
+    finally:
+        if lock is not None:
+            lock.release()
+        if own_log_dir is not None:
+            shutil.rmtree(own_log_dir, ignore_errors=True)
+        if progress_dir is not None:
+            shutil.rmtree(progress_dir, ignore_errors=True)
+
+
+def tee_to_us(args: Any) -> str | None:
+    """Turn on torchrun's tee unless the command set ``--tee`` or ``--redirects``, so the
+    workers' lines reach us to be prefixed; the log directory made for it, if one was."""
     own_log_dir = None
-    if args.tee == "0" and args.redirects == "0":  # the workers' lines reach us to be prefixed
+    if args.tee == "0" and args.redirects == "0":
         args.tee = "3"
         if args.log_dir is None:  # torch's default is a new /tmp/torchelastic_* left behind
             own_log_dir = args.log_dir = tempfile.mkdtemp(prefix="torchjob-agent-")
@@ -188,30 +203,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
+    return own_log_dir
+
+
+def lock_run_dir(args: Any, env: dict[str, str]) -> RunLock | None:
+    """The run directory's lock, held (None without a run directory), once the run and
+    checkpoint directories are usable; exit 2 with the closing line otherwise."""
     for option, name in DIR_OPTIONS.items():  # before any worker starts (torchjob.trainer.dirs)
         problem = unusable(env[name]) if name in env else None
         if problem is not None:
             print(closing_line(f"{option} {env[name]}: {problem}", 0, EXIT_CONFIG),
                   file=sys.stderr, flush=True)
             sys.exit(EXIT_CONFIG)
-    lock = None
-    if RUN_DIR_ENV in env:
-        lock = RunLock(env[RUN_DIR_ENV], lock_id(args), say=lambda line: print(
-            line, file=sys.stderr, flush=True))
-        try:
-            lock.acquire()
-        except RunDirBusy as exc:
-            print(closing_line(str(exc), 0, EXIT_CONFIG), file=sys.stderr, flush=True)
-            sys.exit(EXIT_CONFIG)
+    if RUN_DIR_ENV not in env:
+        return None
+    lock = RunLock(env[RUN_DIR_ENV], lock_id(args), say=lambda line: print(
+        line, file=sys.stderr, flush=True))
     try:
-        launch(args)
-    finally:
-        if lock is not None:
-            lock.release()
-        if own_log_dir is not None:
-            shutil.rmtree(own_log_dir, ignore_errors=True)
-        if Agent.progress_dir is not None:
-            shutil.rmtree(Agent.progress_dir, ignore_errors=True)
+        lock.acquire()
+    except RunDirBusy as exc:
+        print(closing_line(str(exc), 0, EXIT_CONFIG), file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG)
+    return lock
 
 
 def lock_id(args: Any) -> str:

@@ -3,9 +3,8 @@ watch on its own membership of the rendezvous.
 
 torchrun's agent, its workers done, waits up to 300 s in the "exit barrier" for the other
 nodes' agents, inside one blocking store call: a SIGTERM (a Slurm time limit, a pod deletion)
-is handled only when that call returns, so a node whose work had just finished when the job
-was told to stop outlived the others by 5 minutes, past the time limit. Here the barrier
-waits in short slices, and the signal ends it at once. ``python -m torchjob.trainer.agent`` runs it.
+is handled only when that call returns. Here the barrier waits in short slices, and the
+signal ends it at once. ``python -m torchjob.trainer.agent`` runs it.
 
 The membership watch (torchjob.trainer.membership): the agent also restarts its workers when the
 rendezvous dropped its node from the round it joined, as for a new node.
@@ -44,7 +43,8 @@ from torch.distributed.elastic.utils import store as store_util
 
 from torchjob.trainer import ledger
 from torchjob.trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FINISHED, HEARD_FAIL,
-                                       HEARD_RESTART, RUN_DIR_ENV, log_prefix)
+                                       HEARD_RESTART, MAX_STALLED_DEFAULT, RUN_DIR_ENV,
+                                       log_prefix)
 from torchjob.trainer.failures import RESTARTING, Failure, Verdict, judge, last_line
 from torchjob.trainer.hang import Seen, Watchdog, kill, kill_stopped
 from torchjob.trainer.membership import MembershipWatch
@@ -101,28 +101,29 @@ class Agent(LocalElasticAgent):
     its node's membership of the rendezvous, the one log prefix on its workers' lines, and
     restarts only for lost workers (torchjob.trainer.failures), decided alike on every node."""
 
-    retry_on_error = False  # set by ``python -m torchjob.trainer.agent --retry-on-error``
-    max_stalled_restarts = 3  # ``--max-stalled-restarts``: the storm guard (trainer.ledger)
+    # how the run went, for its exit code (torchjob.trainer.agent's ``ended``)
     closing: tuple[str, int] | None = None  # why the job failed, and the attempt
-    # set by ``python -m torchjob.trainer.agent --hang-timeout S`` (0: no watchdog), with the folder
-    # its workers report progress in (torchjob.trainer.progress)
-    hang_timeout = 0.0
-    progress_dir: str | None = None
     # whether this node met the others at the rendezvous store (a store lost after that is
     # EXIT_STORE_LOST, retried; one never reached is a failure), and whether it lost it
     met = False
     store_lost = False
 
-    def __init__(self, spec: agent_api.WorkerSpec, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, spec: agent_api.WorkerSpec, *args: Any, retry_on_error: bool = False,
+                 max_stalled_restarts: int = MAX_STALLED_DEFAULT, hang_timeout: float = 0.0,
+                 progress_dir: str | None = None, **kwargs: Any) -> None:
+        """torch's arguments, and ours: restart on user exceptions too, the restart storm
+        guard (torchjob.trainer.ledger), the hang watchdog's timeout (0: none) and the folder
+        its workers report progress in (torchjob.trainer.progress)."""
         spec.rdzv_handler = MembershipWatch(spec.rdzv_handler)  # type: ignore[assignment]
         super().__init__(spec, *args, **kwargs)
+        self.retry_on_error, self.max_stalled_restarts = retry_on_error, max_stalled_restarts
         self._attempt_base = attempt_base(os.environ)
         # the run's ledger (torchjob.trainer.ledger), in the run directory: none without one
         self._run_dir = os.environ.get(RUN_DIR_ENV) or None
         self._checkpoint_dir = os.environ.get(CHECKPOINT_DIR_ENV) or None
         self._run_id = spec.rdzv_handler.get_run_id()
-        self._watchdog = None if not (self.hang_timeout and self.progress_dir) else Watchdog(
-            Path(self.progress_dir), self.hang_timeout, others_first_s=VERDICT_WAIT_S,
+        self._watchdog = None if not (hang_timeout and progress_dir) else Watchdog(
+            Path(progress_dir), hang_timeout, others_first_s=VERDICT_WAIT_S,
             say=lambda line: log.warning("%s", line))
 
     def _monitor_workers(self, worker_group: agent_api.WorkerGroup) -> agent_api.RunResult:

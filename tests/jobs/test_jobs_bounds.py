@@ -17,7 +17,7 @@ from torchjob.jobs.backends.docker.render import render_compose
 from torchjob.jobs.backends.torchx.render import render_appdef
 from torchjob.jobs.hosts import MAX_HOST_NODES, system_dir
 from torchjob.jobs.load import MAX_SPEC_BYTES, loads
-from torchjob.jobs.spec import MAX_NPROC_PER_NODE
+from torchjob.jobs.checks import MAX_NPROC_PER_NODE
 from torchjob.jobs.values import MAX_NNODES, MAX_TOTAL_BYTES, MAX_VALUE_BYTES, SpecError
 from torchjob.k8s.pytorchjob import render_pytorchjob
 from tests.jobs.arrival import interpolate

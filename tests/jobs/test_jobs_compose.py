@@ -19,7 +19,7 @@ from torchjob.jobs.command import agent_command
 from torchjob.jobs.backends.docker.render import (RESTARTS, compose_text, escape, render_compose,
                                                   run_mounts)
 from torchjob.jobs.backends.docker import launch
-from torchjob.jobs.backends.docker.launch import find_engine
+from torchjob.jobs.backends.docker.engine import find_engine
 from torchjob.jobs.launcher import Stops
 from torchjob.jobs.load import load, loads
 from torchjob.jobs.values import SpecError, UserError

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from torchjob.jobs.load import SpecError, load, loads
-from torchjob.jobs.spec import JobSpec, Section, trainer_argv
+from torchjob.jobs.spec import JobSpec, Section
+from torchjob.jobs.trainer_args import trainer_argv
 from torchjob.jobs.values import FrozenMap, Nnodes, Quantity
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "jobs" / "examples"

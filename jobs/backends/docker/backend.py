@@ -12,6 +12,7 @@ from typing import IO
 from torchjob.jobs import launcher
 from torchjob.jobs.backend import Context, Request, no_variant
 from torchjob.jobs.backends.docker import launch
+from torchjob.jobs.backends.docker.engine import find_engine
 from torchjob.jobs.backends.docker.render import compose_text, render_compose
 from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec
@@ -39,11 +40,11 @@ class DockerBackend(launcher.LaunchedHere):
                        spec, context)
 
     def ready(self, request: Request) -> None:
-        launch.find_engine(request.spec.docker.engine)  # a UserError that says how to install one
+        find_engine(request.spec.docker.engine)  # a UserError that says how to install one
 
     def launch(self, request: Request, record: Record) -> launcher.Launch:
         spec, context = request.spec, request.context
-        engine = launch.find_engine(spec.docker.engine)
+        engine = find_engine(spec.docker.engine)
 
         def body(stops: launcher.Stops, echo: bool, err: IO[str]) -> int:
             return launch.run_docker(spec, engine=engine, cwd=Path(context.workdir),

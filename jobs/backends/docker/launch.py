@@ -9,128 +9,43 @@ killer or ``podman kill`` does) is started again, up to the compose file's
 carries on without it. The job ends when every node has ended, or once one node finished its
 training or failed for good (the others hear of it and end too) and the others had a grace
 period to end: one that did not (a worker hung in its teardown) is then stopped, as the
-PyTorchJob operator deletes the running pods of a job that ended. Ctrl-C/SIGTERM (counted by ``jobs.launcher.perform`` from
-before the run starts) stops the containers with a grace period (their workers checkpoint and
-exit 143), or, before they were started, starts none; a second Ctrl-C kills them. Whatever way
-this ends, ``compose down`` removes the containers and the network.
+PyTorchJob operator deletes the running pods of a job that ended. Ctrl-C/SIGTERM (counted by
+``jobs.launcher.perform`` from before the run starts) stops the containers with a grace period
+(their workers checkpoint and exit 143), or, before they were started, starts none; a second
+Ctrl-C kills them. Whatever way this ends, ``compose down`` removes the containers and the
+network. The engine and the image: ``jobs.backends.docker.engine``.
 """
 
 from __future__ import annotations
 
-import importlib.resources
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from secrets import token_hex
-from typing import IO, Any, Callable
+from typing import IO
 
 import yaml
-import torchjob.trainer
-from torchjob.jobs.backends.docker.render import (HOST_DIR_VAR, RESTARTS, RUN_ID_VAR, compose_text,
-                                                  mounts_workdir, render_compose, service_name)
+from torchjob.jobs.backends.docker.engine import Engine, ensure_image
+# the run loop's one way to call the engine (the tests replace it)
+from torchjob.jobs.backends.docker.engine import run_captured as _run
+from torchjob.jobs.backends.docker.render import (HOST_DIR_VAR, RESTARTS, RUN_ID_VAR,
+                                                  mounts_workdir, service_name)
 from torchjob.jobs.launcher import NodeOutput, Stops
 from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec
-from torchjob.jobs.workspace import is_registry
 from torchjob.jobs.values import UserError
 from torchjob.trainer.contract import (EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, EXIT_STORE_LOST,
                                        nodes_exit_code)
 from torchjob.trainer.runlock import clear as clear_lock
 
-# the package whose data is the Dockerfile and container-setup
-RECIPE = "torchjob.jobs.backends.docker"
 IMAGE_UID = 1000  # the Dockerfile's USER: it must be able to write the run directory
 PROJECT_LABEL = "com.docker.compose.project"  # set by docker compose and podman-compose
 SERVICE_LABEL = "com.docker.compose.service"
-INSTALL_HINT = ("install podman and podman-compose (Debian/Ubuntu: apt-get install podman "
-                "podman-compose, or scripts/container-setup engine) or Docker with its compose "
-                "plugin (docker compose version must work)")
 FINISH_GRACE_S = 60.0  # once a node finished training or failed, the others' time to end too
 _POLL_S = 1.0
-
-
-@dataclass(frozen=True)
-class Engine:
-    """A container engine and the compose command that drives it."""
-
-    name: str  # podman | docker
-    compose: tuple[str, ...]  # ("podman-compose",) or ("docker", "compose")
-
-    def compose_argv(self, project: str, file: Path, *args: str) -> list[str]:
-        return [*self.compose, "-p", project, "-f", str(file), *args]
-
-
-def find_engine(choice: str, which: Callable[[str], str | None] = shutil.which) -> Engine:
-    """The engine for ``docker.engine``: ``auto`` prefers podman + podman-compose, then
-    ``docker compose``. None usable: a UserError that says how to install one."""
-    if choice in ("auto", "podman") and which("podman") and which("podman-compose"):
-        return Engine("podman", ("podman-compose",))
-    if choice in ("auto", "docker") and which("docker") and _run(
-            ["docker", "compose", "version"], timeout=30).returncode == 0:
-        return Engine("docker", ("docker", "compose"))
-    wanted = {"auto": "no container engine with compose found",
-              "podman": "docker.engine is podman, but podman and podman-compose are not both "
-                        "on PATH",
-              "docker": "docker.engine is docker, but 'docker compose' does not work"}[choice]
-    raise UserError(f"{wanted}: {INSTALL_HINT}")
-
-
-def _run(argv: list[str], timeout: float = 600, **kw: Any) -> subprocess.CompletedProcess[str]:
-    """Run an engine command to the end, output captured; shielded from the terminal's Ctrl-C
-    (its own session) so that a stop reaches the containers only through this launcher."""
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, start_new_session=True, check=False,
-                              **kw)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return subprocess.CompletedProcess(argv, 127, "", str(exc))
-
-
-def image_context(dest: Path) -> Path:
-    """The Dockerfile's build context, assembled in ``dest`` from what is installed: the
-    Dockerfile (package data) and the trainer package, the one of ours the image runs. The same
-    from a checkout as from a wheel: nothing is read from the repository's folders."""
-    dest.mkdir(parents=True)
-    (dest / "Dockerfile").write_bytes(
-        importlib.resources.files(RECIPE).joinpath("Dockerfile").read_bytes())
-    shutil.copytree(Path(torchjob.trainer.__file__).parent, dest / "trainer",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return dest
-
-
-def ensure_image(engine: Engine, image: str, err: IO[str]) -> None:
-    """Build ``image`` when it is missing locally (a registry image is left to compose to
-    pull) from the recipe this package carries. With podman as root on Debian that is
-    container-setup (a debootstrap base, the local torch wheel, no registry); otherwise a
-    plain ``ENGINE build``."""
-    check = (["podman", "image", "exists", image] if engine.name == "podman"
-             else ["docker", "image", "inspect", image])
-    if _run(check, timeout=60).returncode == 0 or is_registry(image):
-        return
-    with tempfile.TemporaryDirectory(prefix="torchjob-image-") as tmp:
-        context = image_context(Path(tmp) / "context")
-        if engine.name == "podman" and os.geteuid() == 0:
-            setup = Path(tmp) / "container-setup"
-            setup.write_bytes(
-                importlib.resources.files(RECIPE).joinpath("container-setup").read_bytes())
-            argv = ["bash", str(setup), "all"]
-        else:
-            argv = [engine.name, "build", "-t", image, str(context)]
-        print(f"torchjob: image {image} is missing; building it from the Dockerfile torchjob "
-              f"ships: {' '.join(argv)}", file=err, flush=True)
-        # PYTHON: container-setup downloads the torch wheel with this interpreter's pip
-        proc = _run(argv, timeout=3600, cwd=tmp, env={**os.environ, "IMAGE": image,
-                                                       "CONTEXT": str(context),
-                                                       "PYTHON": sys.executable})
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
-        raise UserError(f"building image {image} failed:\n{tail}")
 
 
 def readable(cwd: Path) -> None:
@@ -308,32 +223,22 @@ def result(spec: JobSpec, nodes: list[_Node], signalled: bool) -> int:
                            spec.nnodes.min)
 
 
-def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops,
-               cwd: Path | None = None, compose: str | None = None,
-               project: str | None = None, record: Record | None = None, echo: bool = True,
+def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops, cwd: Path,
+               compose: str, project: str, record: Record, echo: bool = True,
                err: IO[str] | None = None) -> int:
-    """Run the job as one container per node to the end; the exit code as for local runs
-    (``stops``: the stop signals so far).
-    ``compose`` is the exact compose file to run (the backend's rendered request); by
-    default the spec's, rendered for ``cwd``. With a ``record`` (``torchjob.jobs.runs``) the file is
-    kept there, the project is the run's id, and each node's log goes to the record too;
-    with ``echo`` every node's lines also go to our stdout."""
+    """Run the compose file ``compose`` (the backend's rendered request) for ``cwd`` as one
+    container per node to the end; the exit code as for local runs (``stops``: the stop
+    signals so far). The file is kept in the ``record``, the compose project is named
+    ``project``, and each node's log goes to the record and, with ``echo``, to our stdout."""
     err = err or sys.stderr
-    cwd = cwd or Path.cwd()
-    missing = [ref.env for ref in spec.secrets if ref.env not in os.environ]
-    if missing:
-        raise UserError(f"secret variable(s) not set: {', '.join(missing)}; the containers "
-                        f"read secrets from your environment (export {missing[0]}=... first)")
     if mounts_workdir(spec):
         readable(cwd)
     ensure_image(engine, spec.image, err)
     run_dir = prepare_dirs(spec, cwd)
-    file = (record.path if record is not None else run_dir) / "compose.yaml"
-    text = compose if compose is not None else compose_text(render_compose(spec,
-                                                                           host_dir=str(cwd)))
-    file.write_text(text)
-    run = _Run(engine, project or f"{spec.name}-{token_hex(3)}", file,
-               int(yaml.safe_load(text).get(RESTARTS, {}).get("max_restarts", 0)), stops)
+    file = record.path / "compose.yaml"
+    file.write_text(compose)
+    run = _Run(engine, project, file,
+               int(yaml.safe_load(compose).get(RESTARTS, {}).get("max_restarts", 0)), stops)
     output = NodeOutput(record, out=sys.stdout.buffer if echo else None, err=None)
     print(f"torchjob: {spec.name}: {spec.nnodes.max} node container(s) x "
           f"{spec.nproc_per_node} process(es) with {engine.name}, project {run.project}, "
@@ -342,38 +247,48 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops,
         if stops.count:
             print("torchjob: stopping: before any container started", file=err, flush=True)
             return EXIT_STOPPED
-        up = _run(engine.compose_argv(run.project, file, "up", "-d"), timeout=600,
-                  env={**os.environ, HOST_DIR_VAR: str(cwd.resolve()),
-                       RUN_ID_VAR: run.project})
-        run.nodes = _containers(run, spec.nnodes.max)
-        if up.returncode != 0 or len(run.nodes) != spec.nnodes.max:
-            tail = "\n".join((up.stdout + up.stderr).splitlines()[-20:])
-            print(f"torchjob: compose up failed (exit {up.returncode}):\n{tail}", file=err)
+        if not _up(run, spec, cwd, err):
             return EXIT_CONFIG
-        if record is not None:
-            record.update(containers=[node.cid for node in run.nodes])
+        record.update(containers=[node.cid for node in run.nodes])
         for index, node in enumerate(run.nodes):
             node.pump = threading.Thread(target=_follow, args=(run, index, node, output),
                                          daemon=True)
             node.pump.start()
         _wait(run, spec, grace, err)
     finally:
-        run.done.set()
-        if run.nodes:
-            _run([engine.name, "kill", *run.ids()], timeout=60)
-            for node in run.nodes:
-                if node.pump is not None:
-                    node.pump.join(timeout=30)
-        output.close()
-        down(engine, run.project, file)
-        # no agent of this run is left: a node killed (or stopped after the grace) could not
-        # release the run directory's lock, and the next run there would be refused for a while.
-        # Its agents locked with the rendezvous id, which is this project's name (RUN_ID_VAR).
-        clear_lock(run_dir, run.project)
+        _tear_down(run, output, run_dir)
     code = result(spec, run.nodes, stops.count > 0)
     if code not in (EXIT_OK, EXIT_STOPPED):
         output.report([(i, node.code) for i, node in enumerate(run.nodes) if node.code], err)
     return code
+
+
+def _up(run: _Run, spec: JobSpec, cwd: Path, err: IO[str]) -> bool:
+    """``compose up``: every node's container created and started; False (said) otherwise."""
+    up = _run(run.engine.compose_argv(run.project, run.file, "up", "-d"), timeout=600,
+              env={**os.environ, HOST_DIR_VAR: str(cwd.resolve()), RUN_ID_VAR: run.project})
+    run.nodes = _containers(run, spec.nnodes.max)
+    if up.returncode != 0 or len(run.nodes) != spec.nnodes.max:
+        tail = "\n".join((up.stdout + up.stderr).splitlines()[-20:])
+        print(f"torchjob: compose up failed (exit {up.returncode}):\n{tail}", file=err)
+        return False
+    return True
+
+
+def _tear_down(run: _Run, output: NodeOutput, run_dir: Path) -> None:
+    """Kill what runs, pass on the last log lines, remove the containers and the network."""
+    run.done.set()
+    if run.nodes:
+        _run([run.engine.name, "kill", *run.ids()], timeout=60)
+        for node in run.nodes:
+            if node.pump is not None:
+                node.pump.join(timeout=30)
+    output.close()
+    down(run.engine, run.project, run.file)
+    # no agent of this run is left: a node killed (or stopped after the grace) could not
+    # release the run directory's lock, and the next run there would be refused for a while.
+    # Its agents locked with the rendezvous id, which is this project's name (RUN_ID_VAR).
+    clear_lock(run_dir, run.project)
 
 
 def _wait(run: _Run, spec: JobSpec, grace: float, err: IO[str]) -> None:

@@ -37,11 +37,6 @@ _POLL = 0.1
 _SCAN_EVERY = 0.5
 
 
-def missing_secrets(plan: LocalPlan, environ: Mapping[str, str]) -> list[str]:
-    """Secret variables the plan needs that the caller's environment lacks."""
-    return [name for name in plan.secrets if name not in environ]
-
-
 class _Proc(NamedTuple):
     ppid: int
     pgrp: int
@@ -177,26 +172,16 @@ def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
               record: Record | None = None, echo: bool = True,
               err: IO[str] | None = None) -> int:
     """Run every node of the plan to the end: 0 done (at least nnodes MIN nodes finished), 143
-    stopped (``stops``: the stop signals so far), 1 a node failed, 2 a secret is missing or a
-    node could not start. Each node's output goes to its log in ``record`` and, with ``echo``, to our stdout and stderr
-    (as the node wrote it); the nodes' processes are noted in the record."""
+    stopped (``stops``: the stop signals so far), 1 a node failed, 2 a node could not
+    start. Each node's output goes to its log in ``record`` and, with ``echo``,
+    to our stdout and stderr (as the node wrote it); the nodes' processes are noted in the
+    record."""
     err = err or sys.stderr
-    missing = missing_secrets(plan, os.environ)
-    if missing:
-        print(f"torchjob: secret variable(s) not set: {', '.join(missing)}; local runs read "
-              f"secrets from your environment (export {missing[0]}=... first)", file=err)
-        return EXIT_CONFIG
-    if plan.script is not None and not os.path.isfile(plan.script):
-        print(f"torchjob: trainer.script {plan.script!r} is not a file (relative paths start "
-              f"at {os.getcwd()}): fix the path in the job spec", file=err)
-        return EXIT_CONFIG
     env = {**os.environ, **plan.env}
     output = NodeOutput(record, out=sys.stdout.buffer if echo else None,
                         err=sys.stderr.buffer if echo else None)
-    nodes, pumps = _Nodes(), []
-    deadline: float | None = None
-    killed = store_gone = False
-    store = None
+    nodes, store = _Nodes(), None
+    pumps: list[threading.Thread] = []
     try:
         if not stops.count:
             try:
@@ -204,47 +189,14 @@ def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
             except OSError as exc:
                 print(f"torchjob: cannot start the rendezvous store: {exc}", file=err)
                 return EXIT_CONFIG
-        for i, command in enumerate(plan.commands):
-            if stops.count:
-                break
-            try:
-                proc = subprocess.Popen(command, env=env, start_new_session=True,
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE)
-            except OSError as exc:
-                print(f"torchjob: cannot start node {i} ({command[0]}): {exc}", file=err)
-                return EXIT_CONFIG
-            nodes.procs.append(proc)
-            for stream, is_err in ((proc.stdout, False), (proc.stderr, True)):
-                pump = threading.Thread(target=_pump, daemon=True,
-                                        args=(stream, i, output, is_err))
-                pump.start()
-                pumps.append(pump)
+        if not _start_nodes(plan, env, stops, nodes, pumps, output, err):
+            return EXIT_CONFIG
         if record is not None:
             record.update(nodes=[p.__dict__ for p in map(Proc.of, nodes.pids()) if p])
         nodes.scan()
         if stops.count and not nodes.procs:
             print("torchjob: stopping: before any node started", file=err, flush=True)
-        while any(proc.poll() is None for proc in nodes.procs):
-            if stops.count and deadline is None:
-                print(f"torchjob: stopping: SIGTERM to {len(nodes.procs)} node(s); workers "
-                      f"checkpoint and exit (up to {grace:g} s; Ctrl-C again kills now)",
-                      file=err, flush=True)
-                nodes.terminate()
-                deadline = time.monotonic() + grace
-            if deadline is not None and not killed and (stops.count > 1
-                                                        or time.monotonic() > deadline):
-                print("torchjob: killing every node now", file=err, flush=True)
-                nodes.kill()
-                killed = True
-            if time.monotonic() - nodes.last_scan > _SCAN_EVERY:
-                nodes.scan()
-            if store is not None and store[0].poll() is not None and not store_gone:
-                store_gone = True
-                print(f"torchjob: the rendezvous store ended (exit {store[0].returncode}) while "
-                      "nodes run: they lose their rendezvous and stop (run the job again: it "
-                      "resumes from its last checkpoint)", file=err, flush=True)
-            time.sleep(_POLL)
+        _wait(nodes, store, stops, grace, err)
     finally:
         nodes.kill()
         _stop_store(store)
@@ -253,6 +205,62 @@ def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
         output.close()
     if stops.count:
         return EXIT_STOPPED
+    return _result(plan, nodes, output, err)
+
+
+def _start_nodes(plan: LocalPlan, env: Mapping[str, str], stops: Stops, nodes: _Nodes,
+                 pumps: list[threading.Thread], output: NodeOutput, err: IO[str]) -> bool:
+    """Start each node (none after a stop), its output pumped; False (said) when one could
+    not start."""
+    for i, command in enumerate(plan.commands):
+        if stops.count:
+            break
+        try:
+            proc = subprocess.Popen(command, env=env, start_new_session=True,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
+        except OSError as exc:
+            print(f"torchjob: cannot start node {i} ({command[0]}): {exc}", file=err)
+            return False
+        nodes.procs.append(proc)
+        for stream, is_err in ((proc.stdout, False), (proc.stderr, True)):
+            pump = threading.Thread(target=_pump, daemon=True, args=(stream, i, output, is_err))
+            pump.start()
+            pumps.append(pump)
+    return True
+
+
+def _wait(nodes: _Nodes, store: tuple[subprocess.Popen[bytes], threading.Thread] | None,
+          stops: Stops, grace: float, err: IO[str]) -> None:
+    """Until every node has ended: on a stop, SIGTERM to each, and after ``grace`` or a second
+    stop, SIGKILL; a rendezvous store that ends early is said once."""
+    deadline: float | None = None
+    killed = store_gone = False
+    while any(proc.poll() is None for proc in nodes.procs):
+        if stops.count and deadline is None:
+            print(f"torchjob: stopping: SIGTERM to {len(nodes.procs)} node(s); workers "
+                  f"checkpoint and exit (up to {grace:g} s; Ctrl-C again kills now)",
+                  file=err, flush=True)
+            nodes.terminate()
+            deadline = time.monotonic() + grace
+        if deadline is not None and not killed and (stops.count > 1
+                                                    or time.monotonic() > deadline):
+            print("torchjob: killing every node now", file=err, flush=True)
+            nodes.kill()
+            killed = True
+        if time.monotonic() - nodes.last_scan > _SCAN_EVERY:
+            nodes.scan()
+        if store is not None and store[0].poll() is not None and not store_gone:
+            store_gone = True
+            print(f"torchjob: the rendezvous store ended (exit {store[0].returncode}) while "
+                  "nodes run: they lose their rendezvous and stop (run the job again: it "
+                  "resumes from its last checkpoint)", file=err, flush=True)
+        time.sleep(_POLL)
+
+
+def _result(plan: LocalPlan, nodes: _Nodes, output: NodeOutput, err: IO[str]) -> int:
+    """The job's exit code from its nodes'; the nodes that failed said (or, for an elastic
+    job that finished without them, named)."""
     codes = [p.returncode for p in nodes.procs]
     code = nodes_exit_code(codes, plan.min_nodes)
     failed = [(i, c) for i, c in enumerate(codes) if c != 0]

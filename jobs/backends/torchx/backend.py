@@ -16,7 +16,8 @@ from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobSt
 from torchjob.jobs.backends.torchx import launch
 from torchjob.jobs.backends.torchx.render import appdef_text, render_appdef
 from torchjob.jobs.hosts import on_one_host
-from torchjob.jobs.spec import JobSpec, trainer_argv
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.trainer_args import trainer_argv
 from torchjob.jobs.values import bad
 
 # Schedulers whose pods the kubelet starts: it expands $(VAR) in their command and env too.

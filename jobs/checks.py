@@ -1,0 +1,98 @@
+"""Checks of single job-spec values: ``(value, field path) -> None``, or a SpecError that names
+the value and the fix. Each is the ``check`` of a field in ``jobs.spec``."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from torchjob.jobs.values import (DNS_1123_LABEL, DNS_1123_SUBDOMAIN, DNS_LABEL_MAX,
+                                  DNS_SUBDOMAIN_MAX, Check, at_least, bad, env_name, one_line,
+                                  path_line, pattern, system_dir)
+from torchjob.trainer.contract import HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
+
+# Worker processes per node: one per GPU (8 on most nodes) or per CPU core for CPU training
+# (the largest nodes have a few hundred cores).
+MAX_NPROC_PER_NODE = 256
+
+
+def optional(check: Check) -> Check:
+    """``check``, or nothing for an unset (None) value."""
+    return lambda value, path: None if value is None else check(value, path)
+
+
+def flags(value: tuple[str, ...], path: str) -> None:
+    for i, flag in enumerate(value):
+        one_line(flag, f"{path}[{i}]")
+        if not flag.startswith("-"):
+            raise bad(f"{path}[{i}]", flag, "is not an option: write it as on the command line, "
+                      "e.g. --gres=gpu:1")
+
+
+def mount_source(value: str, path: str) -> None:
+    path_line(value, path)
+    if ":" in value or "," in value:
+        raise bad(path, value, "must not contain ':' or ',' (a host path or a volume/PVC name)")
+
+
+def mount_target(value: str, path: str) -> None:
+    mount_source(value, path)
+    if not value.startswith("/") or value == "/":
+        raise bad(path, value, "is not an absolute path inside the container (e.g. /data)")
+    found = system_dir(value)
+    if found is not None:
+        raise bad(path, value, f"is the container's system directory {found} once normalised: "
+                  "a mount there hides the image's own; mount at a directory of your own "
+                  "(e.g. /data)")
+
+
+def own_dir(value: str, path: str) -> None:
+    """run_dir, checkpoint_dir: written by the job, so never a system directory (an absolute
+    one here; a relative one is resolved where the job starts, torchjob.jobs.hosts)."""
+    path_line(value, path)
+    found = system_dir(value)
+    if found is not None:
+        raise bad(path, value, f"is the system directory {found}: no job may write into it; "
+                  "use a directory of your own (e.g. runs/NAME or /data/NAME)")
+
+
+def image(value: str, path: str) -> None:
+    if not value or len(value) > 512 or any(c.isspace() or not c.isprintable() for c in value):
+        raise bad(path, value, "is not an image reference (e.g. localhost/torchjob:latest)")
+
+
+def script(value: str, path: str) -> None:
+    path_line(value, path)
+    if value.startswith("-"):
+        raise bad(path, value, "starts with '-', so torchrun would read it as an option: "
+                  "write ./" + value)
+
+
+def nproc(value: int, path: str) -> None:
+    at_least(1)(value, path)
+    if value > MAX_NPROC_PER_NODE:
+        raise bad(path, value, f"is more than {MAX_NPROC_PER_NODE} (MAX_NPROC_PER_NODE): a node "
+                  "runs one worker process per GPU or CPU core")
+
+
+def hang_timeout(value: float, path: str) -> None:
+    if not (value == 0 or MIN_HANG_TIMEOUT_S <= value < math.inf):
+        raise bad(path, value, f"must be 0 (no hang watchdog) or at least {MIN_HANG_TIMEOUT_S} "
+                  f"seconds (e.g. {HANG_TIMEOUT_S})")
+
+
+def resume(value: str, path: str) -> None:
+    if value in ("auto", "force", "fresh") or re.fullmatch(r"fresh:[A-Za-z0-9._-]{1,120}", value):
+        return
+    raise bad(path, value, "must be auto, force or fresh (torchjob run --fresh, --resume=force)")
+
+
+def env_names(value: tuple[str, ...], path: str) -> None:
+    for i, name in enumerate(value):
+        env_name(name, f"{path}[{i}]")
+
+
+dns_label = pattern(DNS_1123_LABEL, "a Kubernetes name (lower case letters, digits, '-')",
+                    "team-a", DNS_LABEL_MAX)
+dns_name = optional(pattern(DNS_1123_SUBDOMAIN, "a Kubernetes object name (lower case "
+                            "letters, digits, '-' and '.')", "my-secret", DNS_SUBDOMAIN_MAX))
