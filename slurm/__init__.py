@@ -1,6 +1,6 @@
 """Slurm backend: the batch script (``sbatch``: the renderer; ``job.sh``: its shell), the
 backend (``backend``: ``slurm`` through submitit, whose executor ``engine`` submits that
-script; ``slurm:sbatch`` with plain sbatch), Slurm's command line (``slurm_cli``), a job's
+script; ``slurm:sbatch`` with plain sbatch), Slurm's command line (``cluster``), a job's
 state and exit code from accounting (``status``) and its logs per attempt and rank
-(``slurm_logs``). ``slurm/devcluster`` runs a real two-node Slurm cluster on this host.
+(``logs``). ``slurm/devcluster`` runs a real two-node Slurm cluster on this host.
 """

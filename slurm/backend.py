@@ -3,7 +3,7 @@ both send the batch script ``render`` prints (``torchjob.slurm.sbatch``), byte f
 
 A job's handle is ``slurm:JOB_ID`` (``slurm:1234``; a sweep's job array ``slurm:1234``, one of
 its points ``slurm:1234_0``). Status and the exit code come from accounting (``slurm.status``),
-logs from the files the script writes into the run directory (``torchjob.slurm.slurm_logs``), found
+logs from the files the script writes into the run directory (``torchjob.slurm.logs``), found
 again through the job's working directory. ``cancel`` asks the job to checkpoint and stop
 (USR1 to the batch shell: exit 143, no requeue); ``run`` blocks like ``srun``: it follows the
 logs until the job has ended and returns its exit code (Ctrl-C stops the job the same way).
@@ -19,11 +19,11 @@ from pathlib import Path
 from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobStatus, Request)
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import DNS_1035, DNS_LABEL_MAX, SpecError, UserError
-from torchjob.slurm import slurm_cli, status
-from torchjob.slurm.engine import CANCEL_SIGNAL, ScriptExecutor, sbatch_message
+from torchjob.slurm import cluster, status
+from torchjob.slurm.executor import CANCEL_SIGNAL, ScriptExecutor, sbatch_message
 from torchjob.slurm.sbatch import directives, render_sbatch
-from torchjob.slurm.slurm_cli import SlurmError
-from torchjob.slurm.slurm_logs import Follower, first_failures, job_logs, log_files
+from torchjob.slurm.cluster import SlurmError
+from torchjob.slurm.logs import Follower, first_failures, job_logs, log_files
 
 JOB_ID = re.compile(r"\d+(_\d+)?")
 POLL_S = 0.5  # how often `run` and `logs --follow` read the logs and ask squeue
@@ -48,7 +48,7 @@ class SlurmBackend(Backend):
 
     def ready(self, request: Request) -> None:
         spec = request.spec
-        slurm_cli.preflight(partition=spec.slurm.partition, min_nodes=spec.nnodes.min,
+        cluster.preflight(partition=spec.slurm.partition, min_nodes=spec.nnodes.min,
                             max_nodes=spec.nnodes.max)
 
     def render(self, spec: JobSpec, context: Context) -> Request:
@@ -97,7 +97,7 @@ class SlurmBackend(Backend):
         """Out of the queue, and accounting says it ended, twice a moment apart: a job being
         requeued can look ended for an instant."""
         for i in range(2):
-            if slurm_cli.queued(handle.id) or not status.current(handle).state.terminal:
+            if cluster.queued(handle.id) or not status.current(handle).state.terminal:
                 return False
             if i == 0:
                 time.sleep(POLL_S)
@@ -117,7 +117,7 @@ class SlurmBackend(Backend):
         if JOB_ID.fullmatch(text):
             return Handle("slurm", text)
         if DNS_1035.fullmatch(text) and len(text) <= DNS_LABEL_MAX:  # a job's name: its latest job of this user's (sacct)
-            live, records = slurm_cli.mine()
+            live, records = cluster.mine()
             named = [r["JobID"] for r in records if r.get("JobName") == text
                      and "_" not in r["JobID"] and "." not in r["JobID"]]
             if named:
@@ -135,7 +135,7 @@ class SlurmBackend(Backend):
              log_dir: str | None = None) -> Iterator[str]:
         """The run directory's logs (the job's working directory; ``log_dir`` once Slurm
         has forgotten the job)."""
-        found = slurm_cli.where(handle.id)
+        found = cluster.where(handle.id)
         if found is not None:
             folder, tasks = Path(log_dir or found[0]), found[1]
         elif log_dir is not None:  # an array's tasks, or the one job
@@ -158,10 +158,10 @@ class SlurmBackend(Backend):
     def cancel(self, handle: Handle) -> str:
         self.status(handle)  # an unknown job is a SlurmError
         # pending tasks first: one that starts meanwhile is running when the signal goes out
-        pending = slurm_cli.queued(handle.id, states="PENDING")
+        pending = cluster.queued(handle.id, states="PENDING")
         if pending:
-            slurm_cli.run(["scancel", "--state=PENDING", handle.id])
-        running = slurm_cli.signal_batch(handle.id, CANCEL_SIGNAL)
+            cluster.run(["scancel", "--state=PENDING", handle.id])
+        running = cluster.signal_batch(handle.id, CANCEL_SIGNAL)
         done = []
         if running:
             done.append(f"asked {' '.join(running)} to checkpoint and stop (exit 143)")
@@ -170,10 +170,10 @@ class SlurmBackend(Backend):
         return "; ".join(done) or f"{handle} had already ended"
 
     def list(self) -> list[JobStatus]:
-        live, records = slurm_cli.mine()
+        live, records = cluster.mine()
         out = []
         for record in (dict(r, JobID=task) for r in records
-                       for task in slurm_cli.task_ids([r["JobID"]])):
+                       for task in cluster.task_ids([r["JobID"]])):
             job_id = record["JobID"]
             ours = job_id in live or any(
                 Path(record.get("WorkDir", ""), name).exists()
@@ -197,7 +197,7 @@ class SbatchBackend(SlurmBackend):
     name = "slurm:sbatch"
 
     def _sbatch(self, script: str, run_dir: Path) -> str:
-        proc = slurm_cli.run(["sbatch", "--parsable"], input=script)
+        proc = cluster.run(["sbatch", "--parsable"], input=script)
         if proc.returncode != 0:
             raise SlurmError(f"sbatch refused the job: {sbatch_message(proc.stderr)}")
         return proc.stdout.strip().split(";")[0]

@@ -17,8 +17,8 @@ from signal import SIGUSR1
 from typing import Any
 
 from torchjob.jobs.backend import Handle, JobStatus, State
-from torchjob.slurm import slurm_cli
-from torchjob.slurm.slurm_cli import SlurmError
+from torchjob.slurm import cluster
+from torchjob.slurm.cluster import SlurmError
 from torchjob.trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 
 PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
@@ -103,5 +103,5 @@ def from_records(handle: Handle, records: Sequence[Mapping[str, str]],
 
 def current(handle: Handle) -> JobStatus:
     """What Slurm says now about ``handle`` (a job, an array, or one task ``A_I``)."""
-    queued = slurm_cli.queued(handle.id)
-    return from_records(handle, slurm_cli.records([handle.id]), queued)
+    queued = cluster.queued(handle.id)
+    return from_records(handle, cluster.records([handle.id]), queued)

@@ -1,4 +1,4 @@
-"""``python -m torchjob.trainer.agent``: torchrun, with two changes that make restarts fast and
+"""``python -m torchjob.trainer.agent``, the entry point on every node: torchrun, with two changes that make restarts fast and
 reliable.
 
 It takes exactly torchrun's arguments (and its ``PET_*`` environment fallbacks) and runs
@@ -9,7 +9,7 @@ torch. Anything else (``-m other`` or a script) runs exactly as torchrun runs it
 defaults ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: restarts with the rendezvous store shared
 with the workers are unreliable (pytorch/pytorch#135712).
 
-And its agent (trainer.elastic_agent) answers a stop signal while it waits for the other nodes
+And its agent (trainer.torchrun_agent) answers a stop signal while it waits for the other nodes
 at the end, and puts the one log prefix (node, rank, attempt) on every line of its workers:
 for that it turns on torchrun's tee (``--tee 3``) unless the command asks for ``--tee`` or
 ``--redirects`` itself, into a log directory of its own that it removes at the end (unless
@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from torch.distributed.launcher import api as launcher_api
     from torch.distributed.run import parse_args
 
-    from torchjob.trainer.elastic_agent import Agent, attempt_base
+    from torchjob.trainer.torchrun_agent import Agent, attempt_base
 
     signal.signal(signal.SIGTERM, stop_as_torch_does)  # torch's handler once workers start
 
@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     own_log_dir = tee_to_us(args)
     lock = lock_run_dir(args, env)
     try:
-        launch(args)
+        run_agent(args)
     finally:
         if lock is not None:
             lock.release()
@@ -239,7 +239,7 @@ def lock_id(args: Any) -> str:
     return str(args.rdzv_id)
 
 
-def launch(args: Any) -> None:
+def run_agent(args: Any) -> None:
     """torchrun's run, or for this trainer the agent with preforked workers."""
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_min_max_nnodes, run
@@ -334,7 +334,7 @@ def ended(exc: Exception) -> int | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
-    from torchjob.trainer.elastic_agent import Agent, attempt_base
+    from torchjob.trainer.torchrun_agent import Agent, attempt_base
 
     if isinstance(exc, RendezvousConnectionError):  # the store is gone (or never came)
         inner = exc.__cause__ or exc.__context__

@@ -60,7 +60,7 @@ def nodes_exit_code(codes: list[int], min_nodes: int) -> int:
 # and end with it; a scheduler that reports no exit code (TorchX) takes the code from it.
 CLOSING = "torchjob: the job failed: "
 # What follows it on a node that only heard the verdict from the node where the failure began
-# (``torchjob.trainer.elastic_agent``): a launcher ends with the first-hand line.
+# (``torchjob.trainer.torchrun_agent``): a launcher ends with the first-hand line.
 HEARD_FAIL, HEARD_RESTART = "stopping: ", "another node: "
 CLOSING_RE = re.compile(re.escape(CLOSING) + f"(?P<heard>{re.escape(HEARD_FAIL)}|"
                         f"{re.escape(HEARD_RESTART)})?" + r"(?P<what>.*) \(attempt "

@@ -5,7 +5,7 @@ killer, a lost node), one that hung (the watchdog, trainer.hang, killed it) or o
 lost a peer (a collective failed because another process died: exit ``EXIT_RETRY``) is restarted, up to ``max_restarts``. A worker that raised
 (exit 1, or any other code of its own) fails the job at once, unless the job opts in with
 ``retry_on_error``; a configuration error (exit 2) is never retried. Pure: the agent
-(torchjob.trainer.elastic_agent) gathers the failures and shares the verdict with the other nodes.
+(torchjob.trainer.torchrun_agent) gathers the failures and shares the verdict with the other nodes.
 """
 
 from __future__ import annotations

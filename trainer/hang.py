@@ -228,7 +228,7 @@ def proc_view(pid: int) -> str:
 
 
 class Watchdog:
-    """One agent's watch over its local workers (torchjob.trainer.elastic_agent calls it)."""
+    """One agent's watch over its local workers (torchjob.trainer.torchrun_agent calls it)."""
 
     def __init__(self, folder: Path, timeout: float, *, others_first_s: float,
                  say: Callable[[str], None], clock: Callable[[], float] = time.monotonic

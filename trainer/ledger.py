@@ -4,7 +4,7 @@
 It lives in the run directory (shared storage on a cluster) and is only ever appended to, so
 it outlives the agents that write it: a Slurm requeue, a pod restart or the next
 ``torchjob run`` of the same run directory adds to the same file. The agent
-(torchjob.trainer.elastic_agent) writes it; the trainer's summary and the launchers read it.
+(torchjob.trainer.torchrun_agent) writes it; the trainer's summary and the launchers read it.
 
 Lines (``event`` says which):
 - ``restart``: the workers are started again. ``time``, ``node`` (the agent's node in the round

@@ -1,4 +1,4 @@
-"""A watch on the agent's own membership of the rendezvous (torchjob.trainer.elastic_agent uses it).
+"""A watch on the agent's own membership of the rendezvous (torchjob.trainer.torchrun_agent uses it).
 
 The c10d rendezvous drops a node from its round when the node's
 heartbeat is older than keep_alive_interval x keep_alive_max_attempt (15 s). A healthy node
@@ -37,7 +37,7 @@ class MembershipWatch:
 
     def shutdown(self) -> bool:
         """Close the rendezvous once. The agent closes it before a finished job's nodes leave
-        together (torchjob.trainer.elastic_agent); torch's launch_agent calls it again after
+        together (torchjob.trainer.torchrun_agent); torch's launch_agent calls it again after
         the agent's run, when the node hosting the store may be gone: that call does nothing."""
         if self._closed is None:
             self._closed = bool(self._handler.shutdown())

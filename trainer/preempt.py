@@ -23,7 +23,7 @@ import types
 import torch
 import torch.distributed as dist
 
-from torchjob.trainer.contract import EXIT_STOPPED as EXIT_PREEMPTED
+from torchjob.trainer.contract import EXIT_STOPPED
 from torchjob.trainer.contract import STOP_SIGNALS
 # A second signal this soon after the first is the same stop delivered twice: to the whole
 # process group (TorchX's local scheduler, scancel of a step) and forwarded by the agent.
@@ -59,7 +59,7 @@ class StopRequest:
             if time.monotonic() - self._first < SAME_STOP_S:
                 return  # the same stop, delivered twice
             sys.stderr.write(f"second {signal.Signals(signum).name}: exiting now\n")
-            os._exit(EXIT_PREEMPTED)
+            os._exit(EXIT_STOPPED)
         self.signum, self._first = signum, time.monotonic()
         if self.grace_s > 0:
             self._timer = threading.Timer(self.grace_s, self._expire)
@@ -70,7 +70,7 @@ class StopRequest:
         sys.stderr.write(f"stop grace of {self.grace_s:.0f}s ran out before a checkpoint was "
                          "written: exiting; the run resumes from the last periodic checkpoint\n")
         sys.stderr.flush()
-        os._exit(EXIT_PREEMPTED)
+        os._exit(EXIT_STOPPED)
 
     @property
     def name(self) -> str:

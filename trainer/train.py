@@ -25,7 +25,7 @@ from torch import nn
 from torchjob.trainer import progress, stragglers
 from torchjob.trainer.checkpoint import Checkpointer, Position
 from torchjob.trainer.clock import Throughput
-from torchjob.trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, RESUME_ENV
+from torchjob.trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, RESUME_ENV
 from torchjob.trainer.config import ConfigError, TrainConfig, parse_args
 from torchjob.trainer.data import TrainBatches, eval_batches
 from torchjob.trainer.dirs import unusable
@@ -34,7 +34,7 @@ from torchjob.trainer.env import DistEnv, EnvError
 from torchjob.trainer.fingerprint import DATA
 from torchjob.trainer.parallel import (autocast_context, clip_gradients, gradient_sync,
                                        same_statistics, settle_buckets, use_bf16, wrap)
-from torchjob.trainer.preempt import EXIT_PREEMPTED, StopRequest
+from torchjob.trainer.preempt import StopRequest
 from torchjob.trainer.report import Reporter
 from torchjob.trainer.samples import SampleLog
 from torchjob.trainer.script import record
@@ -96,7 +96,7 @@ def tell(line: str) -> None:
 
 
 def run(cfg: TrainConfig, group: Group, stop: StopRequest) -> int:
-    """Train to the end (EXIT_OK), or to the checkpoint a stop asked for (EXIT_PREEMPTED)."""
+    """Train to the end (EXIT_OK), or to the checkpoint a stop asked for (EXIT_STOPPED)."""
     rep = reporter(cfg, group)
     task, batches = training_data(cfg, group)
     model, optimizer = model_and_optimizer(cfg, group, task, rep)
@@ -216,7 +216,7 @@ class Loop:
         cfg = self.cfg
         for epoch in range(pos.epoch, cfg.epochs):
             if self.epoch(epoch, pos.samples if epoch == pos.epoch else 0):
-                return EXIT_PREEMPTED
+                return EXIT_STOPPED
             if self.evaluated != self.step and (
                     self.step >= self.total
                     or (cfg.eval_every and (epoch + 1) % cfg.eval_every == 0)):

@@ -34,7 +34,7 @@ def podman_ids(*filters: str, what: str = "ps") -> list[str]:
     return found.stdout.split()
 
 
-# The docker launcher's first line names its compose project (jobs/backends/docker/launch.py)
+# The docker launcher's first line names its compose project (jobs/backends/docker/containers.py)
 PROJECT = re.compile(r"project (\S+), compose file")
 COMPOSE_LABEL = "com.docker.compose.project"  # on the containers
 NETWORK_LABEL = "io.podman.compose.project"  # on podman-compose's network

@@ -18,7 +18,7 @@ import yaml
 from torchjob.jobs.command import agent_command
 from torchjob.jobs.backends.docker.render import (RESTARTS, compose_text, escape, render_compose,
                                                   run_mounts)
-from torchjob.jobs.backends.docker import launch
+from torchjob.jobs.backends.docker import containers
 from torchjob.jobs.backends.docker.engine import find_engine
 from torchjob.jobs.launcher import Stops
 from torchjob.jobs.load import load, loads
@@ -284,16 +284,16 @@ def test_a_node_that_failed_for_good_ends_the_job_after_the_grace(
             state.update({c: "exited 143" for c in argv[4:] if state[c].startswith("running")})
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(launch, "_run", engine)
-    monkeypatch.setattr(launch, "FINISH_GRACE_S", 0.0)
-    monkeypatch.setattr(launch, "_POLL_S", 0.0)
+    monkeypatch.setattr(containers, "_run", engine)
+    monkeypatch.setattr(containers, "FINISH_GRACE_S", 0.0)
+    monkeypatch.setattr(containers, "_POLL_S", 0.0)
     spec = loads("name: job\nnnodes: 2\nmax_restarts: 3\ntrainer: {module: x}")
-    run = launch._Run(launch.Engine("podman", ("podman-compose",)), "job-1", Path("compose.yaml"),
+    run = containers._Run(containers.Engine("podman", ("podman-compose",)), "job-1", Path("compose.yaml"),
                       3, Stops())
-    run.nodes = [launch._Node("node0", "c0"), launch._Node("node1", "c1")]
-    launch._wait(run, spec, 30.0, sys.stderr)
+    run.nodes = [containers._Node("node0", "c0"), containers._Node("node1", "c1")]
+    containers._wait(run, spec, 30.0, sys.stderr)
     assert [c[1] for c in calls if c[1] != "inspect"] == ["stop"], calls
-    assert launch.result(spec, run.nodes, False) == 2
+    assert containers.result(spec, run.nodes, False) == 2
     assert "node1 failed (exit 2): the job failed; stopping the node(s) still running" \
         in capsys.readouterr().err
 

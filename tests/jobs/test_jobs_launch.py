@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from torchjob.jobs.backends.local.launch import run_local
+from torchjob.jobs.backends.local.nodes import run_local
 from torchjob.jobs.backends.local.render import LocalPlan
 from torchjob.jobs.invocation import free_port as find_free_port
 from torchjob.jobs.launcher import Stops

@@ -27,7 +27,7 @@ from torchjob.jobs.load import load
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import UserError
 from torchjob.slurm.backend import SlurmBackend, create
-from torchjob.slurm.slurm_cli import SlurmError
+from torchjob.slurm.cluster import SlurmError
 from tests.procs import (PYTHON, ROOT, env_for_tests, is_fork_server, last_step, parent, torchjob,
                          wait_for)
 from tests.readme_sessions import run_session, sessions

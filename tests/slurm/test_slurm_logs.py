@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchjob.slurm.slurm_logs import Follower, first_failures, job_logs
+from torchjob.slurm.logs import Follower, first_failures, job_logs
 from torchjob.trainer.contract import log_prefix
 
 ROOT_CAUSE = """\

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from torchjob.jobs.backend import Handle, State
-from torchjob.slurm.slurm_cli import SlurmError, task_ids
+from torchjob.slurm.cluster import SlurmError, task_ids
 from torchjob.slurm.status import from_records
 
 JOB = Handle("slurm", "12")

@@ -1,5 +1,5 @@
 """A restart is for a lost worker, not for a bug (trainer.failures), decided alike on every node
-by the agent (torchjob.trainer.elastic_agent), for the built-in trainer and any user script
+by the agent (torchjob.trainer.torchrun_agent), for the built-in trainer and any user script
 (trainer.script runs those as python would)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The docker backend: one container per node from a compose file (``render.py``), run by
-podman-compose or ``docker compose`` (``launch.py``) from a launcher here
+podman-compose or ``docker compose`` (``containers.py``) from a launcher here
 (``torchjob.jobs.launcher.LaunchedHere``: ``docker:PROJECT``), always torn down at the end."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import IO
 
 from torchjob.jobs import launcher
 from torchjob.jobs.backend import Context, Request, no_variant
-from torchjob.jobs.backends.docker import launch
+from torchjob.jobs.backends.docker import containers
 from torchjob.jobs.backends.docker.engine import find_engine
 from torchjob.jobs.backends.docker.render import compose_text, render_compose
 from torchjob.jobs.runs import Record
@@ -47,7 +47,7 @@ class DockerBackend(launcher.LaunchedHere):
         engine = find_engine(spec.docker.engine)
 
         def body(stops: launcher.Stops, echo: bool, err: IO[str]) -> int:
-            return launch.run_docker(spec, engine=engine, cwd=Path(context.workdir),
+            return containers.run_docker(spec, engine=engine, cwd=Path(context.workdir),
                                      compose=request.text, project=context.run_id,
                                      record=record, grace=launcher.grace(request), stops=stops,
                                      echo=echo, err=err)

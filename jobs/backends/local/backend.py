@@ -9,7 +9,7 @@ from typing import IO, Any
 
 from torchjob.jobs import launcher
 from torchjob.jobs.backend import Context, Request, no_variant
-from torchjob.jobs.backends.local.launch import run_local
+from torchjob.jobs.backends.local.nodes import run_local
 from torchjob.jobs.backends.local.render import LocalPlan, render_local, render_text
 from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec

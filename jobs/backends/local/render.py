@@ -6,7 +6,7 @@ restart-safe rendezvous store setting); all agents meet at one c10d rendezvous o
 127.0.0.1. For an elastic job the rendezvous store is a process of its own
 (``python -m torchjob.trainer.store``, started first), so that stopping any one agent, the first one
 too, leaves the others their rendezvous. Everything that varies between runs (port, run id, interpreter, CPU count) is
-passed in, so the output is deterministic; ``torchjob.jobs.backends.local.launch`` performs it.
+passed in, so the output is deterministic; ``torchjob.jobs.backends.local.nodes`` performs it.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from torchx import specs
 
 from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobStatus, Request,
                                    State)
-from torchjob.jobs.backends.torchx import launch
+from torchjob.jobs.backends.torchx import runner
 from torchjob.jobs.backends.torchx.render import appdef_text, render_appdef
 from torchjob.jobs.hosts import on_one_host
 from torchjob.jobs.spec import JobSpec
@@ -37,7 +37,7 @@ class TorchxBackend(Backend):
         self.name = f"torchx:{scheduler}" if scheduler else "torchx"
         # schedulers whose nodes run in (or share) this machine's filesystem
         self.sees_run_dir = scheduler in ("local_cwd", "slurm")
-        self._session: launch.Session | None = None  # the runner of a ``torchjob run``
+        self._session: runner.Session | None = None  # the runner of a ``torchjob run``
 
     def image_field(self, spec: JobSpec) -> str | None:
         # local_cwd and slurm run this machine's files; the container schedulers the image
@@ -50,7 +50,7 @@ class TorchxBackend(Backend):
         return self.scheduler
 
     def fits(self, spec: JobSpec) -> None:
-        if self.scheduler in launch.LOCAL_SCHEDULERS:
+        if self.scheduler in runner.LOCAL_SCHEDULERS:
             on_one_host(spec.nnodes.max, "nnodes", self.name)
         if self.scheduler == "slurm":
             _slurm_fits(spec)
@@ -66,18 +66,18 @@ class TorchxBackend(Backend):
                             else "python", kubelet=self.scheduler in KUBERNETES_SCHEDULERS)
         if not self.scheduler:  # the AppDef itself, for any scheduler
             return Request(self.name, spec.name, app, appdef_text(app), spec, context)
-        info = launch.dryrun(app, self.scheduler, log_dir=f"{spec.run_dir}/torchx")
+        info = runner.dryrun(app, self.scheduler, log_dir=f"{spec.run_dir}/torchx")
         return Request(self.name, spec.name, info, f"{info}\n", spec, context)
 
     def submit(self, request: Request) -> Handle:
         self._need_scheduler()
         if self._session is not None:  # in a run
             return self.parse_handle(self._session.schedule(request.data))
-        return self.parse_handle(launch.schedule(request.data))
+        return self.parse_handle(runner.schedule(request.data))
 
     def run(self, request: Request) -> int:
         self._need_scheduler()
-        self._session = launch.Session()
+        self._session = runner.Session()
         try:
             return super().run(request)
         finally:
@@ -102,7 +102,7 @@ class TorchxBackend(Backend):
         return Handle("torchx", text)  # TorchX's handle names its scheduler itself
 
     def status(self, handle: Handle) -> JobStatus:
-        found = launch.status(handle.id) if self._session is None \
+        found = runner.status(handle.id) if self._session is None \
             else self._session.wait(handle.id)
         state = STATES.get(found.state.name, State.UNKNOWN)
         return JobStatus(handle, state, name=handle.id.rsplit("/", 1)[-1],
@@ -110,18 +110,18 @@ class TorchxBackend(Backend):
 
     def logs(self, handle: Handle, *, follow: bool = False,
              log_dir: str | None = None) -> Iterator[str]:
-        return launch.log_lines(handle.id, follow=follow)
+        return runner.log_lines(handle.id, follow=follow)
 
     def cancel(self, handle: Handle) -> str:
         if self._session is not None:
             self._session.cancel(handle.id)
         else:
-            launch.cancel(handle.id)
+            runner.cancel(handle.id)
         return f"cancelled {handle} (its workers checkpoint and exit 143)"
 
     def list(self) -> list[JobStatus]:
         out = []
-        for item in launch.list_apps(self._need_scheduler()):
+        for item in runner.list_apps(self._need_scheduler()):
             handle = Handle(self.name, item.app_handle)
             out.append(JobStatus(handle, STATES.get(item.state.name, State.UNKNOWN),
                                  name=item.name))

@@ -22,8 +22,8 @@ from submitit.core.utils import FailedJobError
 from submitit.slurm.slurm import SlurmExecutor, SlurmJob
 
 from torchjob.jobs.backend import Handle, JobStatus
-from torchjob.slurm import slurm_cli, status
-from torchjob.slurm.slurm_cli import SlurmError
+from torchjob.slurm import cluster, status
+from torchjob.slurm.cluster import SlurmError
 from torchjob.trainer.contract import EXIT_OK
 
 CANCEL_SIGNAL = "USR1"  # the script's "checkpoint and stop for good" (USR2: and requeue)
@@ -61,8 +61,8 @@ class ScriptJob(SlurmJob[int]):
 
     def cancel(self, check: bool = True) -> None:
         """Checkpoint and stop (running tasks), or leave the queue (pending ones)."""
-        slurm_cli.signal_batch(self.job_id, CANCEL_SIGNAL)
-        slurm_cli.run(["scancel", "--state=PENDING", self.job_id])
+        cluster.signal_batch(self.job_id, CANCEL_SIGNAL)
+        cluster.run(["scancel", "--state=PENDING", self.job_id])
 
 
 class ScriptExecutor(SlurmExecutor):
