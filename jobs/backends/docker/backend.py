@@ -13,6 +13,7 @@ from torchjob.jobs import launcher
 from torchjob.jobs.backend import Context, Request, no_variant
 from torchjob.jobs.backends.docker import containers
 from torchjob.jobs.backends.docker.engine import find_engine
+from torchjob.jobs.hosts import on_one_host
 from torchjob.jobs.backends.docker.render import compose_text, render_compose
 from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec
@@ -32,6 +33,9 @@ def invoking_user(spec: JobSpec) -> tuple[str | None, str | None]:
 
 class DockerBackend(launcher.LaunchedHere):
     name = "docker"  # the run directory is bind-mounted from here (sees_run_dir)
+
+    def fits(self, spec: JobSpec) -> None:
+        on_one_host(spec.nnodes.max, "nnodes", "docker")
 
     def render(self, spec: JobSpec, context: Context) -> Request:
         user, userns = invoking_user(spec)

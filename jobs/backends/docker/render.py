@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from torchjob.jobs.command import agent_command, own_store, store_command
-from torchjob.jobs.hosts import on_one_host, refuse_system_dir
+from torchjob.jobs.hosts import refuse_system_dir
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import SpecError
 from torchjob.trainer.contract import thread_env
@@ -204,7 +204,6 @@ def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python"
     the node containers as those ids instead of the image's user, in user namespace mode
     ``userns`` (podman's ``keep-id``: the same ids on the host, so that files are shared as
     the invoking user's)."""
-    on_one_host(spec.nnodes.max, "nnodes", "docker")
     store = own_store(spec)
     command = list(agent_command(spec, python=python,
                                  rdzv_endpoint=f"{STORE_SERVICE if store else RDZV_HOST}:"

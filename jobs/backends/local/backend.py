@@ -9,6 +9,7 @@ from typing import IO, Any
 
 from torchjob.jobs import launcher
 from torchjob.jobs.backend import Context, Request, no_variant
+from torchjob.jobs.hosts import on_one_host
 from torchjob.jobs.backends.local.nodes import run_local
 from torchjob.jobs.backends.local.render import LocalPlan, render_local, render_text
 from torchjob.jobs.runs import Record
@@ -18,6 +19,10 @@ from torchjob.jobs.values import UserError
 
 class LocalBackend(launcher.LaunchedHere):
     name = "local"
+
+    def fits(self, spec: JobSpec) -> None:
+        nodes = spec.local_nodes
+        on_one_host(nodes, "nnodes" if nodes == spec.nnodes.max else "local.nodes", "local")
 
     def render(self, spec: JobSpec, context: Context) -> Request:
         plan = render_local(spec, port=context.port, python=context.python,

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torchjob.jobs.command import agent_command, own_store, store_command
-from torchjob.jobs.hosts import on_one_host
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import FrozenMap
 from torchjob.trainer.contract import thread_env
@@ -43,7 +42,6 @@ def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
                  cpu_count: int) -> LocalPlan:
     """The torchrun command of each local node and the environment they need."""
     nodes = spec.local_nodes
-    on_one_host(nodes, "nnodes" if nodes == spec.nnodes.max else "local.nodes", "local")
     command = agent_command(spec, python=python, rdzv_endpoint=f"127.0.0.1:{port}",
                             run_id=run_id, store_client=own_store(spec))
     env = {
