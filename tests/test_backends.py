@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,19 +17,13 @@ from torchjob.jobs import backend as registry
 from torchjob.jobs.backend import Backend, BackendError, Context, Handle
 from torchjob.jobs.load import load
 from tests.k8s.emulator import Emulator
+from tests.procs import torchjob
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "jobs" / "examples" / "default.yaml"
 FAMILIES = ["docker", "k8s", "local", "slurm", "torchx"]
 RENDERABLE = ["local", "docker", "slurm", "slurm:sbatch", "torchx", "torchx:local_cwd", "k8s",
               "k8s:trainjob"]
-
-
-def torchjob(*argv: str, env: dict[str, str] | None = None,
-             cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torchjob.jobs", *argv], cwd=cwd,
-                          env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                          timeout=120)
 
 
 def test_the_registry_holds_every_backend_and_each_keeps_the_contract() -> None:
@@ -134,8 +126,9 @@ def test_k8s_submit_sends_exactly_the_rendered_objects(tmp_path: Path) -> None:
     with Emulator() as emulator:
         config = {"KUBECONFIG": emulator.kubeconfig(tmp_path / "kubeconfig")}
         for to, plural in (("k8s", "pytorchjobs"), ("k8s:trainjob", "trainjobs")):
-            rendered = torchjob("render", "--to", to, str(DEFAULT), env=config)
-            submitted = torchjob("submit", "--to", to, str(DEFAULT), env=config)
+            env = {**os.environ, **config}
+            rendered = torchjob("render", "--to", to, str(DEFAULT), env=env)
+            submitted = torchjob("submit", "--to", to, str(DEFAULT), env=env)
             assert submitted.returncode == 0, submitted.stderr
             assert submitted.stdout.strip() == f"{to}:default/digits"
             created = emulator.objects[(plural, "default", "digits")]
@@ -144,8 +137,9 @@ def test_k8s_submit_sends_exactly_the_rendered_objects(tmp_path: Path) -> None:
         # an elastic PyTorchJob: the job, then its rendezvous store's Deployment and Service,
         # each as rendered but for the ownerReference to the job that submit adds
         elastic = DEFAULT.parent / "elastic.yaml"
-        rendered = torchjob("render", "--to", "k8s", str(elastic), env=config)
-        assert torchjob("submit", "--to", "k8s", str(elastic), env=config).returncode == 0
+        rendered = torchjob("render", "--to", "k8s", str(elastic), env={**os.environ, **config})
+        env = {**os.environ, **config}
+        assert torchjob("submit", "--to", "k8s", str(elastic), env=env).returncode == 0
         created = [emulator.objects[key] for key in (
             ("pytorchjobs", "default", "digits-elastic"),
             ("deployments", "default", "digits-elastic-rdzv"),
@@ -164,7 +158,7 @@ def test_a_sweep_is_a_set_of_jobs_where_there_are_no_job_arrays(tmp_path: Path) 
     with Emulator() as emulator:
         config = {"KUBECONFIG": emulator.kubeconfig(tmp_path / "kubeconfig")}
         submitted = torchjob("submit", "--to", "k8s", str(DEFAULT), "--sweep", "lr=1e-3,3e-3",
-                             "--sweep", "epochs=2", env=config)
+                             "--sweep", "epochs=2", env={**os.environ, **config})
         assert submitted.returncode == 0, submitted.stderr
         assert submitted.stdout.split() == ["k8s:default/digits-0", "k8s:default/digits-1"]
         for index, lr, text in ((0, "0.001", "1e-3"), (1, "0.003", "3e-3")):
