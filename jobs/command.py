@@ -1,13 +1,9 @@
 """The one command every node of every backend runs: the trainer's elastic agent. Pure.
 
-``python -m torchjob.trainer.agent`` takes torchjob's own options (the run's directories, which it
-exports to the workers, and ``--retry-on-error``), then torchrun's arguments; this builds them
-from the JobSpec so that the topology, rendezvous, restarts and trainer arguments are stated
-in one place. Backends differ only in the interpreter, the rendezvous endpoint and the run id
-they pass. An elastic job's rendezvous store runs apart from every node (``own_store``:
-``python -m torchjob.trainer.store``, ``store_command``), and its agents are all clients of it. A
-user's script gets exactly its ``trainer.args``; the built-in trainer also its
-``--run-dir`` and ``--checkpoint-dir``.
+It states a JobSpec's topology, rendezvous, restarts and trainer arguments in one place;
+backends pass only the interpreter, the rendezvous endpoint and the run id. An elastic job's
+agents are clients of a store of its own (``own_store``, ``store_command``). A user's script
+gets exactly its ``trainer.args``; the built-in trainer ``--run-dir`` and ``--checkpoint-dir`` too.
 """
 
 from __future__ import annotations

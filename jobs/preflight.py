@@ -1,9 +1,7 @@
-"""Checks made before anything is submitted that need to look at the run directory: run and
-checkpoint directories that could not be written, and a spec whose checkpoints were written
-with another training configuration, are refused here, with exit 2, on the backends whose nodes see this machine's run directory (local, docker, Slurm and
-TorchX's local and Slurm schedulers: ``Backend.sees_run_dir``). The trainer makes the same
-check on the nodes (torchjob.trainer.checkpoint), so a backend that cannot be checked from here (a
-Kubernetes volume) refuses there instead, with the same message.
+"""Checks made before anything is submitted that look at the run directory: unwritable run or
+checkpoint directories, and checkpoints of another training configuration, are refused with
+exit 2 where the nodes see this machine's run directory (``Backend.sees_run_dir``); elsewhere
+the trainer refuses them on the nodes (trainer.checkpoint), with the same message.
 """
 
 from __future__ import annotations

@@ -2,19 +2,9 @@
 status|logs|cancel BACKEND:RUN_ID`` and ``torchjob list`` work for them from any terminal and
 any directory, as for a cluster's jobs.
 
-A run's record lives in its run directory, ``RUN_DIR/.torchjob/RUN_ID/``:
-
-- ``run.json``: what was started (the request's data and text, the render context), by whom
-  (the launcher's pid, host and start time, so that a reused pid is never signalled), and
-  its state; the launcher writes its exit code there as it ends.
-- ``node-I.log``: node I's lines as the launcher printed them (worker lines carry the one log
-  prefix, ``torchjob.trainer.contract.LOG_PREFIX``; the agent's own lines ``[node I] ``).
-- ``launcher.log``: the launcher's own lines (``torchjob: ...``).
-
-A per-user index, ``$XDG_STATE_HOME/torchjob/runs/BACKEND/RUN_ID`` (default
-``~/.local/state``), holds each record's directory. Only the launcher writes ``run.json``
-once it runs (the process that created the record hands over before it exits); what a
-launcher does with its record is in ``torchjob.jobs.launcher``. Core module: imports no backend.
+A run's record, ``RUN_DIR/.torchjob/RUN_ID/``, is found through a per-user index under
+``$XDG_STATE_HOME/torchjob/runs/``; once the launcher runs, it alone writes the record's
+``run.json``. Core module: imports no backend. The record's files: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -3,23 +3,8 @@
 on top of the job's image, as TorchX's workspaces do, or is refused before anything is
 submitted, naming the fix.
 
-What decides (``decide``; pure but for reading the working directory's files):
-
-- the built-in trainer needs nothing: every image of the kit holds it;
-- ``workspace.ship: auto`` (the default) and the job's code in the working directory (a
-  relative ``trainer.script`` that is a file there, or ``trainer.module``'s top package or
-  module there): the working directory is copied to the image's ``/workspace`` (its working
-  directory: relative paths resolve as they do here), the image tagged
-  ``workspace.repo:NAME-DIGEST`` (DIGEST: of the files, so a changed file is a new tag) and
-  pushed there when ``workspace.repo`` names a registry. ``render`` shows that image;
-  ``run`` and ``submit`` build (and push) it first (``build``);
-- code that is not here: the job's own image must hold it; the kit's image (which holds
-  torchjob.trainer alone) is refused;
-- ``workspace.ship: never``: nothing is built; code found here but an image of the kit's is
-  refused (the pods would fail at start with "No such file").
-
-What is copied: the working directory without version control, environments, caches and
-earlier runs (``IGNORED``), at most ``MAX_WORKSPACE_BYTES``.
+``decide`` (pure but for reading the working directory) chooses by ``workspace.ship`` and
+where the code is; ``build`` builds and pushes the image. The rules: docs/internals.md.
 """
 
 from __future__ import annotations

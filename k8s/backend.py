@@ -1,11 +1,7 @@
 """The Kubernetes backends: ``k8s`` (a Kubeflow PyTorchJob) and ``k8s:trainjob`` (a Kubeflow
-Trainer v2 TrainJob). ``render`` is the validated objects (``render.py``: the job, and for
-an elastic PyTorchJob its rendezvous store's Deployment and Service, for a Volcano or
-prioritised TrainJob its own TrainingRuntime before it); ``submit`` creates exactly them
-through the cluster of the kubeconfig (``client.py``), in that order;
-``run`` follows the pods'
-logs while the job runs (``follow.py``). Handles: ``k8s:NAMESPACE/NAME`` and
-``k8s:trainjob:NAMESPACE/NAME``.
+Trainer v2 TrainJob). ``render`` is the validated objects (``render.py``); ``submit`` creates
+exactly them, in order, through the kubeconfig's cluster (``client.py``); ``run`` follows the
+pods' logs (``follow.py``). Handles: ``k8s:NAMESPACE/NAME``, ``k8s:trainjob:NAMESPACE/NAME``.
 """
 
 from __future__ import annotations

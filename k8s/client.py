@@ -1,14 +1,9 @@
 """Submits, watches, reads and deletes jobs on a Kubernetes cluster (the only I/O in k8s/).
 
-Jobs are custom objects (PyTorchJob, TrainJob); their pods are found by the operators'
-labels, and each log line is labelled as on every backend: a worker's line keeps the agent's
-``[node N rank R attempt A] ``, the pod's other lines get ``[node N] `` with the pod's node rank
-(``follow.node_rank``: Master 0, Worker i i+1; Worker-only or TrainJob i). An elastic
-PyTorchJob's rendezvous store (a Deployment and a Service, ``torchjob.k8s.store``) is created right
-after its job, a TrainJob's own TrainingRuntime (``k8s.trainjob``) right before it; both are
-owned by the job and deleted with it by ``cancel``. ``logs(follow=True)`` streams
-them while the job runs (``follow.py``). API errors become one-line ``K8sError``s that say
-what to do (exit 2).
+Pods are found by the operators' labels, their lines labelled as on every backend
+(``follow.py``). The objects beside a job (an elastic PyTorchJob's store, a TrainJob's own
+runtime) are owned by it and deleted with it. API errors become one-line ``K8sError``s that
+say what to do (exit 2).
 """
 
 from __future__ import annotations
@@ -99,13 +94,10 @@ class Cluster:
                            "check KUBECONFIG and the cluster") from None
 
     def submit(self, objs: list[dict[str, Any]]) -> JobRef:
-        """The job's own runtime (a TrainJob's, before it: the TrainJob webhook refuses a
-        runtime that does not exist yet), the job, then the objects beside it (an elastic
-        PyTorchJob's store Deployment and Service), exactly as rendered but for one field the
-        cluster alone knows: each gets an ``ownerReference`` to the job just created (its
-        uid), so that deleting the job by any means (``torchjob cancel``, kubectl,
-        ``ttlSecondsAfterFinished``) lets Kubernetes delete them too. A job that cannot be
-        created leaves nothing behind (its runtime is deleted again)."""
+        """The job's own runtime (a TrainJob's, first: the webhook refuses a job whose runtime does
+        not exist yet), the job, then the objects beside it, as rendered but each owned by the
+        job (an ``ownerReference`` to its uid), so that deleting the job by any means deletes
+        them too. A job that cannot be created leaves nothing behind."""
         at = next(i for i, obj in enumerate(objs) if obj["kind"] in KINDS)
         before, job, rest = objs[:at], objs[at], objs[at + 1:]
         ref = JobRef(job["kind"], job["metadata"].get("namespace", "default"),

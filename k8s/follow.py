@@ -1,17 +1,9 @@
 """Following a job's logs while it runs (``torchjob run --to k8s``, ``torchjob logs -f``).
 
-A run is one start of a pod's container, named by (pod uid, restartCount): each is read once,
-by its own thread that streams the log into one queue, and lines are yielded as they come.
-Every POLL_S, and at once when a stream ends, the job and its pods are read again, so pods
-that appear later (elastic scale-up, a recreated pod) and restarted containers are followed
-too. Following ends when the job has ended and every stream has; a stream still open DRAIN_S
-after the job ended is left behind (its thread is a daemon). What a pod's status means and the
-Kubernetes calls are the caller's (``client.py``); this module knows threads, queues, bytes.
-
-Lines are labelled as on every other backend: a worker's line already carries the one log
-prefix (``[node N rank R attempt A] ``, written by the agent in the pod), and is printed as it
-is; the pod's other lines (the agent's own, the wait for the rendezvous Service) get
-``[node N] ``, N the pod's node rank (``node_rank``), as the local launcher labels an agent's.
+Each run of a pod's container (pod uid, restartCount) is streamed once, by a thread of its
+own, into one queue; the job and its pods are read again every ``POLL_S`` and when a stream
+ends, so later pods and restarts are followed too. Following ends when the job and every
+stream have ended, or ``DRAIN_S`` after the job (docs/internals.md).
 """
 
 from __future__ import annotations

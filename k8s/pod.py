@@ -80,13 +80,10 @@ def checkpoint_claim(spec: JobSpec) -> str | None:
 
 
 def shared_checkpoints(spec: JobSpec, pods: int) -> str | None:
-    """The one rule of where a Kubernetes job's checkpoints live, for every renderer (spec
-    placed by ``on_cluster``; ``pods``: the job's node pods at most): on a claim every pod
-    mounts, or in each pod when ``k8s.checkpoints: pod-local`` says so. A job of several pods
-    (or an elastic one) without a claim is refused: each pod would keep its own files, a
-    resume would look for a state file only another pod has (FileNotFoundError) or, when the
-    new rank 0 is on a pod that has none, silently start over from step 0. One pod may keep them locally (lost with the pod only).
-    The claim's name, or None when they are pod-local."""
+    """Where a Kubernetes job's checkpoints live, the one rule for every renderer (spec placed by
+    ``on_cluster``; ``pods``: the job's node pods at most): the name of the claim every pod
+    mounts, or None when ``k8s.checkpoints: pod-local`` keeps them in each pod. A job of
+    several pods, or an elastic one, without a claim is refused (docs/internals.md)."""
     claim = checkpoint_claim(spec)
     if spec.k8s.checkpoints == "pod-local":
         if claim is not None:

@@ -1,28 +1,10 @@
 """The PyTorchJob renderer (``kubeflow.org/v1``): a JobSpec -> one manifest dict. Pure.
 
-Every pod runs, in the container ``pytorch``, the same agent command every backend runs
-(``torchjob.jobs.command``), with all of torchrun's flags written out: the spec is the one source of
-the topology, and a flag wins over the ``PET_*`` variable the operator injects. The operator
-fields are set so that its ``PET_*`` agree anyway (``nprocPerNode``, ``elasticPolicy``).
-
-- One node: a Master of one pod, whose agent serves the c10d store itself
-  (``<job>-master-0:<rdzv.port>``), as torchrun does.
-- Several nodes, fixed (``nnodes: N``) or elastic (``nnodes: MIN:MAX``): Worker-only (with
-  ``elasticPolicy`` when elastic), c10d at ``<job>-rdzv:<rdzv.port>``, the job's own store in a
-  pod of its own behind that Service (``k8s.store``): no pod hosts the rendezvous, so losing
-  any one pod leaves it alive, and a lost store pod is recreated by its Deployment while the
-  agents exit ``EXIT_STORE_LOST`` (>= 128: the ExitCode policy recreates their pods, which
-  resume from the shared checkpoint). No Master also means no operator init container: the
-  v1 operator adds one (alpine, waiting for ``<job>-master-0`` to resolve, with no
-  securityContext) to every Worker pod of a job that has a Master, and a namespace enforcing
-  Pod Security "restricted" rejects those pods. Instead the command first waits, as the pod's
-  own restricted process, until the store answers at ``<job>-rdzv:<rdzv.port>`` (the Service
-  is created with the job, but not necessarily before it, and a recreated store pod may take
-  minutes), so pods neither crash-loop on DNS nor give up on a store that is coming back. Every agent is a client
-  of the store (``is_host=false``); for an elastic job the operator's ``PET_RDZV_ENDPOINT``
-  names it too (``rdzvHost``, ``rdzvPort``).
-- Checkpoints: a job of several pods needs them on a claim every pod mounts
-  (``torchjob.k8s.pod.shared_checkpoints``).
+Every pod runs the agent command of ``jobs.command``, all of torchrun's flags written out (the
+operator's ``PET_*`` agree). One node: a Master whose agent serves the c10d store. Several,
+fixed or elastic: Worker-only pods that wait for, then meet at, the job's own store behind
+``<job>-rdzv`` (k8s.store), checkpoints on a claim every pod mounts (k8s.pod). Why no Master:
+docs/internals.md.
 """
 
 from __future__ import annotations
@@ -94,7 +76,7 @@ def render_pytorchjob(spec: JobSpec) -> Obj:
                                  "rdzvHost": store_name(spec), "rdzvPort": spec.rdzv.port,
                                  "rdzvId": spec.name, "maxRestarts": spec.max_restarts}
         replicas = {"Worker": replica(spec, nnodes.max)}
-    elif has_store(spec):  # no Master: no operator init container (see the docstring)
+    elif has_store(spec):  # no Master: no operator init container (docs/internals.md)
         replicas = {"Worker": replica(spec, nnodes.max)}
     else:
         replicas = {"Master": replica(spec, 1)}

@@ -80,12 +80,8 @@ def render_service(spec: JobSpec) -> Obj:
 def render_store(spec: JobSpec) -> list[Obj]:
     """[Deployment, Service] of a job of several pods' store; [] for a one-pod job.
 
-    The store (``python -m torchjob.trainer.store``, from the job's image) lives in a pod of its
-    own, not in an agent's, so losing a node does not lose the rendezvous: its Deployment
-    recreates a lost store pod on any node (``Recreate``: never two stores at once, which would
-    split the rendezvous); the agents, which cannot reconnect to a new store, exit
-    ``EXIT_STORE_LOST`` (retried), and their recreated pods meet at the new store, resuming from
-    the shared checkpoint. The Service publishes the pod once its port accepts connections; it
-    is ``elasticPolicy.rdzvHost``, so the operator's ``PET_RDZV_ENDPOINT`` names it too, and
-    every agent is its client (``is_host=false``)."""
+    The store (``python -m torchjob.trainer.store``, the job's image) runs in a pod of its own,
+    which its Deployment (``Recreate``: never two stores) recreates when lost; the agents, which
+    cannot reconnect, exit ``EXIT_STORE_LOST`` to be retried. The Service is
+    ``elasticPolicy.rdzvHost``; every agent is its client (docs/internals.md)."""
     return [render_deployment(spec), render_service(spec)] if has_store(spec) else []

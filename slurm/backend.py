@@ -1,12 +1,10 @@
 """The Slurm backend: ``slurm`` submits through submitit, ``slurm:sbatch`` with plain ``sbatch``;
 both send the batch script ``render`` prints (``torchjob.slurm.sbatch``), byte for byte.
 
-A job's handle is ``slurm:JOB_ID`` (``slurm:1234``; a sweep's job array ``slurm:1234``, one of
-its points ``slurm:1234_0``). Status and the exit code come from accounting (``slurm.status``),
-logs from the files the script writes into the run directory (``torchjob.slurm.logs``), found
-again through the job's working directory. ``cancel`` asks the job to checkpoint and stop
-(USR1 to the batch shell: exit 143, no requeue); ``run`` blocks like ``srun``: it follows the
-logs until the job has ended and returns its exit code (Ctrl-C stops the job the same way).
+Handles are ``slurm:JOB_ID`` (a sweep's array ``slurm:1234``, one point ``slurm:1234_0``);
+status comes from accounting (slurm.status), logs from the run directory (slurm.logs).
+``cancel`` asks the job to checkpoint and stop (USR1: exit 143, no requeue); ``run`` follows
+the logs, like ``srun``, until the job has ended and returns its exit code.
 """
 
 from __future__ import annotations

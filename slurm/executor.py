@@ -1,13 +1,10 @@
 """submitit as the engine of the ``slurm`` backend, handing ``sbatch`` our script unchanged.
 
-submitit's ``SlurmExecutor`` pickles a function, writes a batch script of its own that runs it
-in every task, calls ``sbatch`` on that file, parses the job id and follows the job through
-``sacct``. ``ScriptExecutor`` keeps all of that but the script: its submission file is the text
-``torchjob render --to slurm`` prints, byte for byte (submitit keeps it as
-``FOLDER/JOBID_submission.sh``), and no function is pickled, since the script runs the agents
-itself. So nothing would ever write the result pickle that submitit's ``Job.result()`` waits
-for: ``ScriptJob`` answers ``done``, ``result`` and ``exception`` from accounting instead (the
-job's own exit code), and ``cancel`` asks the job to checkpoint and stop, as the script expects.
+``ScriptExecutor`` is submitit's ``SlurmExecutor`` with our script (the text ``torchjob render
+--to slurm`` prints, byte for byte) as its submission file and no function pickled. Nothing
+writes the result pickle submitit waits for, so ``ScriptJob`` answers ``done``, ``result``
+and ``exception`` from accounting (the job's exit code); ``cancel`` asks the job to
+checkpoint and stop.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """A Slurm job's logs, per attempt and per rank, for ``torchjob logs slurm:JOB_ID``.
 
-The batch script writes ``RUN_DIR/slurm-J.out`` and ``.err`` (an array task:
-``slurm-A_I.*``). A requeued job runs several times (attempts 0, 1, ...) and appends every
-attempt to the same files, so each attempt starts with a marker line (``torchjob: NAME job J
-attempt N ...``) in both; each worker line carries the one log prefix of every backend,
-``[node N rank R attempt A] `` (``torchjob.trainer.contract.LOG_PREFIX``, written by torchrun's
-``--tee``). Lines of the batch shell, srun and the agents belong to the job, not to a rank:
-they are shown with node and rank ``-``.
+The batch script appends every attempt of a job to ``RUN_DIR/slurm-J.out`` and ``.err`` (an
+array task's: ``slurm-A_I.*``), each attempt after a marker line (``torchjob: NAME job J
+attempt N ...``). Worker lines carry the one log prefix (``contract.LOG_PREFIX``); the job's
+other lines (the batch shell, srun, the agents) are shown with node and rank ``-``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """The sbatch renderer: a JobSpec -> the batch script that ``render --to slurm`` prints and that
 both Slurm backends (submitit, plain sbatch) submit unchanged. Pure.
 
-One ``srun`` task per node runs the torchrun agent (``python -m torchjob.trainer.agent``); the
-agents meet at a c10d rendezvous on the allocation's first node, on the port
-``torchjob.trainer.env.slurm_port``
-derives from the job id. For an elastic job that store is not any agent's: it is a process of
-the batch shell (``python -m torchjob.trainer.store``, ``store_block``), on the first node beside it
-and outside the training step, so that losing any node's task, the first node's too, leaves
-the others their rendezvous. Slurm ends the whole job when the batch host itself fails, so
-serving the store there adds no failure mode Slurm does not have already; in its own step
-(``srun --overlap``) it would be killed with the first node's tasks by anything that ends the
-job's steps there, and would compete with them for the step's resources on a real cluster. The shell lives in ``job.sh`` (package data, checked with shellcheck);
-this module fills in its ``@name@`` placeholders with values quoted for the shell here, at the
-edge. Everything that varies (interpreter, working directory) is passed in, so the text is
-deterministic and golden-tested whole.
-
-A sweep (``{trainer arg: values}``, its points from ``torchjob.jobs.sweep``) renders one job array:
-``#SBATCH --array=0-(N-1)``, and the body picks the point's trainer arguments and run directory
-from ``SLURM_ARRAY_TASK_ID``.
-
-Stopping, requeueing and lost nodes: see the comments in ``job.sh``.
+One ``srun`` task per node runs the agent; they meet at a c10d rendezvous on the first node
+(port ``trainer.env.slurm_port``), whose store, for an elastic job, is a process of the batch
+shell (``store_block``). The shell is ``job.sh``, its ``@name@`` placeholders filled with
+values quoted here; a sweep is a job array. Why so: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """A Slurm job's state and exit code, from accounting (``sacct``) and the queue (``squeue``).
 
-The batch script's own exit code is the job's (the README's table: 0 done, 1 failed, 2 bad
-configuration, 143 stopped after a checkpoint); sacct keeps it as ``ExitCode`` ``CODE:SIGNAL``,
-where Slurm 22.05 records a code above 128 less 128 (``exit 143`` reads ``15:0``). The script
-ends with 0, 1, 2 or 143 of its own, or with what its job step ended with: any other code is a
-failure (1).
-A job array's state is its tasks' together: running while one runs, and then the worst
-ending (a failure before a stop before success).
+The job's exit code is its batch script's: 0, 1, 2 or 143, any other a failure (1); sacct
+(Slurm 22.05) records a code above 128 less 128 (``exit 143`` reads ``15:0``). A job array's
+state is its tasks' together: running while one runs, then the worst ending (a failure
+before a stop before success).
 """
 
 from __future__ import annotations

@@ -1,36 +1,10 @@
-"""``python -m torchjob.trainer.agent``, the entry point on every node: torchrun, with two changes that make restarts fast and
-reliable.
+"""``python -m torchjob.trainer.agent``, the entry point on every node: torchrun's arguments and
+agent (trainer.torchrun_agent), with the built-in trainer's workers forked from a server that
+has imported torch already, so that a restart costs a fork.
 
-It takes exactly torchrun's arguments (and its ``PET_*`` environment fallbacks) and runs
-torchrun's own elastic agent. When the workers run this trainer (``-m torchjob.trainer``), they are
-forked from a server that has already imported torch and the trainer, instead of each
-starting a fresh interpreter: a restart after a crash then costs a fork, not an import of
-torch. Anything else (``-m other`` or a script) runs exactly as torchrun runs it. It also
-defaults ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: restarts with the rendezvous store shared
-with the workers are unreliable (pytorch/pytorch#135712).
-
-And its agent (trainer.torchrun_agent) answers a stop signal while it waits for the other nodes
-at the end, and puts the one log prefix (node, rank, attempt) on every line of its workers:
-for that it turns on torchrun's tee (``--tee 3``) unless the command asks for ``--tee`` or
-``--redirects`` itself, into a log directory of its own that it removes at the end (unless
-``--log-dir`` names one). The workers import only this module, not that one: their start,
-the hot path of a restart, stays free of the agent's imports.
-
-A stop signal is answered from the agent's first line, not only once torch's agent installs
-its handler as it starts the workers (after importing torch, a few seconds, and after the
-rendezvous, which waits for the other nodes): until then a SIGTERM ends the agent with 143 at
-once (a container's first process without a handler never receives one at all).
-
-Before torchrun's arguments it takes torchjob's own options: ``--retry-on-error`` (restart on
-exceptions too), ``--run-dir DIR --checkpoint-dir DIR``, exported to every worker as
-``TORCHJOB_RUN_DIR`` and ``TORCHJOB_CHECKPOINT_DIR`` (a user's script learns where its files go
-without a word added to its argv), and ``--resume force|fresh[:TOKEN]``, exported as
-``TORCHJOB_RESUME`` (trainer.fingerprint), and ``--max-stalled-restarts N``, the restart storm
-guard (torchjob.trainer.ledger: 0 turns it off). With a run directory it holds that directory's
-lock while it runs (torchjob.trainer.runlock): a second live run on it is refused with exit 2.
-``--hang-timeout SECONDS`` (default ``HANG_TIMEOUT_S``; 0: off) turns on the hang watchdog
-(torchjob.trainer.hang): the agent makes a node-local folder for its workers' progress reports
-(torchjob.trainer.progress), exported as ``TORCHJOB_PROGRESS_DIR``, and removes it at the end.
+torchjob's options come first (``--retry-on-error``, ``--run-dir``, ``--checkpoint-dir``,
+``--resume``, ``--max-stalled-restarts``, ``--hang-timeout``); with a run directory it holds
+its lock (trainer.runlock): a second live run there exits 2.
 """
 
 from __future__ import annotations
@@ -73,13 +47,8 @@ SERVER_NAME, WORKER_NAME = "torchjob-server", "torchjob-worker"
 
 
 def worker(*argv: str) -> None:
-    """One training process, forked from the preloaded server; exits with the trainer's code.
-
-    A stop signal that arrives after the last step (the work is done and its final checkpoint
-    written) ends the worker with 143, not 0: the signal came from this agent, which is
-    shutting down and waits for its workers to exit, not for their results (with 0, the
-    worker would wait for the agent to read its result until the agent's 30 s shutdown
-    timeout killed it). The next attempt resumes from that final checkpoint and ends at once.
+    """One training process, forked from the preloaded server; exits with the trainer's code, or
+    143 for a stop signal after the last step (docs/internals.md).
     """
     die_with_parent()  # the fork server, which dies with this agent (torchjob.trainer.orphans)
     name_process(WORKER_NAME)
@@ -148,7 +117,7 @@ def hang_timeout(environ: dict[str, str]) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """torchrun with torchjob's own options first (see the module's docstring)."""
+    """torchrun with torchjob's own options first (docs/internals.md)."""
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     try:
         argv, settings, env = own_options(list(sys.argv[1:] if argv is None else argv))
@@ -268,18 +237,9 @@ def run_agent(args: Any) -> None:
 
 
 def start_forkserver() -> None:
-    """Start the server the workers fork from (preloading ``PRELOAD``), deaf to stop signals:
-    one sent to the whole process group (TorchX's local scheduler, scancel of a step) would
-    end it, and its workers with it, before they had checkpointed. Its workers hear them again
-    (``worker``).
-
-    multiprocessing starts that server as a new interpreter, which imports torch all over
-    again (~1.6 s of CPU); this agent has imported it already, has started no thread of its
-    own and run no tensor op yet, so the server is forked from it instead (``_fork_server``),
-    and imports only the rest of ``PRELOAD``, beside this agent's rendezvous. With many agents
-    on few cores (the launch benchmark: 16 on 2) that is CPU every node saves before its first
-    step. It is forked before anything here queries CUDA: a fork of a process that did fails
-    at its first CUDA call (tests/integration/test_no_fork_after_cuda.py)."""
+    """Start the server the workers fork from (preloading ``PRELOAD``): forked from this agent,
+    before anything here queries CUDA, and deaf to stop signals, which its workers hear again
+    (``worker``; docs/internals.md)."""
     multiprocessing.set_forkserver_preload(PRELOAD)
     before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
     spawn = multiprocessing.util.spawnv_passfds

@@ -1,13 +1,6 @@
-"""Checkpoints that are either whole or absent.
-
-Layout of ``CHECKPOINT_DIR/step_00000120/``: the model and optimizer state (``state.pt``
-written by rank 0 when the state is replicated, as with DDP; ``torch.distributed.checkpoint``
-shards, one writer per shard and resharded on load, when it is sharded by FSDP), one
-``rng-rankN.pt`` per rank, and ``manifest.json`` naming the step, the position inside the
-epoch, the world size, the trainer config and a SHA-256 of every file. Everything is written under a temporary
-name, flushed, then renamed by rank 0; a directory without a manifest that verifies is never
-resumed from. On start, the newest checkpoint that verifies wins; a damaged one is skipped
-with a warning naming what is wrong.
+"""Checkpoints that are either whole or absent: written under temporary names, verified by a
+manifest of SHA-256s and renamed by rank 0. On start the newest one that verifies wins; a
+damaged one is skipped with a warning naming what is wrong. Layout: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Batches for one rank, from any point of an epoch, at any world size.
 
-The rule (what a resumed run guarantees):
-
-- Epoch ``e`` is one permutation of the whole training set, drawn from ``seed + e`` as
-  ``torch.utils.data.DistributedSampler`` draws it: the same at every world size.
-- The position inside the epoch is global: the number of samples of that permutation that
-  all ranks together have trained on (a prefix of it), never a per-rank count.
-- From position ``p`` each optimizer step takes the next ``world_size x batch_size x
-  grad_accum`` samples of the permutation; rank ``r`` takes the ``r``-th of every
-  ``world_size`` (DistributedSampler's interleaving, shifted to start at ``p``).
-- The tail of the epoch too short for one more optimizer step at this world size is left out
-  of the epoch, never padded with repeats (DistributedSampler's ``drop_last=False`` pads with
-  the first samples again; Megatron-LM's ``MegatronPretrainingSampler``, which also keeps a
-  global ``consumed_samples``, drops its last incomplete global batch the same way).
-
-So a run resumed at any world size, including one that divides neither the data set nor the
-old world size, trains on every sample after ``p`` exactly once in the rest of the epoch,
-except a tail shorter than one of its optimizer steps; a run resumed at the same world size
-sees exactly the batches an uninterrupted one would have seen (bit for bit).
+Epoch ``e`` is DistributedSampler's permutation for ``seed + e``; the position in it is global
+(the samples all ranks together trained on); each optimizer step takes the next
+``world_size x batch_size x grad_accum`` of them, interleaved over the ranks, and an epoch's
+tail too short for one more step is left out, never padded. So a run resumed at any world
+size trains on each remaining sample once (the rule in full: docs/internals.md).
 """
 
 from __future__ import annotations

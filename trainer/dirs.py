@@ -1,9 +1,6 @@
 """The directories a job writes (its run and checkpoint directories): usable, or why not.
-
-Checked before any work: by ``torchjob run``/``submit`` where the nodes see this machine's run
-directory (torchjob.jobs.preflight), and by every rank of the trainer at its start, so that a
-checkpoint directory that is a file or cannot be written ends the job at once with exit 2,
-not after the first interval of training with a traceback at the first save.
+Checked before any work (jobs.preflight, and every rank at its start), so that an unusable
+one ends the job at once with exit 2, not at the first checkpoint.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Where this process stands in a distributed job, read once from the launcher's environment.
 
-``DistEnv.from_environ()`` is the one reader of launcher variables. First match wins:
-1. ``LOCAL_RANK`` set: torchrun/TorchX/torchelastic (also inside a Kubernetes pod, where PET_*
-   are present too): RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT, GROUP_RANK, ...
-2. ``RANK`` or ``WORLD_SIZE`` without LOCAL_RANK: one process per pod (PyTorchJob with a Master),
-   an error when PET_NPROC_PER_NODE asks for several processes per pod.
-3. PET_NNODES/PET_MASTER_ADDR/PET_NODE_RANK/PET_RDZV_ENDPOINT alone: a TrainJob or elastic
-   PyTorchJob started without torchrun, an error (unless it is one node of one process).
-4. An srun step (SLURM_STEP_ID or SLURM_STEP_NUM_TASKS) and/or MPI (OMPI_COMM_WORLD_*, then
-   PMI_*): Slurm when only it is present or when the MPI rank and size agree with it, MPI
-   otherwise (mpirun inside an allocation inherits its daemons' SLURM_* step values).
-   SLURM_NTASKS > 1 outside a step (the sbatch script itself) is an error: use srun.
-5. Nothing: one process, rank 0 of 1 on 127.0.0.1:29500 (MASTER_ADDR/MASTER_PORT honoured).
-Unset and empty (``X=``) variables are the same. Contradictions raise ``EnvError`` (exit code
-2) naming the variables, their values and the fix. Standard library only: the trainer image
-carries no code from jobs/, slurm/ or k8s/.
+``DistEnv.from_environ()`` is the one reader of launcher variables; first match wins:
+torchrun (``LOCAL_RANK``), one process per pod (``RANK``/``WORLD_SIZE``), ``PET_*`` alone (an
+error but for one process), an srun step and/or MPI, else one process. Unset and empty are
+the same; contradictions raise ``EnvError`` (exit 2) naming the variables and the fix.
+Standard library only (the rules in full: docs/internals.md).
 """
 
 from __future__ import annotations

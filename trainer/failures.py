@@ -1,11 +1,8 @@
 """Why workers failed, and whether a restart can help: the rule every backend's agent applies.
 
-A restart is for a lost worker, not for a bug. A worker killed by a signal (kill -9, the OOM
-killer, a lost node), one that hung (the watchdog, trainer.hang, killed it) or one that only
-lost a peer (a collective failed because another process died: exit ``EXIT_RETRY``) is restarted, up to ``max_restarts``. A worker that raised
-(exit 1, or any other code of its own) fails the job at once, unless the job opts in with
-``retry_on_error``; a configuration error (exit 2) is never retried. Pure: the agent
-(torchjob.trainer.torchrun_agent) gathers the failures and shares the verdict with the other nodes.
+A worker killed by a signal, killed as hung (trainer.hang) or that lost a peer
+(``EXIT_RETRY``) is restarted, up to ``max_restarts``; one that raised fails the job at once
+unless ``retry_on_error``; a configuration error (exit 2) never is. Pure.
 """
 
 from __future__ import annotations

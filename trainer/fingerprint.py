@@ -1,25 +1,9 @@
-"""What a checkpoint belongs to: the trainer settings that define the training trajectory.
+"""What a checkpoint belongs to: the trainer settings that define the training trajectory. Pure.
 
-A checkpoint's manifest keeps the whole trainer config; resuming it under different values of
-these fields would train a different model from the old one's state (another task, model
-size, data, optimizer or seed), so a run refuses it (exit 2) and names each difference. Left
-out on purpose:
-
-- ``epochs`` and ``max_steps``: a change only extends (or shortens) the same trajectory, so
-  the run resumes and trains on to the new end;
-- the world size: an elastic job changes it by design; the position in the epoch is global
-  (``torchjob.trainer.data``) and FSDP shards are resharded on load;
-- ``data`` is not a setting: it is what a task read from the machine (the gpt task's corpus,
-  ``Task.identity``), which the trainer adds to the config it keeps in a checkpoint. It is
-  compared where both sides know it: on the nodes, not by a launcher that builds no task;
-- how the run is watched or kept (logging, sample records, evaluation cadence, checkpoint
-  cadence and directory, timeouts, backend, data-loader workers): none changes what is
-  learned.
-
-How a run treats checkpoints is the launcher's choice, told to every worker in
-``TORCHJOB_RESUME`` (``torchjob.trainer.contract.RESUME_ENV``): unset, resume when the fingerprint
-matches; ``force``, resume anyway; ``fresh:TOKEN``, set the old checkpoints aside once per
-TOKEN (the job's submission) and start over. Pure: no torch.
+A run refuses a checkpoint made with other values of them (exit 2, naming each difference).
+``TORCHJOB_RESUME`` (``contract.RESUME_ENV``) says how a run treats checkpoints: unset, resume
+when the fingerprint matches; ``force``, resume anyway; ``fresh:TOKEN``, set the old ones
+aside once per TOKEN and start over. What is left out, and why: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
-"""The gpt task: a small decoder-only transformer trained on the Python standard library's source.
+"""The gpt task: a small byte-level decoder-only transformer trained on the Python standard
+library's source, which every CPython install carries (whole modules held out for evaluation).
 
-The text: no data set can be downloaded where jobs run, but every CPython install carries its
-standard library as source. The corpus is a fixed list of large, long-lived pure-Python modules
-(:data:`TRAIN_MODULES`, about 3.3 MB on 3.11) read from ``sysconfig.get_paths()['stdlib']`` at
-run time, plus a held-out list (:data:`EVAL_MODULES`, about 53 kB): whole files, so that no
-text is on both sides and the split never depends on ``--seed``. A fixed list rather than every
-``*.py`` of the folder, because distributions split the standard library into packages
-(Debian's ``turtle.py`` comes with python3-tk) and generate or patch some files
-(``_sysconfigdata*``, ``sysconfig.py``, ``site.py``); the listed modules are in every install
-of a given CPython version, byte for byte, so every node of a job reads the same text. Another
-Python version reads other text: the corpus's SHA-256 is part of the task's identity, so a
-checkpoint is refused by a run on another version (torchjob.trainer.fingerprint), and ranks reading
-different text stop before the first step (torchjob.trainer.train).
-
-The tokenizer is the bytes themselves (256 symbols): nothing to download or train, lossless on
-any file (the sources hold some UTF-8 beyond ASCII), identical on every node, and the loss is
-in nats per byte, directly comparable with the byte unigram entropy of the text.
-
-The data set is every window of ``context + 1`` bytes at stride ``context`` (inputs and targets
-shifted by one), as a TensorDataset of views of one tensor: the trainer's DistributedSampler,
-its position in the epoch and its fast batching work unchanged.
+The corpus's SHA-256 is part of the task's identity, so a node or checkpoint with another
+Python's text is refused. Why this corpus and tokenizer: docs/internals.md.
 """
 
 from __future__ import annotations

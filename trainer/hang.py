@@ -1,43 +1,9 @@
 """The hang watchdog, the agent's side: no progress for ``hang_timeout`` -> stacks written, the
 stuck rank named, the group restarted from its last checkpoint like after a lost worker.
 
-What it reads: each local worker's progress file (torchjob.trainer.progress): its last step and its
-heartbeat, and the state of its process in ``/proc``. Times are this agent's own clock at the
-read that saw a value change, so no worker's clock is trusted; files are read at most once a
-second (``READ_EVERY_S``), the agent's monitor loop runs every 0.1 s.
-
-When a node's group is overdue: a live worker that has finished a step made none for
-``hang_timeout`` seconds, or a live worker is silent (no heartbeat) that long. Before its first
-step a worker is judged by its heartbeat only: start-up (imports, the rendezvous, data, the
-checkpoint load, the first step's compilation) may take long and is no hang as long as the
-process runs. A worker that exited is not judged (torch's own monitor reports exits).
-
-Which ranks are stuck: the silent ones (no heartbeat for ``BEAT_LOST_S``, or a stopped
-process: state T in /proc), since a rank that waits in a collective for a hung peer reports
-the same last step as the peer but keeps beating. If no local rank is silent, the hang began
-elsewhere or is a deadlock of live processes: then the ranks whose last step is lowest.
-
-What the node does: it writes the stacks of all its workers (``RUN_DIR/hangs/attempt<A>/
-node<N>-rank<R>.txt``) ``DUMP_LEAD_S`` before the timeout (so that every node has its stacks
-before the first one acts); at the timeout a node with a silent rank, or alone in the job, then kills its
-workers with SIGKILL (a stopped process hears SIGTERM only once continued; one blocked in a
-collective not at all) and reports them as failed, which the agent's verdict turns into a
-restart (torchjob.trainer.failures: kind ``hung``). A node whose ranks are all alive waits
-``others_first_s`` longer: the node where the hang began acts first, its restart reaches this
-node as a lost peer and the verdict names the rank that hung; only a hang that no node can
-pin on a silent rank (a deadlock of live ranks) is acted on by every node after that wait.
-
-Stacks: py-spy (``py-spy dump --nonblocking``) reads a process's memory from outside, so it
-also shows a stopped process (faulthandler runs inside the process, which a stopped or
-GIL-holding process cannot) and needs nothing in the user's code. ``--nonblocking`` does not
-ptrace-attach: attaching to a stopped process fails, and it needs only the same uid (no
-CAP_SYS_PTRACE), which is what a container's user has. Without py-spy the file says so and
-holds what /proc tells (state, kernel wait channel, each thread's state).
-
-The default ``hang_timeout`` (contract.HANG_TIMEOUT_S, 180 s): above a slow step together with
-an evaluation or a blocking checkpoint save between two steps, and below the process group's
-timeout (the trainer's ``--pg-timeout``, 300 s), after which a collective fails by itself,
-without the stacks or the name of the rank it waited for.
+It reads each local worker's progress file (trainer.progress) and ``/proc``, timed by this
+agent's clock. The stuck ranks are the silent or stopped ones; a node without one waits
+``others_first_s`` for the node that has one. The rules in full: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -154,7 +120,7 @@ def stuck(seen: list[Seen], now: float) -> tuple[list[Seen], bool]:
 def check(seen: list[Seen], now: float, timeout: float, *, nodes: int, overdue_since: float,
           others_first_s: float) -> Hang | None:
     """The decision, pure: None while the group progresses; else who is stuck and whether
-    this node acts now (module docstring)."""
+    this node acts now (docs/internals.md)."""
     if not overdue(seen, now, timeout):
         return None
     names, silent = stuck(seen, now)

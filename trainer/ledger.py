@@ -1,27 +1,9 @@
 """The run's ledger: every restart and every change of membership, one JSON line each, in
-``RUN_DIR/ledger.jsonl``.
+``RUN_DIR/ledger.jsonl``; only ever appended to, so it outlives agents, requeues and runs.
 
-It lives in the run directory (shared storage on a cluster) and is only ever appended to, so
-it outlives the agents that write it: a Slurm requeue, a pod restart or the next
-``torchjob run`` of the same run directory adds to the same file. The agent
-(torchjob.trainer.torchrun_agent) writes it; the trainer's summary and the launchers read it.
-
-Lines (``event`` says which):
-- ``restart``: the workers are started again. ``time``, ``node`` (the agent's node in the round
-  and its host), ``rank`` and ``exit``/``signal`` of the failure it rests on, ``cause`` (one
-  line), ``attempt`` (the one that failed), ``step`` (the highest step the node's workers
-  reported, torchjob.trainer.progress; null when none did), ``checkpoint`` (the newest checkpoint at
-  the time: what the next attempt resumes from).
-- ``round``: a rendezvous round completed; written by the round's node 0. ``round``,
-  ``nodes`` (each node's name, in node order), ``world_size``, ``attempt``, ``checkpoint``.
-- ``storm``: the job was stopped as a restart storm (see ``stalled``).
-Each line also names its ``run`` (the rendezvous id: kept across restarts and requeues, new
-for each submission).
-
-The storm guard: a restart that comes back to the checkpoint the previous restarts already came
-back to made no progress. After ``max_stalled`` such restarts in a row, the next one is not
-made: the job stops (exit 1) with a line that names the storm and the last causes, instead of
-burning its allocation on a failure that recurs at the same place.
+The agent (trainer.torchrun_agent) writes it; the summary and the launchers read it. Its storm
+guard: after ``max_stalled`` restarts in a row that came back to the same checkpoint, the next
+failure stops the job (exit 1). The lines' fields: docs/internals.md.
 """
 
 from __future__ import annotations

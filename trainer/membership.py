@@ -1,15 +1,7 @@
-"""A watch on the agent's own membership of the rendezvous (torchjob.trainer.torchrun_agent uses it).
-
-The c10d rendezvous drops a node from its round when the node's
-heartbeat is older than keep_alive_interval x keep_alive_max_attempt (15 s). A healthy node
-can miss that when the rendezvous store stalls: in the elastic container test, the node that
-hosts the store logged failed reverse DNS lookups of its new clients (EAI_AGAIN) around stalls
-of 15 to 36 s, and then a restarted node dropped the other one. Once no participant of a round
-is left, the next node to join starts a new round and completes it alone, while torch's agent on
-the dropped node looks only at the wait list, finds it empty, and trains on: two groups on
-one checkpoint directory. Here the agent also checks, each time it looks at the wait list,
-that its node is still a participant of the round it joined; when it is not, it restarts
-its workers (they checkpoint first) and joins the next round, as for a new node.
+"""A watch on the agent's own membership of the rendezvous (trainer.torchrun_agent uses it): when
+the c10d rendezvous has dropped this node from the round it joined, the agent restarts its
+workers (they checkpoint first) and joins the next round, as a new node would. Why: torch's
+agent would train on in a second group (docs/internals.md).
 """
 
 from __future__ import annotations

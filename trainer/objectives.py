@@ -1,11 +1,7 @@
-"""What a task's loss is and how it is scored: one object per kind, chosen by the task.
-
-The training loop and the evaluation ask the task's objective (``Task.objective``) for the loss
-of a batch and for the sums that evaluation adds up across ranks, so no part of the loop knows
-which task it trains. :data:`CLASSIFY` (cross-entropy over classes; loss and accuracy) is
-every classification task's, the built-in digits and synthetic tasks and a user's;
-:class:`NextToken` is a language model's (cross-entropy of each next token; loss in nats per
-token and perplexity).
+"""What a task's loss is and how it is scored: one object per kind, chosen by the task
+(``Task.objective``), so that no part of the loop knows which task it trains.
+:data:`CLASSIFY`: cross-entropy over classes (loss, accuracy); :class:`NextToken`: a language
+model's (loss in nats per token, perplexity).
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""No orphans: a worker dies with the process that started it.
-
-torchrun starts each worker in a session of its own, so a SIGKILL of the agent (an OOM kill, a
-node agent killed by hand, a container runtime that only kills PID 1) left its workers running,
-holding their GPUs and their peers in a collective until the process-group timeout. Each worker
-asks the kernel for SIGKILL when its parent goes (Linux ``PR_SET_PDEATHSIG``): a user script's
-parent is the agent; the built-in trainer's is the fork server, which asks the same for itself
-as it starts (torchjob.trainer.forkserver_guard). The other nodes then see a lost peer and restart
-without this one, as for a lost node.
+"""No orphans: each worker asks the kernel for SIGKILL when its parent goes (Linux
+``PR_SET_PDEATHSIG``), so that a killed agent leaves no worker holding its GPU and its peers;
+the other nodes see a lost peer instead. Why torchrun needs this: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Data parallelism around the task's model: wrapping it (DDP or FSDP2), the gradient sync of
 accumulation, clipping, DDP's bucket layout, and the ranks' batch-norm statistics.
 
-Batch-norm statistics: DDP broadcasts every buffer from rank 0 at the start of every forward
-(``broadcast_buffers=True``), a collective and a wait for rank 0 in every step: ~10% of a
-digits step on this host. When every buffer of the model is a normalisation layer's running
-statistic, which a forward in training mode does not read, the trainer turns that off and
-copies rank 0's statistics to every rank before each evaluation and checkpoint instead
-(``same_statistics``), as timm's ``distribute_bn`` and detectron2's DDP wrapper do. Rank 0's
-statistics are then exactly what they are under DDP's broadcast (there, too, they are updated
-by rank 0's batches alone: every forward starts from rank 0's), so checkpoints are unchanged;
-between them the other ranks' copies drift, unread. Evaluations now score every rank's share
-with rank 0's statistics (with the broadcast, each rank used its own, one batch off rank 0's).
-Any other buffer (a user's mask, a counter a forward reads) keeps DDP's broadcast.
+When a model's only buffers are normalisation statistics, DDP's buffer broadcast is off and
+rank 0's statistics are copied to every rank before each evaluation and checkpoint instead
+(``same_statistics``): checkpoints are unchanged (docs/internals.md).
 """
 
 from __future__ import annotations
@@ -101,14 +93,9 @@ def same_statistics(model: nn.Module) -> None:
 
 def settle_buckets(model: nn.Module, optimizer: torch.optim.Optimizer, data: Dataset,
                    device: torch.device, autocast: contextlib.AbstractContextManager[Any]) -> None:
-    """Make every optimizer step all-reduce with DDP's final bucket layout.
-
-    DDP all-reduces its first backward in one bucket in parameter order and then rebuilds the
-    buckets in the order gradients became ready. An element's place in a bucket decides the
-    order in which the ranks' values are summed, and with 3 or more ranks that changes the
-    rounding: a run resumed at step k would sum step k+1 differently from one that never
-    stopped. One backward of zeros before the first step (eval mode: no dropout draw, no
-    batch-norm update) settles the layout the same way in every run, fresh or resumed."""
+    """Make every optimizer step all-reduce with DDP's final bucket layout: one backward of zeros
+    before the first step (eval mode: no dropout draw, no batch-norm update), so that a resumed
+    run sums gradients in the order an uninterrupted one does (docs/internals.md)."""
     if not isinstance(model, nn.parallel.DistributedDataParallel) or \
             dist.get_world_size() < 3:  # two ranks: a + b == b + a, any layout
         return
@@ -132,12 +119,9 @@ def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextMan
 
 
 def clip_gradients(model: nn.Module, max_norm: float, buckets: list[torch.Tensor]) -> None:
-    """``nn.utils.clip_grad_norm_``, to the bit: the same global 2-norm (per gradient, in
-    parameter order: it must not depend on DDP's bucket layout, which differs in a resumed
-    run's first step) and the same scale. Under DDP every gradient is a view into one of its
-    flat buckets, so the scaling runs on those few tensors instead of on each gradient (on
-    CPU, where torch has no multi-tensor kernels, it is one op per parameter). Anything else
-    (FSDP2, buckets that do not hold every gradient): per gradient."""
+    """``nn.utils.clip_grad_norm_``, to the bit: the same norm (per gradient, in parameter order,
+    whatever DDP's bucket layout) and scale, applied to DDP's flat buckets when they hold
+    every gradient (fewer ops), else per gradient."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     held = {b.untyped_storage().data_ptr() for b in buckets}
     if not buckets or sum(b.numel() for b in buckets) != sum(g.numel() for g in grads) or \

@@ -1,14 +1,9 @@
 """Stop signals: SIGTERM, SIGUSR1 and SIGUSR2 ask the trainer to finish its step, checkpoint and
 exit 143 (Slurm's --signal, Kubernetes' pod deletion and torchrun all send one of them).
 
-Ranks may receive the signal at slightly different moments, so the decision to stop is agreed
-by a vote that every rank casts once per optimizer step: every rank stops after the same step.
-Under DDP the ballot rides in the gradient all-reduce the step does anyway (one more element
-in the smallest of DDP's buckets, ``ride``): no collective of its own, which on a small model
-cost a few per cent of a step (the enqueue alone was 3% of a digits worker's time under
-py-spy). Otherwise (FSDP2) it is a one-element all-reduce that runs in the background of the
-next step. The ballot lives on the training device (NCCL reduces no CPU tensor); on CUDA it is
-read one step late, so that reading it never waits for the step's own kernels.
+Every rank votes once per optimizer step, so all stop after the same step: under DDP the
+ballot rides in the gradient all-reduce (``ride``), else it is a one-element all-reduce in the
+background of the next step (docs/internals.md).
 """
 
 from __future__ import annotations
@@ -102,10 +97,8 @@ class StopRequest:
 
     def agreed(self) -> bool:
         """Call once per optimizer step on every rank: True when any rank was told to stop.
-
-        Under DDP: reads the ballot of this step's gradient all-reduce. Else collects the vote
-        started at the previous step and starts the next one, so the all-reduce overlaps with
-        a whole step of work instead of stalling it.
+        Under DDP it reads this step's ballot; else it collects the vote started at the
+        previous step and starts the next.
         """
         if not dist.is_initialized():
             return self.signum is not None
@@ -171,15 +164,8 @@ _allreduce_with_ballot.__annotations__.update(bucket=dist.GradBucket,
 
 
 def ignore_stop_signals() -> None:
-    """The work is done and the process's exit code settled: a stop signal from here to the
-    process's end has nothing left to stop, so it is ignored.
-
-    Slurm sends its time-limit USR2 up to ~40 s early, so it can land while a finished task
-    exits. Handled by submitit's handler (which the trainer puts back), it would requeue the
-    finished job; in the interpreter's finalization, which puts the default action back, it
-    kills the task, and Slurm counts the whole job FAILED. Harmless under torchrun, whose
-    agent is done only once every worker process has exited; not for the workers that
-    trainer.agent forks, whose agent stops a finished worker with SIGTERM while it waits for
-    its result to be read (torchjob.trainer.agent.worker)."""
+    """The work is done and the exit code settled: stop signals are ignored from here to the
+    process's end, so that a late one (Slurm's early time-limit USR2) neither requeues nor
+    kills a finished task (docs/internals.md)."""
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)

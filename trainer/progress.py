@@ -1,25 +1,9 @@
-"""A worker's progress, told to its agent's hang watchdog (torchjob.trainer.hang): one line to add.
+"""A worker's progress, told to its agent's hang watchdog (trainer.hang): one line to add,
+``progress.step(n)`` after each optimizer step (n: its number; omitted: one more).
 
-    from torchjob.trainer import progress
-    progress.step(n)            # after each optimizer step (n: its number; omitted: one more)
-
-The built-in trainer calls it every step; a user's script may. Not under torchjob's agent
-(``TORCHJOB_PROGRESS_DIR`` unset: plain python, torchrun, srun) it does nothing.
-
-The channel is node-local and costs one ``pwrite`` of 64 bytes per call: the agent makes a
-folder (``TORCHJOB_PROGRESS_DIR``), each worker overwrites ``FOLDER/LOCAL_RANK`` at offset 0
-with its last step, its heartbeat count and its pid (fixed width; the agent ignores a line it
-reads half-written and reads again a second later).
-
-The heartbeat: ``start()`` (the agent's workers call it first thing: torchjob.trainer.agent for the
-built-in trainer, trainer.script for any other) runs a daemon thread that counts one beat per
-``BEAT_S``. A beat means "this process is scheduled and its interpreter runs": it stops when
-the process is stopped (SIGSTOP, a frozen cgroup, a debugger), when it is stuck in the kernel
-for good, or when its main thread holds the GIL and never lets go. It goes on while the main
-thread waits in a collective (gloo and NCCL release the GIL), which is how the agent tells a
-rank that hung from its peers that merely wait for it: they report the same last step, but
-only the hung one is silent. A script that never calls ``step`` is judged by its heartbeat
-alone (the watchdog then catches a stopped or frozen process, not a deadlock of live ones).
+A no-op outside torchjob's agent (``TORCHJOB_PROGRESS_DIR`` unset). ``start()`` runs a
+heartbeat thread that beats while the interpreter runs, in a collective's wait too, and falls
+silent when the process is stopped or frozen. The file and the heartbeat: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """One live run per run directory: a lock file every node's agent holds while its job runs.
 
-The run directory is on storage every node sees, often a network filesystem where ``flock``
-is unreliable or off, so the lock is a small JSON record created atomically (a temporary file
-hard-linked to ``RUN_DIR/.torchjob/lock``: the link fails when one exists) and renewed by a
-heartbeat (its mtime, every ``HEARTBEAT_S``) from every agent of the run that holds it:
-
-- no lock: this run takes it;
-- a lock of the same run (the same rendezvous id: another node of this job, a restarted
-  container or pod, a Slurm requeue): this agent joins it and heartbeats it too;
-- a lock of another run that is alive: refused, naming its run id, host and pid (exit 2);
-- a lock of another run that is stale: taken over, saying whose it was. Stale means nobody
-  renewed it for ``STALE_S``, or sooner, on the owner's own host and PID namespace, that its
-  process is gone (or its pid was reused) and nobody renewed it for two beats.
-
-The last agent of the run to leave removes it; one that leaves early while others run is
-harmless, since their next beat writes it again. Pure standard library, no torch.
+``RUN_DIR/.torchjob/lock`` is a JSON record, created atomically and renewed every
+``HEARTBEAT_S`` by every agent of its run. Another live run's lock is refused (exit 2, naming
+its run, host and pid), one of the same run joined, a stale one taken over; the last agent to
+leave removes it. Standard library only. Why no flock, and when a lock is stale: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """``--log-samples``: which dataset indices each rank trained on, to check a resume with.
 
-Each start of the trainer (an attempt: a first run, a restart, a resume at another world size)
-writes ``RUN_DIR/samples/attemptNNN-rankR.jsonl``: a first line naming the attempt, its world
-size, rank and the position it started from, then one line per micro-batch, ``{"step": S,
-"epoch": E, "indices": [...]}``, ``S`` being the optimizer step the micro-batch counts toward.
-Only reads what the data loader hands over, so it changes nothing that is trained.
-
-:func:`trained` reads them back: an attempt that resumed from step ``S`` replaces whatever
-earlier attempts recorded after ``S`` (work lost with them, done again).
+Each attempt of each rank writes ``RUN_DIR/samples/attemptNNN-rankR.jsonl``: a header line,
+then ``{"step": S, "epoch": E, "indices": [...]}`` per micro-batch; it changes nothing that is
+trained. :func:`trained` reads them back, an attempt that resumed from step ``S`` replacing
+what earlier ones recorded after ``S``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """``python -m torchjob.trainer.script SCRIPT ARGS...`` (or ``-m MODULE ARGS...``): a user's script
-run exactly as ``python SCRIPT ARGS...`` runs it, with one addition: how it failed is told to its
-agent (torchjob.trainer.failures). The agent starts every worker that is not the built-in trainer
-through this.
-
-As the interpreter does: ``sys.argv`` is ``[SCRIPT, *ARGS]``, ``__file__`` is the script's
-absolute path (as python makes it since 3.9, and torchrun), the script's own directory
-(symlinks resolved) comes first on ``sys.path``, it runs as ``__main__`` in the directory it
-was started in. An exception that only says another process of the group is gone exits
-``EXIT_RETRY`` (the agent restarts the group); any other is recorded in torchelastic's error
-file, so that the agent can name it, and exits 1 as it would have.
-
-It leaves as the interpreter does (non-daemon threads joined, atexit handlers run, output
-flushed) but skips the C++ teardown: with a process group the script did not destroy, torch's
-gloo threads abort the process there (SIGABRT, "terminate called without an active
-exception"), and the exit code the script meant, 0, 1 or its own, would be lost.
+run as ``python SCRIPT ARGS...`` runs it, except that how it failed is told to its agent
+(trainer.failures): a lost peer exits ``EXIT_RETRY``; any other exception is recorded in
+torchelastic's error file and exits 1. The agent starts every worker that is not the built-in
+trainer through this. What it emulates, and the teardown it skips: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""``python -m torchjob.trainer.store --port PORT``: the rendezvous store of an elastic job, alone.
+"""``python -m torchjob.trainer.store --port PORT``: an elastic job's rendezvous store, in a
+process of its own that no training node hosts, so that losing any node leaves the rendezvous.
 
-torch's c10d rendezvous keeps its state (who joined, which round, heartbeats: a few KB) in a
-TCPStore, and by default the agent on the endpoint's host serves it: killing that node killed
-the store, and every survivor died with it (RendezvousConnectionError), though the survivors
-still met nnodes MIN. Here the store is a process of its own that no training node hosts: no
-GPU, no training memory, no workers, nothing a worker's OOM, a hung collective or a lost or
-preempted training node takes down. Every agent of the job is its client (``is_host=false``
-in the rendezvous conf, ``torchjob.jobs.command``); their connect retries while this starts.
-
-Each backend starts it beside the nodes, never in one (local: a process of the launcher;
-docker: the compose service ``rendezvous``; Slurm: a process of the batch shell on the first
-node; Kubernetes: a pod behind a Service). It prints one line when it serves
-(``READY_LINE``), and exits 0 on SIGTERM or SIGINT (the job ended and is torn down).
+Each backend starts it beside the nodes; every agent is its client (``is_host=false``). It
+prints ``READY_LINE`` once it serves and exits 0 on SIGTERM or SIGINT. Why: docs/internals.md.
 """
 
 from __future__ import annotations

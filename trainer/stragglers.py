@@ -1,15 +1,9 @@
 """The straggler report of the run summary: each rank's own work per step, and the ranks slower
 than the median rank by more than ``MARGIN``.
 
-What is measured (trainer.train): from the end of the previous optimizer step to the start of
-the step's last backward pass: fetching the batch, moving it, the forward passes (and the
-backward passes of the micro-batches that accumulate without synchronising). Under DDP every
-rank's whole step takes the same time, since the last backward's all-reduce waits for the
-slowest rank; the time before that all-reduce is the rank's own (a wait for DDP's buffer
-broadcast at the start of a forward pass aside, for a model with buffers other than batch-norm
-statistics: torchjob.trainer.parallel). On a GPU it is the
-host's time: kernels queued, not finished (a synchronisation per step would cost more than the
-report is worth). The times of this attempt's steps only: a restarted group starts afresh.
+A step's own work runs from the end of the previous optimizer step to the start of its last
+backward (under DDP the rest waits for the slowest rank); on a GPU it is host time (kernels
+queued). This attempt's steps only. What it leaves out, and why: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
-"""torchrun's elastic agent, with an exit barrier that a stop signal can interrupt, and a
-watch on its own membership of the rendezvous.
-
-torchrun's agent, its workers done, waits up to 300 s in the "exit barrier" for the other
-nodes' agents, inside one blocking store call: a SIGTERM (a Slurm time limit, a pod deletion)
-is handled only when that call returns. Here the barrier waits in short slices, and the
-signal ends it at once. ``python -m torchjob.trainer.agent`` runs it.
-
-The membership watch (torchjob.trainer.membership): the agent also restarts its workers when the
-rendezvous dropped its node from the round it joined, as for a new node.
-
-The hang watchdog (torchjob.trainer.hang): with ``--hang-timeout`` the agent reads its workers'
-progress in its monitor loop; a group without progress for that long gets its stacks written,
-its stuck rank named and its workers killed, and the failure takes the path of a lost
-worker's (a restart from the last checkpoint, decided alike on every node).
-
-And every line its workers print carries the one log prefix (``trainer.contract.LOG_PREFIX``:
-node, rank, attempt), through torch's tee with a line prefix (``python -m torchjob.trainer.agent``
-turns the tee on). torch's template knows only the rank; the node (this agent's group rank
-in the round) and the attempt (its restarts so far, plus ``TORCHJOB_ATTEMPT_BASE`` when the
-scheduler itself ran the job again) are filled in here, each time the workers start.
+"""torchrun's elastic agent, with an exit barrier that a stop signal can interrupt, a watch on
+its own membership of the rendezvous (trainer.membership), the hang watchdog (trainer.hang)
+in its monitor loop, and the one log prefix (node, rank, attempt) on its workers' lines.
+``python -m torchjob.trainer.agent`` runs it; why each: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """A plain PyTorch DDP script, run by torchjob as a user's own script (``trainer.script``).
 
-It knows nothing of torchjob: it reads the environment every launcher gives (RANK,
-LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, via ``init_method="env://"``), trains a
-small regression with DistributedDataParallel and writes ``RUN_DIR/result.json`` on rank 0.
-torchjob runs it with exactly the arguments of its ``trainer.args`` and says where the run's
-files go in ``TORCHJOB_RUN_DIR`` (and ``TORCHJOB_CHECKPOINT_DIR``, unused here); run by hand,
-``--run-dir`` says it.
+It knows nothing of torchjob: it reads the launcher's environment (``init_method="env://"``),
+trains a small regression with DistributedDataParallel and writes ``RUN_DIR/result.json`` on
+rank 0; the run directory is ``--run-dir``, by default ``TORCHJOB_RUN_DIR``, set by torchjob.
 
     torchjob run jobs/examples/script.yaml
 """

@@ -1,19 +1,10 @@
 """The docker launcher: runs a compose file (``jobs.backends.docker.render``) with podman-compose or
-``docker compose``, streams each node's log (worker lines with the one log prefix, the agent's
-own with ``[node I] ``), and always tears down.
+``docker compose``, streams each node's log, and always tears down (``compose down``).
 
-A node container that was killed (exit 128+N but 143: its agent died of a signal, as the OOM
-killer or ``podman kill`` does) is started again, up to the compose file's
-``x-torchjob.max_restarts`` times in all, and rejoins; one that ended 1 (the job failed), 2
-(bad configuration) or 143 (stopped, e.g. ``podman stop``) stays down, and an elastic job
-carries on without it. The job ends when every node has ended, or once one node finished its
-training or failed for good (the others hear of it and end too) and the others had a grace
-period to end: one that did not (a worker hung in its teardown) is then stopped, as the
-PyTorchJob operator deletes the running pods of a job that ended. Ctrl-C/SIGTERM (counted by
-``jobs.launcher.perform`` from before the run starts) stops the containers with a grace period
-(their workers checkpoint and exit 143), or, before they were started, starts none; a second
-Ctrl-C kills them. Whatever way this ends, ``compose down`` removes the containers and the
-network. The engine and the image: ``jobs.backends.docker.engine``.
+A killed node container (exit 128+N but 143) is started again, up to the file's
+``x-torchjob.max_restarts`` times; one that ended 1, 2 or 143 stays down. Once a node has
+finished or failed for good, the others get a grace period before they are stopped. The
+rules in full, and what a stop does: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The docker backend's renderer: a JobSpec -> a compose file (docker compose, podman-compose).
 
-One service per node (``node0`` .. ``node{MAX-1}``; for ``MIN:MAX`` the spare nodes are services
-too), each running the one agent command of ``torchjob.jobs.command`` with c10d rendezvous on
-``node0``; an elastic job's rendezvous store is a service of its own, ``rendezvous`` (the same
-image, ``python -m torchjob.trainer.store``), which no node hosts, so that losing any one node,
-node0 too, leaves the others their rendezvous. The run and checkpoint directories are bind mounts of
-host directories, mounted
-at the same path in every service, so results are on the host after the run. Pure: the host
-directory that relative paths resolve against is passed in (``.``: the compose file's own
-directory), so the output is deterministic and ``--dry-run`` prints what would run.
+One service per node (``node0`` ..., an elastic job's spare nodes too), each running the agent
+command of ``jobs.command``, the run and checkpoint directories bind-mounted from the host at
+the same path in every service; an elastic job's rendezvous store is a service of its own,
+``rendezvous``. Pure: the host directory is passed in, so ``--dry-run`` prints what would run.
 """
 
 from __future__ import annotations

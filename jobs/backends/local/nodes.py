@@ -1,19 +1,9 @@
 """The local launcher: performs a LocalPlan. The only module here that starts processes.
 
-Each node (a torchrun agent) runs in its own session; its output goes to its log in the run's
-record (``torchjob.jobs.runs``) and, in the foreground, to the terminal: its workers' lines as the
-agent printed them (with the one log prefix: node, rank, attempt), the agent's own lines
-with ``[node I] `` in front. A stop (SIGINT/SIGTERM, counted by ``torchjob.jobs.launcher.perform``
-from before the run starts) is forwarded as SIGTERM to each agent, which passes it to its
-workers; they checkpoint and exit 143 (a stop before every node started starts no more).
-After a grace period, or at a second Ctrl-C, everything is killed. Whatever way this
-function ends, nothing it started outlives it: torchrun starts each worker in a session of
-its own, so besides each agent's process group we also kill every descendant seen (Linux
-/proc), checked by start time so that a reused pid is never hit.
-
-An elastic job's rendezvous store (``plan.store``, ``trainer.store``) is started first, in a
-session of its own like each node, so that a node stopped or killed never takes it along; its
-lines go to our stderr with ``[rendezvous] ``; it is stopped once every node has ended.
+Each node (a torchrun agent), and first an elastic job's rendezvous store, runs in a session
+of its own, its lines to the run's record (jobs.runs) and the terminal. A stop reaches each
+agent as SIGTERM (the workers checkpoint, exit 143); a grace period later, or at a second
+Ctrl-C, everything is killed, and nothing it started outlives it (docs/internals.md).
 """
 
 from __future__ import annotations

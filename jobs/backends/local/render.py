@@ -1,12 +1,9 @@
 """The local backend's renderer: a JobSpec -> torchrun commands for this machine. Pure.
 
-Each emulated node is one torchrun agent (``python -m torchjob.trainer.agent``: torchrun's own agent
-and arguments, with workers forked from a preloaded server so restarts are quick, and the
-restart-safe rendezvous store setting); all agents meet at one c10d rendezvous on
-127.0.0.1. For an elastic job the rendezvous store is a process of its own
-(``python -m torchjob.trainer.store``, started first), so that stopping any one agent, the first one
-too, leaves the others their rendezvous. Everything that varies between runs (port, run id, interpreter, CPU count) is
-passed in, so the output is deterministic; ``torchjob.jobs.backends.local.nodes`` performs it.
+Each emulated node is one agent (``python -m torchjob.trainer.agent``); all meet at one c10d
+rendezvous on 127.0.0.1, whose store, for an elastic job, is a process of its own
+(``python -m torchjob.trainer.store``). Everything that varies between runs (port, run id,
+interpreter, CPU count) is passed in; ``jobs.backends.local.nodes`` performs the result.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""TorchX's ``local_docker`` scheduler, taught the container states that podman reports.
-
-podman serves the Docker API, but its container states are not all Docker's. Between a
-container's exit and podman's clean-up of it (a few hundred milliseconds, longer under
-load), podman 4.x reports ``stopped``; TorchX 0.7's ``DockerScheduler`` knows only Docker's
-states and fails ``torchx run --wait`` with ``KeyError: 'stopped'``. This subclass reads
-``stopped`` as ``exited`` (the exit code decides success), ``configured`` as ``created``
-and ``stopping`` as ``running``, and an unknown state as UNKNOWN rather than a crash.
-
-pyproject.toml registers it as ``local_docker`` in TorchX's ``torchx.schedulers`` entry-point
-group. A registered group replaces TorchX's built-in table, so every other built-in
-scheduler is registered there too, pointing at TorchX's own module; a test checks that the
-two tables name the same schedulers.
+"""TorchX's ``local_docker`` scheduler, taught the container states that podman reports:
+``stopped`` reads as ``exited``, ``configured`` as ``created``, ``stopping`` as ``running``,
+and an unknown state as UNKNOWN rather than a crash. pyproject.toml registers it in TorchX's
+``torchx.schedulers`` entry points, beside every other built-in scheduler (docs/internals.md).
 """
 
 from __future__ import annotations

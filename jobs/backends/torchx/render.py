@@ -1,23 +1,10 @@
 """The TorchX backend's renderer: a JobSpec -> a TorchX AppDef. Pure.
 
-One role, ``nnodes`` replicas (``min_replicas`` = MIN for elastic jobs), each running the
-same agent command as every other backend (``torchjob.jobs.command``), through ``bash -c`` so that
-the rendezvous host can be the scheduler's rank-0 host variable (TorchX's own ``dist.ddp``
-does the same).
-
-TorchX substitutes its macros (``$app_id``, ``${app_id}``, ``$$``: ``string.Template``) in
-``Role.args`` and ``Role.env`` values: every user string is written there with each ``$``
-doubled (``literal``), so that it arrives unchanged; only the macros this module writes
-(``Macro``) are left to TorchX.
-
-On Kubernetes the kubelet then expands ``$(VAR)`` and ``$$`` in the pod's command and env. A
-user word of the ``bash -c`` script is written so that no ``$`` in it is followed by ``(`` or
-``$`` (``shell_word``: each ``$`` closes its single-quoted segment, ``'$''...'``), which bash
-reads back as written and the kubelet leaves alone, whatever the scheduler: ``torchx run
-jobs/backends/torchx/components.py:train`` does not know it. User env values are escaped for the kubelet when
-the caller says the scheduler is Kubernetes (``kubelet``); a caller that cannot know
-(``env_in_script``, the component) passes them as ``env NAME=VALUE`` words of the script
-instead, so they are protected the same way.
+One role of ``nnodes`` replicas (``min_replicas`` = MIN for elastic jobs), each running the
+agent command of ``jobs.command`` through ``bash -c``, so that the rendezvous host can be the
+scheduler's rank-0 host variable, as TorchX's ``dist.ddp`` does. Every user string is escaped
+to arrive unchanged through TorchX's macros and the kubelet's ``$(VAR)`` (``literal``,
+``shell_word``, ``kubelet``; docs/internals.md).
 """
 
 from __future__ import annotations
