@@ -103,7 +103,8 @@ def manifests_text(objs: list[Obj]) -> str:
 BOOL_TRUE = ("y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON")
 BOOL_FALSE = ("n", "N", "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF")
 BOOL = re.compile("^(?:" + "|".join(BOOL_TRUE + BOOL_FALSE) + ")$")
-INT = re.compile(r"^[-+]?(?:0[xX][0-9a-fA-F_]+|0[oO][0-7_]+|0[bB][01_]+|[0-9][0-9_]*)$")
+INT = re.compile(r"^[-+]?(?:0[xX]_*[0-9a-fA-F][0-9a-fA-F_]*|0[oO]_*[0-7][0-7_]*|0[bB]_*[01][01_]*"
+                 r"|[0-9][0-9_]*)$")  # a prefix needs a digit: Go's ParseInt refuses "0o"
 FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?"
                    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
 NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
@@ -147,7 +148,9 @@ def _int(loader: Any, node: yaml.ScalarNode) -> int:
     sign = -1 if text.startswith("-") else 1
     digits = text.lstrip("+-")
     if len(digits) > 1 and digits[0] == "0" and digits[1] in "0123456789":
-        return sign * int(digits, 8)  # Go's base 0: a leading 0 is octal
+        if digits.isdigit() and set(digits) <= set("01234567"):
+            return sign * int(digits, 8)  # Go's base 0: a leading 0 is octal
+        return sign * int(digits)  # not octal (08): go-yaml reads it as the float 8, JSON's 8
     return sign * int(digits, 0)
 
 
@@ -198,6 +201,6 @@ def load_all(text: str) -> list[Any]:
 
 
 def read_manifests(text: str) -> list[Obj]:
-    """The objects of a text made by ``manifests_text`` (PyYAML's safe loader; every string
-    that a YAML 1.1 reader could mistake is quoted, so it reads them as kubectl does)."""
-    return [obj for obj in yaml.safe_load_all(text) if obj is not None]
+    """The objects of a text made by ``manifests_text``, read as kubectl reads them (what
+    ``torchjob submit`` sends is what ``kubectl apply`` of the same text would send)."""
+    return load_all(text)

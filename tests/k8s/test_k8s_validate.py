@@ -389,6 +389,18 @@ def test_yaml_is_read_as_kubectl_reads_it() -> None:
             load_all(text)
 
 
+@pytest.mark.parametrize("scalar", ["0o_", "0x_", "0b_", "0x_1", "08", "-09", "0_7", "017",
+                                    "0o17", "0b101", "1_000", "+1", "0x1F", "09.5", "1e3"])
+def test_integer_like_scalars_read_as_go_yaml_reads_them(scalar: str) -> None:
+    """Prefixes without digits stay strings, a leading 0 with 8 or 9 is a (float) number:
+    as tests/k8s/goyaml.py's port of go-yaml v2 reads them, never a traceback."""
+    from tests.k8s.goyaml import load_all as go_load_all
+    from torchjob.k8s.yaml import load_all
+    assert load_all(f"a: {scalar}") == go_load_all(f"a: {scalar}"), scalar
+    assert validate_text(f"apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: x}}\n"
+                         f"data: {{a: {scalar}}}\n", pod_security=False) is not None
+
+
 def test_int_or_string_quantities_and_generate_name() -> None:
     quantity = {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"},
                 {"type": "string"}], "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
