@@ -28,7 +28,7 @@ from tests.recorded import wait_until
 
 RUN_TIMEOUT_S = 400.0  # one `torchjob run` of a few steps on a shared 2-core machine
 EVENT_TIMEOUT_S = 240.0  # from a run's start to an event in it (a gate reached, a stop seen)
-# "torchjob: submitted slurm:12" (BaseBackend.run) or TorchX's "torchx:local_cwd://torchx/x"
+# "torchjob: submitted slurm:12", the line Backend.run writes on every backend that submits
 HANDLE = re.compile(r"^(?:torchjob: submitted )?((?:local|docker|slurm|torchx|k8s):\S+)$", re.M)
 
 
