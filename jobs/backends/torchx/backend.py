@@ -10,6 +10,8 @@ import re
 from collections.abc import Iterator
 
 from torchx import specs
+from torchx.runner import Runner
+from torchx.specs import AppStatus
 
 from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobStatus, Request,
                                    State)
@@ -71,9 +73,7 @@ class TorchxBackend(Backend):
 
     def submit(self, request: Request) -> Handle:
         self._need_scheduler()
-        if self._session is not None:  # in a run
-            return self.parse_handle(self._session.schedule(request.data))
-        return self.parse_handle(runner.schedule(request.data))
+        return self.parse_handle(runner.schedule(request.data, self._held()))
 
     def run(self, request: Request) -> int:
         self._need_scheduler()
@@ -83,6 +83,10 @@ class TorchxBackend(Backend):
         finally:
             self._session.close()
             self._session = None
+
+    def _held(self) -> Runner | None:
+        """The runner of this ``torchjob run`` (None outside one)."""
+        return self._session.runner if self._session is not None else None
 
     def follow(self, handle: Handle, request: Request) -> Iterator[str]:
         assert self._session is not None
@@ -101,9 +105,15 @@ class TorchxBackend(Backend):
                                "torchx:local_cwd://torchjob/digits-x1y2")
         return Handle("torchx", text)  # TorchX's handle names its scheduler itself
 
+    def wait(self, handle: Handle) -> JobStatus:
+        if self._session is None:
+            return super().wait(handle)
+        return self._status(handle, self._session.wait(handle.id))
+
     def status(self, handle: Handle) -> JobStatus:
-        found = runner.status(handle.id) if self._session is None \
-            else self._session.wait(handle.id)
+        return self._status(handle, runner.status(handle.id, self._held()))
+
+    def _status(self, handle: Handle, found: AppStatus) -> JobStatus:
         state = STATES.get(found.state.name, State.UNKNOWN)
         return JobStatus(handle, state, name=handle.id.rsplit("/", 1)[-1],
                          detail=str(found.msg or ""), raw={"torchx": str(found)})
@@ -113,10 +123,7 @@ class TorchxBackend(Backend):
         return runner.log_lines(handle.id, follow=follow)
 
     def cancel(self, handle: Handle) -> str:
-        if self._session is not None:
-            self._session.cancel(handle.id)
-        else:
-            runner.cancel(handle.id)
+        runner.cancel(handle.id, self._held())
         return f"cancelled {handle} (its workers checkpoint and exit 143)"
 
     def list(self) -> list[JobStatus]:

@@ -4,12 +4,13 @@ status, logs, cancel, list; a ``Session`` holds one runner through a whole ``tor
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ContextManager
 
-from torchx.runner import get_runner
+from torchx.runner import Runner, get_runner
 from torchx.runner.config import apply as apply_torchxconfig
 from torchx.schedulers import slurm_scheduler
 from torchx.specs import AppDef, AppDryRunInfo, AppState, AppStatus
@@ -69,13 +70,19 @@ def dryrun(app: AppDef, scheduler: str, *, log_dir: str) -> AppDryRunInfo:
                               f".torchxconfig, section [{scheduler}])") from None
 
 
-def schedule(info: AppDryRunInfo) -> str:
-    """Submit exactly ``info``; TorchX's app handle."""
-    if info._scheduler in LOCAL_SCHEDULERS:
+def _runner(held: Runner | None) -> ContextManager[Runner]:
+    """``held`` (a ``Session``'s runner, left open), else a runner of its own for one call."""
+    return contextlib.nullcontext(held) if held is not None else get_runner()
+
+
+def schedule(info: AppDryRunInfo, held: Runner | None = None) -> str:
+    """Submit exactly ``info``; TorchX's app handle. A local scheduler's app only through the
+    runner of a ``Session`` (``held``), which the run keeps."""
+    if held is None and info._scheduler in LOCAL_SCHEDULERS:
         raise TorchxError(f"TorchX's {info._scheduler} apps live only as long as the process "
                           "that started them: use 'torchjob run --to torchx:"
                           f"{info._scheduler} JOB.yaml'")
-    with get_runner() as runner:
+    with _runner(held) as runner:
         return str(runner.schedule(info))
 
 
@@ -88,9 +95,6 @@ class Session:
 
     def close(self) -> None:
         self.runner.close()
-
-    def schedule(self, info: AppDryRunInfo) -> str:
-        return str(self.runner.schedule(info))
 
     def follow(self, handle: str, app: AppDef) -> Iterator[str]:
         """Every replica's lines, ``ROLE/K`` in front, until the app has ended."""
@@ -122,12 +126,9 @@ class Session:
             raise _unknown(handle)
         return found
 
-    def cancel(self, handle: str) -> None:
-        self.runner.cancel(handle)
 
-
-def status(handle: str) -> AppStatus:
-    with get_runner() as runner:
+def status(handle: str, held: Runner | None = None) -> AppStatus:
+    with _runner(held) as runner:
         found = runner.status(handle)
         if found is None:
             raise _unknown(handle)
@@ -145,8 +146,8 @@ def log_lines(handle: str, *, follow: bool = False) -> Iterator[str]:
                     yield f"{role.name}/{k} {line.rstrip()}"
 
 
-def cancel(handle: str) -> None:
-    with get_runner() as runner:
+def cancel(handle: str, held: Runner | None = None) -> None:
+    with _runner(held) as runner:
         if runner.status(handle) is None:  # TorchX's cancel of it would do nothing, silently
             raise _unknown(handle)
         runner.cancel(handle)
