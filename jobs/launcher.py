@@ -8,6 +8,7 @@ both (``tee``). Core module: imports no backend.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import io
 import os
@@ -224,9 +225,9 @@ class LaunchedHere(runs.RecordedRuns, Backend):
     sees_run_dir = True
     env_secrets = True
 
+    @abc.abstractmethod
     def launch(self, request: Request, record: Record) -> Launch:
         """The launcher of ``request``, recorded in ``record``."""
-        raise NotImplementedError
 
     def record_data(self, request: Request) -> object:
         """What the record keeps of the request's data (JSON)."""
@@ -259,8 +260,3 @@ class LaunchedHere(runs.RecordedRuns, Backend):
                 err.close()
         detach(record, detached)
         return Handle(self.name, record.path.name)
-
-
-def grace(request: Request) -> float:
-    """After a stop, how long the workers may take to checkpoint (``run --grace``)."""
-    return request.context.grace

@@ -53,7 +53,7 @@ class DockerBackend(launcher.LaunchedHere):
         def body(stops: launcher.Stops, echo: bool, err: IO[str]) -> int:
             return containers.run_docker(spec, engine=engine, cwd=Path(context.workdir),
                                      compose=request.text, project=context.run_id,
-                                     record=record, grace=launcher.grace(request), stops=stops,
+                                     record=record, grace=context.grace, stops=stops,
                                      echo=echo, err=err)
         return body
 

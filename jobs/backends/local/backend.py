@@ -52,7 +52,7 @@ class LocalBackend(launcher.LaunchedHere):
 
         def body(stops: launcher.Stops, echo: bool, err: IO[str]) -> int:
             print(header, file=err, flush=True)
-            return run_local(plan, stops=stops, grace=launcher.grace(request), record=record,
+            return run_local(plan, stops=stops, grace=context.grace, record=record,
                              echo=echo, err=err)
         return body
 
