@@ -1,44 +1,41 @@
 """The hang watchdog, the agent's side: no progress for ``hang_timeout`` -> stacks written, the
-stuck rank named, the group restarted from its last checkpoint like after a lost worker.
+culprit rank named (trainer.culprit), the group restarted from its last checkpoint.
 
 It reads each local worker's progress file (trainer.progress) and ``/proc``, timed by this
-agent's clock. The stuck ranks are the silent or stopped ones; a node without one waits
-``others_first_s`` for the node that has one. The rules in full: docs/internals.md.
+agent's clock. With several nodes, each node whose ranks stall tells the round's store, node
+0 names the culprit for all, and the culprit's node acts. The rules: docs/internals.md.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import sys
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
-from torchjob.trainer.progress import BEAT_S, NO_STEP
+from torchjob.trainer.culprit import STOPPED, Finding, RankView, find, hung, ranks
+from torchjob.trainer.progress import BEAT_S, NO_STEP, Record
+from torchjob.trainer.stacks import process_state, stack_of, wchan
 
 READ_EVERY_S = 1.0  # how often the agent reads the progress files
 BEAT_LOST_S = 5 * BEAT_S  # no heartbeat for this long: the process is stopped or frozen
 # Every node writes its stacks this long before the timeout: the node that acts on the hang
 # kills its workers at the timeout, and the peers on other nodes exit as soon as they lose them
 DUMP_LEAD_S = 2 * READ_EVERY_S
-PY_SPY_TIMEOUT_S = 20.0  # per process
-STOPPED = ("T", "t")  # /proc/PID/stat states: stopped by a signal, stopped by a tracer
+NODE_KEY, FINDING_KEY = "torchjob.hang.node{}", "torchjob.hang.finding"  # the round's store
 
 
 @dataclass
 class Seen:
-    """One local worker as this agent last saw it (times on the agent's monotonic clock)."""
+    """One local worker as this agent last saw it (times on the agent's monotonic clock):
+    ``step_at`` is its last progress (a step, a collective or an optimizer step)."""
 
     local_rank: int
     rank: int
     pid: int
     started: float
-    step: int = NO_STEP
-    beats: int = -1  # -1: its file not seen yet (not judged)
+    record: Record | None = None  # None: its file not seen yet (not judged)
     step_at: float = 0.0
     beat_at: float = 0.0
     state: str = "?"  # /proc state letter; "" when the process is gone
@@ -47,150 +44,77 @@ class Seen:
         self.step_at = self.beat_at = self.started
 
     @property
+    def step(self) -> int:
+        return self.record.step if self.record else NO_STEP
+
+    @property
+    def counted(self) -> bool:
+        """Past its start-up: it reported a step or an optimizer step, or finished a
+        collective (it entered a second one). Before, only its heartbeat is judged."""
+        r = self.record
+        return r is not None and (r.step != NO_STEP or r.seq >= 2 or r.optimizer_steps > 0)
+
+    @property
     def alive(self) -> bool:
         return self.state not in ("", "Z", "X")
 
-    def silent_for(self, now: float) -> float:
-        return now - self.beat_at
-
-    def idle_for(self, now: float) -> float:
-        """Seconds without progress: since its last new step, or before the first one since
-        its last heartbeat."""
-        return now - (self.step_at if self.step != NO_STEP else self.beat_at)
+    def read(self, record: Record, now: float) -> None:
+        old = self.record or Record(beats=-1)
+        if (record.step, record.seq, record.optimizer_steps) != (
+                old.step, old.seq, old.optimizer_steps):
+            self.step_at = now
+        if record.beats != old.beats:
+            self.beat_at = now
+        self.record = record
 
     def silent(self, now: float) -> bool:
-        return self.alive and self.beats >= 0 and (
-            self.state in STOPPED or self.silent_for(now) >= BEAT_LOST_S)
+        return self.alive and self.record is not None and (
+            self.state in STOPPED or now - self.beat_at >= BEAT_LOST_S)
 
-    def describe(self, now: float) -> str:
-        last = f"last step {self.step}" if self.step != NO_STEP else "no step yet"
-        if self.state in STOPPED:
-            how = "its process is stopped (state T)"
-        elif self.silent(now):
-            how = f"no heartbeat for {self.silent_for(now):.0f} s"
-        else:
-            how = "alive"
-        return f"{last}, {how}"
+    def view(self, now: float, node: int) -> RankView:
+        r = self.record or Record()
+        idle = now - (self.step_at if self.counted else self.beat_at)
+        return RankView(self.rank, node, r.step, r.seq, self.counted, r.in_collective,
+                        self.state, r.frame, round(idle, 1), round(now - self.beat_at, 1),
+                        self.silent(now),
+                        wchan(self.pid) if self.state not in ("R", "") else "")
+
+    def last(self) -> str:
+        """Its last step: the one it reported, else the optimizer steps counted."""
+        if self.step != NO_STEP:
+            return f"last step {self.step}"
+        steps = self.record.optimizer_steps if self.record else 0
+        return f"last step {steps} (optimizer steps counted)" if steps else "no step yet"
+
+    def describe(self, now: float, node: int = 0) -> str:
+        return f"{self.last()}, {self.view(now, node).how()}"
 
 
 @dataclass(frozen=True)
 class Hang:
-    """A node's overdue group: the stuck workers and one line that says why."""
+    """A hang this node acts on: the finding and its own workers to report as stuck."""
 
+    finding: Finding
     stuck: tuple[Seen, ...]
-    why: str
-    act: bool  # this node acts now (else it waits for the node where the hang began)
 
 
-def read_record(path: Path) -> tuple[int, int, int] | None:
-    """(step, beats, pid) from a progress file; None when absent or half-written."""
+def stuck_line(w: Seen, finding: Finding, now: float, node: int) -> str:
+    """Why ``w`` was stuck, for its failure line (trainer.failures): how, where, and who
+    waited for it."""
+    view = next((v for v in finding.culprits if v.rank == w.rank), None)
+    if view is None:
+        return f"{w.describe(now, node)}; {finding.why}"
+    at = f", {'last seen ' * view.silent}at {view.frame}" if view.frame else ""
+    waiting = f"; waiting for it: rank(s) {ranks(finding.waiting)}" if finding.waiting else ""
+    return f"{w.last()}, {view.how()}{at}; {finding.reason}{waiting}"
+
+
+def read_record(path: Path) -> Record | None:
+    """A progress file's record; None when absent or half-written."""
     try:
-        words = path.read_bytes().split()
-        step, beats, pid = (int(w) for w in words[:3])
-    except (OSError, ValueError):
-        return None
-    return step, beats, pid
-
-
-def process_state(pid: int) -> str:
-    """The state letter of ``pid`` in /proc (R, S, D, T, Z, ...); "" when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Record.decode(path.read_bytes())
     except OSError:
-        return ""
-    return stat[stat.rindex(")") + 2:].split(" ", 1)[0]
-
-
-def overdue(seen: Iterable[Seen], now: float, timeout: float) -> bool:
-    """Some live, reporting worker made no progress (or was silent) for ``timeout``."""
-    return any(w.alive and w.beats >= 0 and w.idle_for(now) >= timeout for w in seen)
-
-
-def stuck(seen: list[Seen], now: float) -> tuple[list[Seen], bool]:
-    """(the stuck workers, whether they are silent): the silent ones if any; else the live
-    reporting ones whose last step is the lowest (behind the others, or all at one step)."""
-    silent = [w for w in seen if w.silent(now)]
-    if silent:
-        return silent, True
-    live = [w for w in seen if w.alive and w.beats >= 0]
-    low = min((w.step for w in live), default=NO_STEP)
-    return [w for w in live if w.step == low], False
-
-
-def check(seen: list[Seen], now: float, timeout: float, *, nodes: int, overdue_since: float,
-          others_first_s: float) -> Hang | None:
-    """The decision, pure: None while the group progresses; else who is stuck and whether
-    this node acts now (docs/internals.md)."""
-    if not overdue(seen, now, timeout):
         return None
-    names, silent = stuck(seen, now)
-    steps = sorted({w.step for w in seen if w.alive and w.beats >= 0})
-    ranks = ", ".join(f"rank {w.rank} ({w.describe(now)})" for w in names)
-    if silent:
-        why = f"{ranks} stuck: no progress for {timeout:g} s"
-    elif len(steps) > 1:
-        why = f"{ranks} behind the others (steps {steps}): no progress for {timeout:g} s"
-    else:
-        why = (f"no progress for {timeout:g} s and no rank of this node stopped: "
-               f"{ranks} waiting (a deadlock, or a peer on another node)")
-    act = silent or nodes <= 1 or now - overdue_since >= others_first_s
-    return Hang(tuple(names), why, act)
-
-
-def kill(pids: Iterable[int]) -> None:
-    """SIGKILL each (it ends a stopped process too); a process already gone is fine."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def kill_stopped(pids: Iterable[int]) -> list[int]:
-    """SIGKILL the stopped ones: torch stops workers with SIGTERM and waits 30 s, and a
-    stopped process acts on SIGTERM only once continued. Their pids."""
-    stopped = [pid for pid in pids if process_state(pid) in STOPPED]
-    kill(stopped)
-    return stopped
-
-
-def py_spy() -> str | None:
-    """The py-spy program: on PATH, or next to this interpreter (a venv not activated)."""
-    beside = Path(sys.executable).parent / "py-spy"
-    return shutil.which("py-spy") or (str(beside) if beside.is_file() else None)
-
-
-def stack_of(pid: int) -> str:
-    """The Python stacks of every thread of ``pid``, or why not and what /proc knows."""
-    program = py_spy()
-    problem = "py-spy is not installed (pip install py-spy)"
-    if program is not None:
-        try:
-            done = subprocess.run([program, "dump", "--pid", str(pid), "--nonblocking"],
-                                  capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL)
-            if done.returncode == 0:
-                return done.stdout
-            problem = f"py-spy failed (exit {done.returncode}): {done.stderr.strip()[:2000]}"
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            problem = f"py-spy failed: {exc}"
-    return f"{problem}\n{proc_view(pid)}"
-
-
-def proc_view(pid: int) -> str:
-    """What /proc says of a process when no Python stack can be had."""
-    lines = []
-    for name in ("wchan", "status"):
-        try:
-            text = Path(f"/proc/{pid}/{name}").read_text()
-        except OSError as exc:
-            text = f"({exc.strerror})"
-        lines.append(f"{name}: " + (text if name == "wchan" else " ".join(
-            line for line in text.splitlines() if line.startswith(("State", "Threads")))))
-    tasks = Path(f"/proc/{pid}/task")
-    for task in sorted(tasks.iterdir()) if tasks.is_dir() else []:
-        lines.append(f"thread {task.name}: state {process_state(int(task.name))}")
-    return "\n".join(lines) + "\n"
 
 
 class Watchdog:
@@ -202,19 +126,25 @@ class Watchdog:
         self.folder, self.timeout, self.others_first_s = folder, timeout, others_first_s
         self.say, self.clock = say, clock
         self.seen: list[Seen] = []
-        self.read_at = self.overdue_since = 0.0
+        self.node, self.nodes = 0, 1
+        self.store: Any = None
+        self.read_at = self.quiet_since = 0.0
         self.dumped = False
+        self.finding: Finding | None = None
 
     def clear(self) -> None:
         """Before a group starts: no file of the last one is read as this one's."""
         for path in self.folder.glob("*"):
             path.unlink(missing_ok=True)
 
-    def reset(self, workers: Iterable[tuple[int, int, int]]) -> None:
-        """A new group started: (local rank, global rank, pid) of each worker."""
+    def reset(self, workers: Iterable[tuple[int, int, int]], *, node: int = 0, nodes: int = 1,
+              store: Any = None) -> None:
+        """A new group started: (local rank, global rank, pid) of each worker, this node's
+        place and the round's store (None: this node judges alone)."""
         now = self.clock()
         self.seen = [Seen(local, rank, pid, now) for local, rank, pid in workers]
-        self.read_at, self.overdue_since, self.dumped = now, 0.0, False
+        self.node, self.nodes, self.store = node, nodes, store if nodes > 1 else None
+        self.read_at, self.quiet_since, self.dumped, self.finding = now, 0.0, False, None
 
     def observe(self, force: bool = False) -> float:
         """Read the files (at most once per READ_EVERY_S unless ``force``); the time."""
@@ -225,33 +155,87 @@ class Watchdog:
         for w in self.seen:
             w.state = process_state(w.pid)
             record = read_record(self.folder / str(w.local_rank))
-            if record is None or record[2] != w.pid:
-                continue
-            step, beats, _ = record
-            if step != w.step:
-                w.step, w.step_at = step, now
-            if beats != w.beats:
-                w.beats, w.beat_at = beats, now
+            if record is not None and record.pid == w.pid:
+                w.read(record, now)
         return now
 
-    def poll(self, nodes: int) -> Hang | None:
-        """While the group runs: a Hang when this node should act on one, else None (it
-        writes the stacks the first time the group is overdue)."""
+    def views(self, now: float) -> list[RankView]:
+        return [w.view(now, self.node) for w in self.seen if w.alive and w.record is not None]
+
+    def poll(self) -> Hang | None:
+        """While the group runs: a Hang when this node acts on one now, else None (it writes
+        the stacks once its own ranks near the timeout: ``first_dump``)."""
         before = self.read_at
         now = self.observe()
         if self.read_at == before:  # nothing new read
             return None
-        if not overdue(self.seen, now, self.timeout - DUMP_LEAD_S):
-            self.overdue_since, self.dumped = 0.0, False
+        views, lead = self.views(now), self.timeout - DUMP_LEAD_S
+        if not any(v.idle_s >= lead for v in views):
+            self.quiet_since, self.dumped, self.finding = 0.0, False, None
             return None
-        self.overdue_since = self.overdue_since or now  # the stacks are due (first_dump)
-        hang = check(self.seen, now, self.timeout, nodes=nodes,
-                     overdue_since=self.overdue_since, others_first_s=self.others_first_s)
-        return hang if hang is not None and hang.act else None
+        self.quiet_since = self.quiet_since or now
+        self.finding = self.finding or self._exchange(views, now)
+        if self.finding is None and hung(views, self.timeout) and (
+                self.store is None or now - self.quiet_since >= DUMP_LEAD_S + self.others_first_s):
+            self.finding = find(views, self.timeout)  # alone, or nobody told: this node's view
+        return self._act(now) if self.finding is not None else None
+
+    def near(self) -> bool:
+        """Whether this node's own ranks near the timeout (their stacks are due)."""
+        return hung(self.views(self.clock()), self.timeout - DUMP_LEAD_S)
+
+    def _exchange(self, views: list[RankView], now: float) -> Finding | None:
+        """Tell the round's store this node's ranks; node 0 names the culprit for every node
+        once the timeout is reached (what all stalled nodes told); the others read it."""
+        if self.store is None:
+            return None
+        try:
+            self.store.set(NODE_KEY.format(self.node), json.dumps([v.to_json() for v in views]))
+            if self.node != 0:
+                if self.store.check([FINDING_KEY]):
+                    return Finding.from_json(json.loads(self.store.get(FINDING_KEY)))
+                return None
+            if now - self.quiet_since < DUMP_LEAD_S:
+                return None
+            every = [v for node in range(self.nodes) for v in self._told(node)]
+            if not hung(every, self.timeout):
+                return None
+            finding = find(every, self.timeout)
+            self.store.set(FINDING_KEY, json.dumps(finding.to_json()))
+            return finding
+        except Exception as exc:  # the store is gone: each node judges alone (poll)
+            self.say(f"torchjob: the hang watchdog cannot reach the store ({exc}): this node "
+                     "judges its own ranks")
+            self.store = None
+            return None
+
+    def _told(self, node: int) -> list[RankView]:
+        key = NODE_KEY.format(node)
+        if not self.store.check([key]):
+            return []
+        return [RankView.from_json(v) for v in json.loads(self.store.get(key))]
+
+    def _act(self, now: float) -> Hang | None:
+        """This node acts when it holds a culprit, at once; when none was told apart, or
+        the culprit's node did not act, after ``others_first_s``."""
+        finding = self.finding
+        assert finding is not None
+        mine = {v.rank for v in finding.culprits if v.node == self.node}
+        if mine:
+            return Hang(finding, tuple(w for w in self.seen if w.rank in mine))
+        waited = now - self.quiet_since >= DUMP_LEAD_S + self.others_first_s
+        if self.store is None and not finding.culprits or waited:
+            return Hang(finding, tuple(w for w in self.seen if w.alive))
+        return None
 
     def first_dump(self) -> bool:
-        """True once per overdue stretch: the caller writes the stacks then."""
-        if self.dumped or not self.overdue_since:
+        """True once per stalled stretch, when this node's ranks near the timeout or a finding
+        names one of them: the caller writes the stacks then."""
+        if self.dumped or not self.quiet_since:
+            return False
+        named = self.finding is not None and any(
+            v.node == self.node for v in self.finding.culprits)
+        if not (named or self.near()):
             return False
         self.dumped = True
         return True
@@ -267,7 +251,7 @@ class Watchdog:
         texts = {}
         for w in workers:
             head = (f"node {node} rank {w.rank} (local rank {w.local_rank}) pid {w.pid}: "
-                    f"{w.describe(now)}; last new step {now - w.step_at:.1f} s ago, last "
+                    f"{w.describe(now, node)}; last progress {now - w.step_at:.1f} s ago, last "
                     f"heartbeat {now - w.beat_at:.1f} s ago\n\n")
             texts[w.rank] = head + stack_of(w.pid)
         if folder is not None:

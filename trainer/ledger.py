@@ -134,6 +134,13 @@ def restarts(records: Iterable[dict[str, Any]], run_id: str) -> int:
     return sum(r.get("event") == "restart" and r.get("run") == run_id for r in records)
 
 
+def hangs(records: Iterable[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    """Run ``run_id``'s hangs: the attempt, the culprits (rank, node, how, frame), the
+    waiting ranks and why (written by the agent, trainer.torchrun_agent)."""
+    return [{k: r.get(k) for k in ("time", "attempt", "culprits", "waiting", "why")}
+            for r in records if r.get("event") == "hang" and r.get("run") == run_id]
+
+
 def storm_line(restarts: list[dict[str, Any]], mark: str | None) -> str:
     """Why the job stops: the storm and its last causes."""
     where = f"checkpoint {mark}" if mark else "no checkpoint"

@@ -1,22 +1,76 @@
-"""A worker's progress, told to its agent's hang watchdog (trainer.hang): one line to add,
-``progress.step(n)`` after each optimizer step (n: its number; omitted: one more).
+"""A worker's progress, told to its agent's hang watchdog (trainer.hang). Nothing to add to a
+script: the heartbeat thread counts its collectives and optimizer steps and notes where its
+main thread is; ``progress.step(n)`` after each optimizer step is a finer signal.
 
 A no-op outside torchjob's agent (``TORCHJOB_PROGRESS_DIR`` unset). ``start()`` runs a
 heartbeat thread that beats while the interpreter runs, in a collective's wait too, and falls
-silent when the process is stopped or frozen. The file and the heartbeat: docs/internals.md.
+silent when the process is stopped or frozen. The record and its fields: docs/internals.md.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import threading
 import time
+import zlib
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
 
+from torchjob.trainer import frames
 from torchjob.trainer.contract import PROGRESS_DIR_ENV
 
 BEAT_S = 1.0  # one heartbeat per second: a silent second is noise, five are a stop
-RECORD_BYTES = 64
+RECORD_BYTES = 1024
 NO_STEP = -1  # in the file until the first step: judged by the heartbeat alone
+OPTIMIZER = "torch.optim.optimizer"
+
+
+@dataclass
+class Record:
+    """What a worker last told: its step (``progress.step``), heartbeats, pid, the default
+    process group's collective sequence number (-1: none), optimizer steps counted, whether
+    its main thread waits inside torch.distributed, and its innermost frame of user code."""
+
+    step: int = NO_STEP
+    beats: int = 0
+    pid: int = 0
+    seq: int = -1
+    optimizer_steps: int = 0
+    in_collective: bool = False
+    frame: str = ""
+
+    def encode(self) -> bytes:
+        payload = json.dumps([self.step, self.beats, self.pid, self.seq, self.optimizer_steps,
+                              int(self.in_collective), self.frame[:600]])
+        line = f"{payload}\t{zlib.crc32(payload.encode()):08x}"
+        return line.ljust(RECORD_BYTES - 1).encode()[:RECORD_BYTES - 1] + b"\n"
+
+    @classmethod
+    def decode(cls, data: bytes) -> Record | None:
+        """The record in ``data``; None when it is half-written (its checksum is off)."""
+        try:
+            payload, crc = data.decode().strip().rsplit("\t", 1)
+            if int(crc, 16) != zlib.crc32(payload.encode()):
+                return None
+            step, beats, pid, seq, opt, coll, frame = json.loads(payload)
+            return cls(int(step), int(beats), int(pid), int(seq), int(opt), bool(coll), str(frame))
+        except (ValueError, TypeError, UnicodeDecodeError):
+            return None
+
+
+def collective_seq() -> int:
+    """The default process group's sequence number (collectives entered), -1 without one;
+    torch is not imported here: a script that never did has no group."""
+    c10d: Any = sys.modules.get("torch.distributed.distributed_c10d")
+    try:
+        if c10d is None or not c10d.is_initialized():
+            return -1
+        return int(c10d._get_default_group()._get_sequence_number_for_group())
+    except Exception:  # a backend without sequence numbers, or a group being destroyed
+        return -1
 
 
 class _Reporter:
@@ -24,23 +78,34 @@ class _Reporter:
 
     def __init__(self, path: str) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        self.step, self.beats, self.pid = NO_STEP, 0, os.getpid()
+        self.record = Record(pid=os.getpid())
+        self.pid = self.record.pid
+        self.main = threading.main_thread().ident
         self.lock = threading.Lock()
         self.write()
 
     def write(self) -> None:
-        line = f"{self.step} {self.beats} {self.pid}".ljust(RECORD_BYTES - 1) + "\n"
         with self.lock:
             try:
-                os.pwrite(self.fd, line.encode(), 0)
+                os.pwrite(self.fd, self.record.encode(), 0)
             except OSError:
                 pass  # the agent removed the folder (it is ending): nothing to tell
+
+    def look(self) -> None:
+        """Where the main thread is, and the process group's count."""
+        self.record.seq = collective_seq()
+        top: FrameType | None = sys._current_frames().get(self.main or 0)
+        self.record.in_collective, self.record.frame = frames.where(top)
 
     def beat_forever(self) -> None:
         while True:
             time.sleep(BEAT_S)
-            self.beats += 1
+            self.record.beats += 1
+            self.look()
             self.write()
+
+    def optimizer_step(self, *_: Any) -> None:
+        self.record.optimizer_steps += 1
 
 
 _reporter: _Reporter | None = None
@@ -48,7 +113,7 @@ _reporter: _Reporter | None = None
 
 def start() -> None:
     """Open this worker's file and start its heartbeat, once, when the agent asked for
-    reports; else nothing."""
+    reports; else nothing. Call it from the main thread."""
     global _reporter
     folder, local_rank = os.environ.get(PROGRESS_DIR_ENV), os.environ.get("LOCAL_RANK")
     if _reporter is not None and _reporter.pid == os.getpid() or not folder or not local_rank:
@@ -57,8 +122,17 @@ def start() -> None:
         _reporter = _Reporter(os.path.join(folder, local_rank))
     except OSError:
         return  # no folder (an agent of another version): no watchdog, no harm
+    frames.after_import(OPTIMIZER, _count_optimizer_steps)
     threading.Thread(target=_reporter.beat_forever, name="torchjob-heartbeat",
                      daemon=True).start()
+
+
+def _count_optimizer_steps(module: Any) -> None:
+    """Every optimizer's steps, counted by torch's global hook (in the importing thread: the
+    hooks are a dict that a step iterates)."""
+    reporter = _reporter
+    if reporter is not None and reporter.pid == os.getpid():
+        module.register_optimizer_step_post_hook(reporter.optimizer_step)
 
 
 def step(n: int | None = None) -> None:
@@ -68,5 +142,6 @@ def step(n: int | None = None) -> None:
         start()  # a script that calls this under the agent: its file is opened here
     if _reporter is None or _reporter.pid != os.getpid():  # not reporting, or a forked child
         return
-    _reporter.step = max(_reporter.step, 0) + 1 if n is None else int(n)
+    record = _reporter.record
+    record.step = max(record.step, 0) + 1 if n is None else int(n)
     _reporter.write()

@@ -116,7 +116,8 @@ def history(run_dir: Path) -> dict[str, Any]:
     if run_id is None or not records:
         return {}
     return {"restarts": ledger.restarts(records, run_id),
-            "membership": ledger.membership(records, run_id)}
+            "membership": ledger.membership(records, run_id),
+            "hangs": ledger.hangs(records, run_id)}
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ in its monitor loop, and the one log prefix (node, rank, attempt) on its workers
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import signal
@@ -29,7 +30,9 @@ from torchjob.trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FIN
                                        HEARD_RESTART, MAX_STALLED_DEFAULT, RUN_DIR_ENV,
                                        log_prefix)
 from torchjob.trainer.failures import RESTARTING, Failure, Verdict, judge, last_line
-from torchjob.trainer.hang import Seen, Watchdog, kill, kill_stopped
+from torchjob.trainer.culprit import Finding, ranks
+from torchjob.trainer.hang import Seen, Watchdog, stuck_line
+from torchjob.trainer.stacks import kill, kill_stopped
 from torchjob.trainer.membership import MembershipWatch
 
 BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at signals)
@@ -109,6 +112,36 @@ class Agent(LocalElasticAgent):
             Path(progress_dir), hang_timeout, others_first_s=VERDICT_WAIT_S,
             say=lambda line: log.warning("%s", line))
 
+    def run(self, role: str = agent_api.DEFAULT_ROLE) -> agent_api.RunResult:
+        started = time.time()
+        result = super().run(role)
+        self._summarize(result, started)
+        return result
+
+    def _summarize(self, result: agent_api.RunResult, started: float) -> None:
+        """``summary.json`` from node 0 when the workers wrote none in this run (a script, a
+        failed run): how it ended, its restarts, changes of membership and hangs."""
+        if self._run_dir is None or (self._worker_group.group_rank or 0) != 0:
+            return
+        path = Path(self._run_dir, "summary.json")
+        try:
+            if path.stat().st_mtime >= started:
+                return
+        except OSError:
+            pass
+        records = ledger.read(self._run_dir)
+        data = {"state": result.state.name, "attempt": self.attempt(),
+                "failure": Agent.closing[0] if Agent.closing else None,
+                "restarts": ledger.restarts(records, self._run_id),
+                "membership": ledger.membership(records, self._run_id),
+                "hangs": ledger.hangs(records, self._run_id)}
+        try:
+            part = path.with_name(".summary.json.part")
+            part.write_text(json.dumps(data, indent=1) + "\n")
+            part.replace(path)
+        except OSError as exc:
+            log.warning("torchjob: cannot write %s: %s", path, exc)
+
     def _monitor_workers(self, worker_group: agent_api.WorkerGroup) -> agent_api.RunResult:
         result = super()._monitor_workers(worker_group)
         result, hung = self._watch(worker_group, result)
@@ -162,7 +195,10 @@ class Agent(LocalElasticAgent):
 
     def _step_reached(self) -> int | None:
         """The highest step this node's workers reported (torchjob.trainer.progress), if any did."""
-        steps = [w.step for w in self._watchdog.seen if w.step >= 0] if self._watchdog else []
+        seen = self._watchdog.seen if self._watchdog else []
+        steps = [w.step if w.step >= 0 else w.record.optimizer_steps if w.record else 0
+                 for w in seen]
+        steps = [s for s in steps if s > 0]
         return max(steps) if steps else None
 
     def _finished_line(self) -> str:
@@ -196,37 +232,49 @@ class Agent(LocalElasticAgent):
         if dog is None or not dog.seen:
             return result, {}
         node = group.group_rank or 0
+        now = dog.clock()
         if result.state in {agent_api.WorkerState.FAILED, agent_api.WorkerState.UNHEALTHY}:
             # another failure came first (a peer's): a stopped rank here is still the cause
             stuck = [w for w in dog.silent() if w.rank not in result.failures]
             if not stuck:
                 return result, {}
-            why = "silent when the group failed"
             where = "" if dog.dumped else dog.dump(self._hangs(), node,
                                                    [w for w in dog.seen if w.alive])
+            named = {w.rank: f"{w.describe(now, node)}; silent when the group failed"
+                     for w in stuck}
+            log.warning("torchjob: stuck on node %s: %s; killed%s", node, "; ".join(
+                f"rank {r} ({t})" for r, t in named.items()), f"; stacks in {where}" * bool(where))
         elif result.state == agent_api.WorkerState.HEALTHY:
-            hang = dog.poll(group.group_world_size or 1)
+            hang = dog.poll()
             if dog.first_dump():
                 log.warning("torchjob: node %s near its hang_timeout (%g s) without progress: "
                             "stacks of its ranks in %s", node, dog.timeout,
                             dog.dump(self._hangs(), node, dog.seen))
             if hang is None:
                 return result, {}
-            stuck, why, where = list(hang.stuck), f"no progress for {dog.timeout:g} s", ""
+            stuck = list(hang.stuck)
             log.warning("torchjob: hang on node %s: %s; killing its workers, to restart them "
-                        "from the last checkpoint", node, hang.why)
+                        "from the last checkpoint", node, hang.finding.why)
+            self._note_hang(hang.finding, node)
             kill(w.pid for w in dog.seen)  # the whole group: no SIGTERM would be heard
             result = agent_api.RunResult(state=agent_api.WorkerState.FAILED)
+            named = {w.rank: stuck_line(w, hang.finding, now, node) for w in stuck}
         else:
             return result, {}
         kill(w.pid for w in stuck)
-        now = dog.clock()
-        named = {w.rank: f"{w.describe(now)}; {why}" for w in stuck}
-        if result.failures:  # the failure path: say who is stuck here
-            log.warning("torchjob: stuck on node %s: %s; killed%s", node, "; ".join(
-                f"rank {r} ({t})" for r, t in named.items()), f"; stacks in {where}" * bool(where))
         result.failures.update({w.rank: self._killed(w) for w in stuck})
         return result, named
+
+    def _note_hang(self, finding: Finding, node: int) -> None:
+        """The hang in the ledger, once: from the node of its first culprit (node 0 when none
+        was told apart)."""
+        first = finding.culprits[0].node if finding.culprits else 0
+        if self._run_dir is None or node != first:
+            return
+        ledger.append(self._run_dir, "hang", run=self._run_id, attempt=self.attempt(),
+                      culprits=[{"rank": v.rank, "node": v.node, "how": v.how(),
+                                 "frame": v.frame} for v in finding.culprits[:8]],
+                      waiting=ranks(finding.waiting), why=finding.why[:1500])
 
     @staticmethod
     def _killed(worker: Seen) -> ProcessFailure:
@@ -345,8 +393,9 @@ class Agent(LocalElasticAgent):
             self._watchdog.clear()
         pids = super()._start_workers(worker_group)
         if self._watchdog is not None:
-            self._watchdog.reset((w.local_rank, w.global_rank, pids[w.local_rank])
-                                 for w in worker_group.workers)
+            self._watchdog.reset(((w.local_rank, w.global_rank, pids[w.local_rank])
+                                  for w in worker_group.workers), node=node or 0,
+                                 nodes=worker_group.group_world_size or 1, store=self._store)
         return pids
 
     def _restart_workers(self, worker_group: agent_api.WorkerGroup) -> None:

@@ -1,81 +1,99 @@
-"""The hang watchdog's pieces (trainer.hang, trainer.progress) and the straggler report
-(torchjob.trainer.stragglers), without processes to hang: the end-to-end proof is the conformance
-matrix's "hang" row (a real SIGSTOP on local, docker and Slurm)."""
+"""The hang watchdog's pieces (trainer.hang, trainer.culprit, trainer.progress, trainer.frames)
+and the straggler report (torchjob.trainer.stragglers), without processes to hang: the
+end-to-end proofs are tests/integration/test_hang_culprit.py (every hang shape, the culprit
+drawn at random) and the conformance matrix's "hang" row."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from torchjob.trainer import progress, stragglers
+import torch
+from torch.distributed import HashStore
+
+from torchjob.trainer import frames, progress, stragglers
 from torchjob.trainer.agent import hang_timeout
-from torchjob.trainer.hang import (BEAT_LOST_S, Seen, Watchdog, check, kill_stopped, process_state,
-                                   read_record, stack_of)
-from torchjob.trainer.progress import NO_STEP
+from torchjob.trainer.culprit import RankView, find, hung
+from torchjob.trainer.hang import Seen, Watchdog, read_record
+from torchjob.trainer.progress import Record
+from torchjob.trainer.stacks import kill_stopped, process_state, stack_of
+from tests.procs import env_for_tests, free_port
 
 T = 20.0
 
 
-def seen(rank: int, *, step: int = 7, step_at: float = 0.0, beat_at: float = 0.0,
-         state: str = "S", beats: int = 3) -> Seen:
-    w = Seen(rank, rank, 1000 + rank, 0.0, step=step, beats=beats, state=state)
-    w.step_at, w.beat_at = step_at, beat_at
-    return w
+def view(rank: int, *, node: int = 0, step: int = -1, seq: int = 9, idle: float = 21.0,
+         coll: bool = True, state: str = "S", silent: bool = False, frame: str = "",
+         counted: bool = True) -> RankView:
+    return RankView(rank, node, step, seq, counted, coll, state, frame, idle,
+                    30.0 if silent else 0.5, silent)
 
 
 def test_a_group_that_progresses_is_not_a_hang() -> None:
-    group = [seen(0, step_at=5.0, beat_at=24.0), seen(1, step_at=5.0, beat_at=24.0)]
-    assert check(group, 24.0, T, nodes=1, overdue_since=24.0, others_first_s=10) is None
+    assert not hung([view(0, idle=3.0), view(1, idle=2.0)], T)
+    # every rank in its own code at one point, none waiting (a long evaluation of a script
+    # that reports no steps): no hang; a rank that reports steps is held to them
+    assert not hung([view(0, coll=False), view(1, coll=False)], T)
+    assert hung([view(0, coll=False, step=7), view(1, coll=False, step=7)], T)
 
 
-def test_the_stopped_rank_is_named_not_its_peer_that_waits_for_it() -> None:
-    # both last finished step 7 at t=0; rank 1 stopped at once, rank 0 beats on in the
-    # all-reduce that waits for it
-    group = [seen(0, beat_at=20.5), seen(1, beat_at=0.2, state="T")]
-    hang = check(group, 21.0, T, nodes=2, overdue_since=21.0, others_first_s=10)
-    assert hang is not None and hang.act  # a node with a silent rank acts at once
-    assert [w.rank for w in hang.stuck] == [1]
-    assert "rank 1 (last step 7, its process is stopped (state T)) stuck" in hang.why
-    # silent without a stopped state (frozen, holding the GIL): named by the heartbeat
-    group = [seen(0, beat_at=20.5), seen(1, beat_at=21.0 - BEAT_LOST_S - 1)]
-    hang = check(group, 21.0, T, nodes=1, overdue_since=21.0, others_first_s=10)
-    assert hang is not None and [w.rank for w in hang.stuck] == [1]
-    assert "no heartbeat for 6 s" in hang.why
+@pytest.mark.parametrize("state, wchan, how", [
+    ("R", "", "running"), ("S", "hrtimer_nanosleep", "sleeping in hrtimer_nanosleep"),
+    ("S", "pipe_read", "sleeping in pipe_read"), ("D", "", "in uninterruptible I/O")])
+def test_the_rank_behind_in_collectives_is_named_not_those_that_wait(state: str, wchan: str,
+                                                                      how: str) -> None:
+    """A busy loop, a sleep, a read: the culprit is one collective behind, in its own code;
+    the others wait inside the collective it has not reached."""
+    culprit = replace(view(2, node=1, seq=8, coll=False, state=state, frame="train.py:9 in f"),
+                      wchan=wchan)
+    group = [view(0), view(1), culprit, view(3, node=1)]
+    assert hung(group, T)
+    found = find(group, T)
+    assert [v.rank for v in found.culprits] == [2] and [v.rank for v in found.waiting] == [0, 1, 3]
+    assert found.why.startswith(f"rank 2 on node 1 ({how}; at train.py:9 in f) 1 collective(s) "
+                                "behind the others (sequence 8, the others 9)")
+    assert found.why.endswith("waiting for it: rank(s) 0, 1, 3")
 
 
-def test_a_node_whose_ranks_only_wait_leaves_the_first_move_to_the_others() -> None:
-    group = [seen(2, beat_at=20.5), seen(3, beat_at=20.5)]
-    hang = check(group, 21.0, T, nodes=2, overdue_since=21.0, others_first_s=10)
-    assert hang is not None and not hang.act and [w.rank for w in hang.stuck] == [2, 3]
-    assert "no rank of this node stopped" in hang.why
-    later = check(group, 31.0, T, nodes=2, overdue_since=21.0, others_first_s=10)
-    assert later is not None and later.act  # nobody did: a deadlock of live ranks
-    alone = check(group, 21.0, T, nodes=1, overdue_since=21.0, others_first_s=10)
-    assert alone is not None and alone.act
+def test_the_stopped_or_silent_rank_is_named_first() -> None:
+    group = [view(0), view(1, state="T", silent=True, seq=8, frame="a.py:1 in g")]
+    found = find(group, T)
+    assert [v.rank for v in found.culprits] == [1]
+    assert "rank 1 on node 0 (its process is stopped (state T); last seen at a.py:1 in g) " \
+        "stuck" in found.why
+    frozen = [view(0), view(1, state="R", silent=True)]
+    assert "no heartbeat for 30 s" in find(frozen, T).why
 
 
-def test_the_rank_behind_is_named_when_none_is_silent() -> None:
-    group = [seen(0, step=8, beat_at=20.5), seen(1, step=7, beat_at=20.5)]
-    hang = check(group, 21.0, T, nodes=1, overdue_since=21.0, others_first_s=10)
-    assert hang is not None and [w.rank for w in hang.stuck] == [1]
-    assert "behind the others (steps [7, 8])" in hang.why
+def test_outside_a_collective_and_behind_in_steps() -> None:
+    same_seq = [view(0), view(1, coll=False, frame="x.py:3 in h")]
+    assert [v.rank for v in find(same_seq, T).culprits] == [1]
+    assert "outside any collective while the others wait in one" in find(same_seq, T).why
+    steps = [view(0, step=8, coll=False), view(1, step=7, coll=False)]
+    assert [v.rank for v in find(steps, T).culprits] == [1]
+    assert "behind the others (steps [7, 8])" in find(steps, T).why
 
 
-def test_before_its_first_step_a_rank_is_judged_by_its_heartbeat_alone() -> None:
-    # a long start-up (data, compilation): no step for 100 s, but the process runs
-    starting = [seen(0, step=NO_STEP, beat_at=99.5)]
-    assert check(starting, 100.0, T, nodes=1, overdue_since=100.0, others_first_s=10) is None
-    gone = [seen(0, step=NO_STEP, beat_at=50.0)]
-    assert check(gone, 100.0, T, nodes=1, overdue_since=100.0, others_first_s=10) is not None
+def test_a_deadlock_names_no_culprit() -> None:
+    found = find([view(0), view(1)], T)
+    assert found.culprits == () and "all wait (a deadlock, or a lost link)" in found.why
 
 
-def test_exited_and_unreporting_workers_are_not_judged() -> None:
-    group = [seen(0, state="Z"), seen(1, state=""), seen(2, beats=-1)]
-    assert check(group, 100.0, T, nodes=1, overdue_since=100.0, others_first_s=10) is None
+def test_before_its_first_progress_a_rank_is_judged_by_its_heartbeat_alone() -> None:
+    """Start-up (imports, data, compilation) is no hang while the process beats: a rank's
+    clock starts at its first step, optimizer step or finished collective."""
+    w = Seen(0, 0, os.getpid(), 0.0)
+    w.state = "S"
+    w.read(Record(beats=1, pid=w.pid, seq=1, in_collective=True), 0.5)  # in its first one
+    w.read(Record(beats=99, pid=w.pid, seq=1, in_collective=True), 99.5)
+    assert not w.counted and w.view(100.0, 0).idle_s == 0.5
+    w.read(Record(beats=100, pid=w.pid, seq=2, in_collective=True), 100.0)
+    assert w.counted and w.view(130.0, 0).idle_s == 30.0
 
 
 def test_progress_reports_reach_the_watchdog(tmp_path: Path,
@@ -90,21 +108,29 @@ def test_progress_reports_reach_the_watchdog(tmp_path: Path,
     dog.reset([(0, 4, os.getpid())])
     progress.step()
     progress.step()
-    assert read_record(tmp_path / "0") == (2, 0, os.getpid())
+    record = read_record(tmp_path / "0")
+    assert record is not None and (record.step, record.pid) == (2, os.getpid())
     now[0] = 1.5
     dog.observe()
-    assert (dog.seen[0].step, dog.seen[0].step_at, dog.seen[0].beats) == (2, 1.5, 0)
+    assert (dog.seen[0].step, dog.seen[0].step_at) == (2, 1.5)
     progress.step(40)
     now[0] = 2.0  # read at most once a second
     dog.observe()
     assert dog.seen[0].step == 2
     now[0] = 30.0
     dog.observe()
-    assert dog.seen[0].step == 40 and dog.poll(nodes=1) is None  # read, not overdue
+    assert dog.seen[0].step == 40 and dog.poll() is None  # read, not overdue
     dog.reset([(0, 4, os.getpid() + 1)])  # another process's file: not this worker's
     now[0] = 32.0
     dog.observe()
-    assert dog.seen[0].beats == -1
+    assert dog.seen[0].record is None
+
+
+def test_a_half_written_record_is_not_read() -> None:
+    data = Record(step=3, beats=2, pid=7, seq=5, frame="t.py:1 in f").encode()
+    assert Record.decode(data) == Record(3, 2, 7, 5, 0, False, "t.py:1 in f")
+    other = Record(step=4, beats=3, pid=7, seq=6, frame="t.py:2 in g").encode()
+    assert Record.decode(data[:40] + other[40:]) is None
 
 
 def test_progress_does_nothing_outside_the_agent(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,6 +138,87 @@ def test_progress_does_nothing_outside_the_agent(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(progress, "_reporter", None)
     progress.step(3)
     assert progress._reporter is None
+
+
+UNMODIFIED = """
+import os, sys, time
+from torchjob.trainer import progress
+progress.start()
+import torch
+import torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo")
+p = torch.nn.Parameter(torch.ones(2))
+opt = torch.optim.SGD([p], lr=0.1)
+for _ in range(3):
+    dist.all_reduce(p.data)
+    opt.step()
+def waiting_here():
+    beats = progress._reporter.record.beats
+    while progress._reporter.record.beats < beats + 2:
+        time.sleep(0.05)
+waiting_here()
+print(open(os.path.join(os.environ["TORCHJOB_PROGRESS_DIR"], "0"), "rb").read().decode())
+"""
+
+
+def test_a_script_that_calls_nothing_is_seen(tmp_path: Path) -> None:
+    """Its collectives and optimizer steps counted, its main thread's place in its own code
+    (the optimizer's hook set at torch's import, in the importing thread)."""
+    script = tmp_path / "unmodified.py"
+    script.write_text(UNMODIFIED)
+    done = subprocess.run([sys.executable, str(script), str(free_port())], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env=env_for_tests(
+                              TORCHJOB_PROGRESS_DIR=str(tmp_path), LOCAL_RANK="0"))
+    assert done.returncode == 0, done.stderr
+    record = Record.decode(done.stdout.strip().encode())
+    assert record is not None, done.stdout
+    assert (record.seq, record.optimizer_steps, record.in_collective) == (3, 3, False)
+    assert record.frame.startswith("unmodified.py:") and record.frame.endswith("in waiting_here")
+
+
+def test_where_tells_torch_distributed_from_user_code() -> None:
+    import torch.distributed.distributed_c10d as c10d
+
+    torch_dir = frames.torch_dir()
+    assert frames.kind(c10d.__file__, torch_dir) == "dist"
+    assert frames.kind(torch.__file__, torch_dir) == "torch"
+    assert frames.kind(os.__file__, torch_dir) == "stdlib"
+    assert frames.kind(__file__, torch_dir) == "user"
+    assert frames.kind(frames.__file__, torch_dir) == "kit"
+    inside, at = frames.where(sys._getframe())
+    assert not inside and at.endswith("in test_where_tells_torch_distributed_from_user_code")
+
+
+def test_two_nodes_agree_through_the_store_on_the_culprit(tmp_path: Path) -> None:
+    """Node 1's rank stalls in its own code, node 0's rank waits in the collective: node 0
+    names it from what both told the store; node 1 acts, node 0 leaves it the first move."""
+    store = HashStore()
+    now = [0.0]
+    dogs = []
+    for node in (0, 1):
+        folder = tmp_path / str(node)
+        folder.mkdir()
+        dog = Watchdog(folder, T, others_first_s=10, say=print, clock=lambda: now[0])
+        dog.reset([(0, node, os.getpid())], node=node, nodes=2, store=store)
+        dogs.append(dog)
+
+    def tell(node: int, seq: int, coll: bool, frame: str) -> None:
+        beats = int(now[0]) + 1
+        (tmp_path / str(node) / "0").write_bytes(Record(
+            beats=beats, pid=os.getpid(), seq=seq, in_collective=coll, frame=frame).encode())
+
+    for t in range(0, 40):
+        now[0] = float(t)
+        tell(0, 10 + min(t, 5), True, "")  # waits from t=5 in collective 15
+        tell(1, 10 + min(t, 4), False, "user.py:3 in stuck_here")  # stuck after 14
+        acts = [dog.poll() for dog in dogs]
+        if any(acts):
+            break
+    assert acts[0] is None and acts[1] is not None, (t, acts)
+    assert [w.rank for w in acts[1].stuck] == [1]
+    assert t == 25  # node 1 stalled from 4, node 0 waits from 5: its timeout
+    assert "rank 1 on node 1 (" in acts[1].finding.why and "stuck_here" in acts[1].finding.why
 
 
 def test_a_stopped_process_gets_a_stack_and_is_killed() -> None:

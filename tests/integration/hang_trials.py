@@ -1,0 +1,66 @@
+"""One hang trial of a user's unmodified script (scripts/hang_shapes.py) on any backend: the
+culprit rank is drawn at random, enters the hang shape at step 5 on the first attempt while
+the others wait for it in an all-reduce, and must be the rank named, with its node and top
+frame, by the agent's line, the ledger, summary.json and the stack files; the job restarts
+and finishes. Used by the local, docker and Slurm tests."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from tests.procs import env_for_tests, torchjob
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "hang_shapes.py"
+SHAPES = {"stop": ("its process is stopped (state T)", ""), "loop": ("running", "spin_here"),
+          "sleep": ("sleeping", "sleep_here"), "io": ("sleeping", "read_here")}
+HANG_TIMEOUT_S = 5
+
+
+def job_yaml(name: str, shape: str, culprit: int, nodes: int, nproc: int) -> str:
+    return (f"name: {name}\nnnodes: {nodes}\nnproc_per_node: {nproc}\nmax_restarts: 1\n"
+            f"hang_timeout: {HANG_TIMEOUT_S}\n"
+            f"trainer:\n  script: hang_shapes.py\n  args: ['{shape}', '{culprit}']\n")
+
+
+def trial(cwd: Path, to: str, shape: str, *, nodes: int = 2, nproc: int = 2,
+          run: Callable[[Path, Path], tuple[int, str]] | None = None) -> str:
+    """One trial in ``cwd``: ``torchjob run --to TO job.yaml`` (or ``run(cwd, job)``: the exit
+    code and the output); the output, after every check."""
+    culprit = random.randrange(nodes * nproc)
+    node = culprit // nproc
+    name = f"hang-{shape}"
+    cwd.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SCRIPT, cwd / "hang_shapes.py")
+    job = cwd / "job.yaml"
+    job.write_text(job_yaml(name, shape, culprit, nodes, nproc))
+    if run is None:
+        done = torchjob("run", "--to", to, str(job), cwd=cwd, env=env_for_tests(), timeout=400)
+        code, out = done.returncode, done.stdout + done.stderr
+    else:
+        code, out = run(cwd, job)
+    said = f"(culprit rank {culprit} on node {node}, shape {shape})\n{out[-6000:]}"
+    assert code == 0, said
+    how, function = SHAPES[shape]
+    lines = [line for line in out.splitlines() if "torchjob: hang on node" in line]
+    assert len(lines) == 1, said
+    assert f"torchjob: hang on node {node}: rank {culprit} on node {node} ({how}" in lines[0], said
+    assert f"hang_shapes.py:" in lines[0] and f"in {function}" in lines[0], said
+    others = ", ".join(str(r) for r in range(nodes * nproc) if r != culprit)
+    assert f"waiting for it: rank(s) {others}" in lines[0], said
+    run_dir = cwd / "runs" / name
+    records = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    hangs = [r for r in records if r["event"] == "hang"]
+    assert len(hangs) == 1 and [(c["rank"], c["node"]) for c in hangs[0]["culprits"]] == [
+        (culprit, node)], said
+    assert "hang_shapes.py:" in hangs[0]["culprits"][0]["frame"], said
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state"] == "SUCCEEDED" and summary["restarts"] == 1, said
+    assert [(c["rank"], c["node"]) for c in summary["hangs"][0]["culprits"]] == [
+        (culprit, node)], said
+    stacks = run_dir / "hangs" / "attempt0" / f"node{node}-rank{culprit}.txt"
+    assert stacks.is_file(), said
+    return out

@@ -1,0 +1,19 @@
+"""The hang watchdog on a user's unmodified script, on the local backend: every hang shape
+(a stopped process, a Python loop, a sleep, a blocked read), the culprit drawn at random
+among 2 nodes x 2 ranks, must be the one named (tests/integration/hang_trials.py). The docker
+and Slurm trials: tests/containers/test_hang_containers.py, tests/slurm/test_slurm_hang.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.hang_trials import SHAPES, trial
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_the_culprit_is_named_on_local(tmp_path: Path, shape: str) -> None:
+    trial(tmp_path, "local", shape)

@@ -1,0 +1,90 @@
+"""Processes from outside: their state in /proc, their Python stacks (py-spy, which reads a
+stopped process too), and SIGKILL. The hang watchdog's tools (trainer.hang)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable
+
+from torchjob.trainer.culprit import STOPPED
+
+PY_SPY_TIMEOUT_S = 20.0  # per process
+
+
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` in /proc (R, S, D, T, Z, ...); "" when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rindex(")") + 2:].split(" ", 1)[0]
+
+
+def wchan(pid: int) -> str:
+    """Where in the kernel ``pid`` waits (e.g. pipe_read, do_nanosleep); "" when unknown."""
+    try:
+        text = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        return ""
+    return "" if text in ("0", "") else text
+
+
+def kill(pids: Iterable[int]) -> None:
+    """SIGKILL each (it ends a stopped process too); a process already gone is fine."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_stopped(pids: Iterable[int]) -> list[int]:
+    """SIGKILL the stopped ones: torch stops workers with SIGTERM and waits 30 s, and a
+    stopped process acts on SIGTERM only once continued. Their pids."""
+    stopped = [pid for pid in pids if process_state(pid) in STOPPED]
+    kill(stopped)
+    return stopped
+
+
+def py_spy() -> str | None:
+    """The py-spy program: on PATH, or next to this interpreter (a venv not activated)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.is_file() else None)
+
+
+def stack_of(pid: int) -> str:
+    """The Python stacks of every thread of ``pid``, or why not and what /proc knows."""
+    program = py_spy()
+    problem = "py-spy is not installed (pip install py-spy)"
+    if program is not None:
+        try:
+            done = subprocess.run([program, "dump", "--pid", str(pid), "--nonblocking"],
+                                  capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_S,
+                                  stdin=subprocess.DEVNULL)
+            if done.returncode == 0:
+                return done.stdout
+            problem = f"py-spy failed (exit {done.returncode}): {done.stderr.strip()[:2000]}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problem = f"py-spy failed: {exc}"
+    return f"{problem}\n{proc_view(pid)}"
+
+
+def proc_view(pid: int) -> str:
+    """What /proc says of a process when no Python stack can be had."""
+    lines = []
+    for name in ("wchan", "status"):
+        try:
+            text = Path(f"/proc/{pid}/{name}").read_text()
+        except OSError as exc:
+            text = f"({exc.strerror})"
+        lines.append(f"{name}: " + (text if name == "wchan" else " ".join(
+            line for line in text.splitlines() if line.startswith(("State", "Threads")))))
+    tasks = Path(f"/proc/{pid}/task")
+    for task in sorted(tasks.iterdir()) if tasks.is_dir() else []:
+        lines.append(f"thread {task.name}: state {process_state(int(task.name))}")
+    return "\n".join(lines) + "\n"
