@@ -4,6 +4,7 @@ made when a module is first imported, in the importing thread. Neither imports t
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import os
@@ -24,8 +25,10 @@ def torch_dir() -> str | None:
     return os.path.dirname(os.path.realpath(file)) + os.sep if file else None
 
 
+@functools.lru_cache(maxsize=4096)
 def kind(filename: str, torch: str | None) -> str:
-    """user, kit (torchjob's trainer), torch, dist (torch.distributed) or stdlib."""
+    """user, lib (an installed package), kit (torchjob's trainer), torch, dist
+    (torch.distributed) or stdlib."""
     if filename.startswith("<"):
         return "stdlib" if filename.startswith("<frozen") else "user"
     path = os.path.realpath(filename)
@@ -33,9 +36,9 @@ def kind(filename: str, torch: str | None) -> str:
         return "dist" if path.startswith(torch + "distributed" + os.sep) else "torch"
     if path.startswith(KIT):
         return "kit"
-    if path.startswith(STDLIB) and not any(f"{os.sep}{d}{os.sep}" in path for d in INSTALLED):
-        return "stdlib"
-    return "user"
+    if any(f"{os.sep}{d}{os.sep}" in path for d in INSTALLED):
+        return "lib"
+    return "stdlib" if path.startswith(STDLIB) else "user"
 
 
 def describe(frame: FrameType) -> str:
@@ -47,14 +50,15 @@ def describe(frame: FrameType) -> str:
 
 def where(top: FrameType | None) -> tuple[bool, str]:
     """(waits inside torch.distributed: the innermost frame that is not the standard
-    library's is torch.distributed's, the innermost user frame: else the kit's, else any)."""
+    library's is torch.distributed's; the innermost user frame, else an installed package's,
+    else the kit's, else any)."""
     torch, chain = torch_dir(), []  # type: str | None, list[tuple[str, FrameType]]
     frame = top
     while frame is not None and len(chain) < 200:
         chain.append((kind(frame.f_code.co_filename, torch), frame))
         frame = frame.f_back
     inner = next((k for k, _ in chain if k != "stdlib"), "")
-    for wanted in ("user", "kit"):
+    for wanted in ("user", "lib", "kit"):
         found = next((f for k, f in chain if k == wanted), None)
         if found is not None:
             return inner == "dist", describe(found)

@@ -186,6 +186,7 @@ def test_where_tells_torch_distributed_from_user_code() -> None:
     assert frames.kind(os.__file__, torch_dir) == "stdlib"
     assert frames.kind(__file__, torch_dir) == "user"
     assert frames.kind(frames.__file__, torch_dir) == "kit"
+    assert frames.kind(pytest.__file__, torch_dir) == "lib"
     inside, at = frames.where(sys._getframe())
     assert not inside and at.endswith("in test_where_tells_torch_distributed_from_user_code")
 
