@@ -4,7 +4,7 @@ without a ``timeout=`` of its own, instead of torch's (gloo 30 min, NCCL 10 min)
 
 Lazy: torch is not imported here. ``install`` sets the default when the script imports
 ``torch.distributed.distributed_c10d``, whose ``_get_default_timeout`` reads the module's
-``default_pg_timeout`` and ``default_pg_nccl_timeout`` (torch 2.2 to 2.13 at least).
+``default_pg_timeout`` and ``default_pg_nccl_timeout`` (as torch 2.13 does).
 """
 
 from __future__ import annotations
