@@ -25,9 +25,11 @@ from torchjob.jobs.stops import stop_signals
 from torchjob.jobs.sweep import Sweep
 from torchjob.jobs.values import UserError
 from torchjob.trainer.contract import CLOSING, CLOSING_RE, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+# after a stop, how long workers may take to checkpoint before they are killed: the spec's
+# stop_grace default (a run's own: spec.stop_grace, or --grace)
+from torchjob.trainer.contract import STOP_GRACE_S as GRACE_S
 
 ENTRY_POINT_GROUP = "torchjob.backends"
-GRACE_S = 60.0  # after a stop, how long workers may take to checkpoint before they are killed
 WAIT_POLL_S = 1.0  # how often ``wait`` asks a job's status
 STOP_POLL_S = 0.2  # how often ``run`` looks for a counted stop signal
 
@@ -49,7 +51,7 @@ class Context:
     port: int = 29400
     cpu_count: int = 1
     source: str | None = None  # the spec file's path, for headers that say where they came from
-    grace: float = GRACE_S  # after a stop, how long the workers may take to checkpoint
+    grace: float = GRACE_S  # after a stop, the kill: spec.stop_grace, or run --grace
     sweep: Sweep | None = None  # a sweep a backend with job arrays renders as one (Slurm)
     workspace: Mapping[str, object] | None = None  # the image of the working directory to
     # build before submitting (jobs.workspace.Workspace.as_option)

@@ -81,6 +81,11 @@ def hang_timeout(value: float, path: str) -> None:
                   f"seconds (e.g. {HANG_TIMEOUT_S})")
 
 
+def seconds(value: float, path: str) -> None:
+    if not 0 < value < math.inf:
+        raise bad(path, value, "must be a number of seconds above 0 (e.g. 60)")
+
+
 def resume(value: str, path: str) -> None:
     if value in ("auto", "force", "fresh") or re.fullmatch(r"fresh:[A-Za-z0-9._-]{1,120}", value):
         return

@@ -15,26 +15,35 @@ from pathlib import Path
 from typing import Callable
 
 from torchjob.jobs import backend as registry
-from torchjob.jobs.backend import Context, JobStatus
-from torchjob.jobs.invocation import finish_target, requests, ship
+from torchjob.jobs import timeouts
+from torchjob.jobs.backend import Context, JobStatus, Request
+from torchjob.jobs.invocation import finish_target, job_timeouts, requests, ship
 from torchjob.jobs.load import SpecError, parse_yaml, with_overrides
 from torchjob.jobs.parser import build_parser
 from torchjob.jobs.values import UserError
 from torchjob.trainer.contract import EXIT_CONFIG, EXIT_OK
 
 
-def cmd_render(args: argparse.Namespace) -> int:
-    for request in requests(registry.get(args.to), args, fresh=False):
+def show(found: list[Request], args: argparse.Namespace) -> int:
+    """Print the requests exactly (stdout), then the job's timeouts as resolved and checked
+    (stderr: what is sent stays what stdout shows); once for a sweep's alike points."""
+    for request in found:
         sys.stdout.write(request.text)
+    sys.stdout.flush()
+    tables = dict.fromkeys(timeouts.table(job_timeouts(r.spec, args)) for r in found)
+    sys.stderr.write("".join(tables))
     return EXIT_OK
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    return show(requests(registry.get(args.to), args, fresh=False), args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     backend = registry.get(args.to)
     (request,) = requests(backend, args, fresh=True)
     if args.dry_run:
-        sys.stdout.write(request.text)
-        return EXIT_OK
+        return show([request], args)
     backend.preflight(request)
     ship(request)
     return backend.run(request)
@@ -44,9 +53,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     backend = registry.get(args.to)
     found = requests(backend, args, fresh=True)
     if args.dry_run:
-        for request in found:
-            sys.stdout.write(request.text)
-        return EXIT_OK
+        return show(found, args)
     for request in found:
         backend.preflight(request)
     ship(found[0])  # one workspace image for the whole sweep

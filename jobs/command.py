@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.trainer_args import trainer_argv
-from torchjob.trainer.contract import (CHECKPOINT_DIR_OPTION, HANG_TIMEOUT_OPTION,
+from torchjob.trainer.contract import (CHECKPOINT_BUDGET_OPTION, CHECKPOINT_BUDGET_S,
+                                       CHECKPOINT_DIR_OPTION, COLLECTIVE_TIMEOUT_OPTION,
+                                       COLLECTIVE_TIMEOUT_S, HANG_TIMEOUT_OPTION,
                                        MAX_STALLED_DEFAULT, MAX_STALLED_OPTION, RESUME_OPTION,
                                        RUN_DIR_OPTION)
 
@@ -56,6 +58,19 @@ def store_command(spec: JobSpec, *, python: str, port: int | str | None = None
     return (python, "-m", STORE_MODULE, "--port", word)  # a str (a shell word) stays as it is
 
 
+def timeout_options(spec: JobSpec) -> tuple[str, ...]:
+    """The agent's options for the workers' collective timeout and checkpoint budget, where
+    they differ from the defaults the agent and the trainer share (torchjob.jobs.timeouts)."""
+    out: list[str] = []
+    for option, value, default in ((COLLECTIVE_TIMEOUT_OPTION, spec.collective_timeout,
+                                    COLLECTIVE_TIMEOUT_S),
+                                   (CHECKPOINT_BUDGET_OPTION, spec.checkpoint_budget,
+                                    CHECKPOINT_BUDGET_S)):
+        if value != default:
+            out += [option, f"{value:g}"]
+    return tuple(out)
+
+
 def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str,
                   extra_args: tuple[str, ...] = (), store_client: bool = False
                   ) -> tuple[str, ...]:
@@ -75,6 +90,7 @@ def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str
         *([MAX_STALLED_OPTION, str(spec.max_stalled_restarts)]
           if spec.max_stalled_restarts != MAX_STALLED_DEFAULT else []),
         HANG_TIMEOUT_OPTION, f"{spec.hang_timeout:g}",
+        *timeout_options(spec),
         "--nnodes", str(spec.nnodes),
         "--nproc-per-node", str(spec.nproc_per_node),
         "--rdzv-backend", spec.rdzv.backend,

@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from torchjob.jobs import workspace
-from torchjob.jobs.backend import GRACE_S, Backend, Context, Request
+from torchjob.jobs import timeouts, workspace
+from torchjob.jobs.backend import Backend, Context, Request
 from torchjob.jobs.hosts import refuse_system_dirs
 from torchjob.jobs.load import parse_yaml, read_spec, with_overrides
 from torchjob.jobs.spec import JobSpec
@@ -42,7 +42,15 @@ def context(spec: JobSpec, args: argparse.Namespace, *, fresh: bool) -> Context:
                    python=sys.executable, workdir=os.getcwd(),
                    port=free_port() if fresh else spec.rdzv.port,
                    cpu_count=os.cpu_count() or 1, source=args.source,
-                   grace=getattr(args, "grace", GRACE_S))
+                   grace=job_timeouts(spec, args).stop_grace.seconds)
+
+
+def job_timeouts(spec: JobSpec, args: argparse.Namespace) -> timeouts.Timeouts:
+    """The job's timeouts (torchjob.jobs.timeouts), with ``--grace`` where the command has it
+    and it was given: checked against the same rules as the spec's ``stop_grace``."""
+    found = timeouts.resolve(spec, grace=getattr(args, "grace", None))
+    timeouts.check(found)
+    return found
 
 
 def resume_overrides(args: argparse.Namespace) -> list[str]:

@@ -6,7 +6,6 @@ import argparse
 from importlib import metadata
 from typing import NoReturn
 
-from torchjob.jobs.backend import GRACE_S
 from torchjob.trainer.contract import EXIT_CONFIG
 
 class _Parser(argparse.ArgumentParser):
@@ -114,9 +113,10 @@ def add_job_commands(sub: SubParsers) -> None:
     run = spec_command(sub, "run", "start the job, follow its logs, exit with its exit code",
                        "local")
     run.add_argument("--dry-run", action="store_true", help="print what would run and exit")
-    run.add_argument("--grace", type=float, default=GRACE_S, metavar="SECONDS",
+    run.add_argument("--grace", type=float, metavar="SECONDS",
                      help="after Ctrl-C/SIGTERM, how long workers may take to checkpoint "
-                          "before they are killed (default: %(default)s)")
+                          "before they are killed (local and docker; default: the spec's "
+                          "stop_grace, itself above its checkpoint_budget)")
     render = spec_command(sub, "render", "print exactly what would be run or submitted (pure: "
                           "starts nothing)", "local")
     sweep_option(render)

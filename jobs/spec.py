@@ -20,7 +20,9 @@ from torchjob.jobs.values import (DNS_1035, DNS_LABEL_MAX, MODULE, SECRET_KEY, C
                                   Nnodes, Quantity, SpecError, at_least, bad, between, env_check,
                                   env_map, env_name, gpu_layout, label_key, one_line, pattern,
                                   positive, slurm_time)
-from torchjob.trainer.contract import HANG_TIMEOUT_S, MAX_STALLED_DEFAULT
+from torchjob.jobs import timeouts
+from torchjob.trainer.contract import (CHECKPOINT_BUDGET_S, COLLECTIVE_TIMEOUT_S, HANG_TIMEOUT_S,
+                                       MAX_STALLED_DEFAULT, STOP_GRACE_S)
 
 # The built-in trainer's module. The kit's packages live under torchjob (torchjob.trainer,
 # torchjob.jobs, ...), so a user's own trainer.py, jobs/, slurm/ or k8s/ is never confused with
@@ -297,13 +299,22 @@ class JobSpec(Section):
     hang_timeout: float = spec_field(
         "seconds without progress before the job counts as hung: the stacks of every rank go "
         "to RUN_DIR/hangs, the stuck rank is named and the workers restart from the last "
-        "checkpoint (as for a lost worker). Progress: a finished step (the built-in trainer "
-        "reports each; a script calls torchjob.trainer.progress.step()), or before a rank's first "
-        "step "
-        "(and in a script that reports none) its heartbeat, which a stopped or frozen process "
-        "loses. Set it above your longest gap between two steps (evaluation and blocking "
-        "checkpoint saves included) and below the trainer's pg_timeout (300 s). 0: off",
-        HANG_TIMEOUT_S, check=checks.hang_timeout)
+        "checkpoint. Progress: a finished step (the built-in trainer reports each; a script "
+        "calls torchjob.trainer.progress.step()), before the first step a rank's heartbeat. "
+        "Above your longest gap between two steps (evaluation, blocking saves), below "
+        "collective_timeout (checked). 0: off", HANG_TIMEOUT_S, check=checks.hang_timeout)
+    collective_timeout: float = spec_field(
+        "seconds a collective (all-reduce, barrier, ...) may wait before it fails: the built-in "
+        "trainer's --pg-timeout and a script's default process-group timeout",
+        COLLECTIVE_TIMEOUT_S, check=checks.seconds)
+    checkpoint_budget: float = spec_field(
+        "seconds a worker has after a stop signal to finish its step and write its checkpoint "
+        "before it exits without one (the built-in trainer's --stop-grace); below stop_grace "
+        "and slurm.signal_delay (checked)", CHECKPOINT_BUDGET_S, check=checks.seconds)
+    stop_grace: int = spec_field(
+        "seconds between a stop signal and the kill: Kubernetes pods' "
+        "terminationGracePeriodSeconds, docker stop -t and local runs (run --grace overrides "
+        "it)", STOP_GRACE_S, check=at_least(1))
     resume: str = spec_field(
         "checkpoints of another configuration: auto (refused, exit 2), force (resumed anyway) "
         "or fresh (moved aside once per submission; start over); torchjob run --fresh and "
@@ -341,6 +352,7 @@ class JobSpec(Section):
             if mount.target in targets:
                 raise bad(f"mounts[{i}].target", mount.target, "is mounted twice")
             targets.add(mount.target)
+        timeouts.check(timeouts.resolve(self))
 
     @property
     def local_nodes(self) -> int:

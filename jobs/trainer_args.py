@@ -15,7 +15,9 @@ from torchjob.jobs.values import (MAX_TOTAL_BYTES, MAX_VALUE_BYTES, FrozenMap, S
 
 Scalar = str | bool | int | float
 Args = Mapping[str, Scalar] | tuple[str, ...]
-TOP_LEVEL = ("run_dir", "checkpoint_dir")  # set at the top level of the spec, never in args
+# set at the top level of the spec, never in args: the trainer's option -> the spec's field
+TOP_LEVEL = {"run_dir": "run_dir", "checkpoint_dir": "checkpoint_dir",
+             "pg_timeout": "collective_timeout", "stop_grace": "checkpoint_budget"}
 _ARGS_FIX = ("write a mapping (grad_accum: 2) or a list of command-line words "
              "(['10', '--lr=0.1', 'model.depth=4'])")
 _one_word = at_most_bytes(MAX_VALUE_BYTES, "per command-line word (MAX_VALUE_BYTES)")
@@ -137,10 +139,11 @@ def _check_for_trainer(args: Args) -> None:
         if not item.option:
             continue
         if item.key in TOP_LEVEL:
-            where = "DIR there, not in" if words else \
+            what = "DIR" if item.key.endswith("dir") else "SECONDS"
+            where = f"{what} there, not in" if words else \
                 f"{scalar_text(item.value)} there, not under"
             raise bad(item.path, item.value, f"belongs at the top level of the job spec: write "
-                      f"{item.key}: {where} trainer.args")
+                      f"{TOP_LEVEL[item.key]}: {where} trainer.args")
         if item.key not in types:
             raise _unknown(item, sorted(set(types) - set(TOP_LEVEL)), words)
         want = types[item.key]

@@ -194,7 +194,8 @@ def volumes(spec: JobSpec) -> tuple[list[Obj], list[Obj]]:
 
 
 def pod_spec(spec: JobSpec, container: Obj) -> Obj:
-    """The pod around one container: security, volumes, service account, priority."""
+    """The pod around one container: security, volumes, service account, priority, the stop
+    grace (``stop_grace``: above the workers' checkpoint budget, torchjob.jobs.timeouts)."""
     vols, mounts = volumes(spec)
     container = {**container, "env": env(spec), "resources": resources(spec),
                  "volumeMounts": mounts, "securityContext": container_security(spec)}
@@ -208,6 +209,8 @@ def pod_spec(spec: JobSpec, container: Obj) -> Obj:
         pod["automountServiceAccountToken"] = False
     if spec.k8s.priority_class:
         pod["priorityClassName"] = spec.k8s.priority_class
+    # a deleted or preempted pod's time to checkpoint (Kubernetes' default is 30 s)
+    pod["terminationGracePeriodSeconds"] = spec.stop_grace
     pod["containers"] = [container]
     pod["volumes"] = vols
     return pod

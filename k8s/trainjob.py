@@ -63,7 +63,8 @@ NODE = "node"  # the runtime's trainer replicatedJob and its container (constant
 PATCH_MANAGER = "torchjob.io/render"  # owner of our runtimePatches entry (domain/path)
 # What v2.3's runtimePatches may set in the pod (PodSpecPatch) and in a container
 # (ContainerPatch) that the PyTorchJob pod has; the node container's env is trainer.env.
-POD_PATCH = ("serviceAccountName", "securityContext", "volumes")
+POD_PATCH = ("serviceAccountName", "securityContext", "terminationGracePeriodSeconds",
+             "volumes")
 CONTAINER_PATCH = ("name", "volumeMounts", "securityContext")
 
 

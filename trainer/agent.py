@@ -2,9 +2,9 @@
 agent (trainer.torchrun_agent), with the built-in trainer's workers forked from a server that
 has imported torch already, so that a restart costs a fork.
 
-torchjob's options come first (``--retry-on-error``, ``--run-dir``, ``--checkpoint-dir``,
-``--resume``, ``--max-stalled-restarts``, ``--hang-timeout``); with a run directory it holds
-its lock (trainer.runlock): a second live run there exits 2.
+torchjob's options come first (``--retry-on-error``, ``--max-stalled-restarts`` and the
+exported ``AGENT_ENV_OPTIONS``); with a run directory it holds its lock (trainer.runlock): a
+second live run there exits 2.
 """
 
 from __future__ import annotations
@@ -20,14 +20,19 @@ import sys
 import tempfile
 import uuid
 from types import FrameType
+from collections.abc import Mapping
 from typing import Any, NoReturn, Sequence
 
 from torchjob.trainer import progress
-from torchjob.trainer.contract import (AGENT_ENV_OPTIONS, DIR_OPTIONS, EXIT_CONFIG, EXIT_FAILED,
-                                       EXIT_STOPPED, EXIT_STORE_LOST, HANG_TIMEOUT_ENV,
-                                       HANG_TIMEOUT_OPTION, HANG_TIMEOUT_S, MAX_STALLED_OPTION,
-                                       MIN_HANG_TIMEOUT_S, PROGRESS_DIR_ENV, RUN_DIR_ENV,
-                                       STOP_SIGNALS, closing_line, job_exit_code)
+from torchjob.trainer.contract import (AGENT_ENV_OPTIONS, CHECKPOINT_BUDGET_ENV,
+                                       CHECKPOINT_BUDGET_OPTION, COLLECTIVE_TIMEOUT_ENV,
+                                       COLLECTIVE_TIMEOUT_OPTION, COLLECTIVE_TIMEOUT_S,
+                                       DIR_OPTIONS, EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED,
+                                       EXIT_STORE_LOST, HANG_TIMEOUT_ENV, HANG_TIMEOUT_OPTION,
+                                       HANG_TIMEOUT_S, MAX_STALLED_OPTION, MIN_HANG_TIMEOUT_S,
+                                       NCCL_HEARTBEAT_ENV, PROGRESS_DIR_ENV, RUN_DIR_ENV,
+                                       STOP_SIGNALS, closing_line, job_exit_code,
+                                       nccl_heartbeat_s, seconds_from)
 from torchjob.trainer.dirs import unusable
 from torchjob.trainer.orphans import die_with_parent
 from torchjob.trainer.runlock import RunDirBusy, RunLock
@@ -116,12 +121,28 @@ def hang_timeout(environ: dict[str, str]) -> float:
     return seconds
 
 
+def job_timeouts(env: dict[str, str], environ: Mapping[str, str]) -> None:
+    """Check ``--collective-timeout`` and ``--checkpoint-budget`` (a ValueError that names the
+    option), and give the workers NCCL's watchdog heartbeat above the collective timeout
+    unless ``environ`` (the job's env) sets it (torchjob.jobs.timeouts checks that one)."""
+    for option, name in ((COLLECTIVE_TIMEOUT_OPTION, COLLECTIVE_TIMEOUT_ENV),
+                         (CHECKPOINT_BUDGET_OPTION, CHECKPOINT_BUDGET_ENV)):
+        try:
+            seconds_from(env, name, 1)
+        except ValueError:
+            raise ValueError(f"{option} {env[name]!r}: give a number of seconds above 0") from None
+    if NCCL_HEARTBEAT_ENV not in environ:
+        collective = seconds_from(env, COLLECTIVE_TIMEOUT_ENV, COLLECTIVE_TIMEOUT_S)
+        env[NCCL_HEARTBEAT_ENV] = str(nccl_heartbeat_s(collective))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """torchrun with torchjob's own options first (docs/internals.md)."""
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     try:
         argv, settings, env = own_options(list(sys.argv[1:] if argv is None else argv))
         seconds = hang_timeout(env)
+        job_timeouts(env, os.environ)
     except ValueError as exc:
         print(f"torchjob: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)

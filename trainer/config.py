@@ -10,7 +10,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Sequence
+
+from torchjob.trainer.contract import (CHECKPOINT_BUDGET_ENV, CHECKPOINT_BUDGET_S,
+                                       COLLECTIVE_TIMEOUT_ENV, COLLECTIVE_TIMEOUT_S, seconds_from)
 
 
 class ConfigError(ValueError):
@@ -47,7 +51,8 @@ class TrainConfig:
     seed: int = opt(0, "seed for model init, data order and dropout")
     backend: str = opt("auto", "process-group backend: auto (nccl with CUDA, else gloo)",
                        ("auto", "nccl", "gloo"))
-    pg_timeout: float = opt(300.0, "seconds a collective may wait before it fails")
+    pg_timeout: float = opt(float(COLLECTIVE_TIMEOUT_S), "seconds a collective may wait before "
+                            "it fails (default: the job's collective_timeout)")
     eval_every: int = opt(1, "evaluate every N epochs (0: only at the end)")
     eval_every_steps: int = opt(0, "also evaluate every N optimizer steps (0: off), for "
                                 "epochs too long to wait for")
@@ -61,8 +66,9 @@ class TrainConfig:
     keep_checkpoints: int = opt(3, "keep the newest N checkpoints")
     async_checkpoint: bool = opt(False, "write checkpoints in the background")
     resume: bool = opt(True, "resume from the newest checkpoint that verifies")
-    stop_grace: float = opt(30.0, "seconds to finish the step and checkpoint after a stop "
-                            "signal before exiting without one")
+    stop_grace: float = opt(float(CHECKPOINT_BUDGET_S), "seconds to finish the step and "
+                            "checkpoint after a stop signal before exiting without one "
+                            "(default: the job's checkpoint_budget)")
     log_samples: bool = opt(False, "record the dataset indices each rank trains on, per "
                             "micro-batch, in RUN_DIR/samples/ (to check a resume)")
     num_workers: int = opt(0, "DataLoader worker processes per rank")
@@ -148,7 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
-    """The one reader of the trainer's command line."""
-    ns = build_parser().parse_args(argv)
+def parse_args(argv: Sequence[str] | None = None,
+               environ: Mapping[str, str] | None = None) -> TrainConfig:
+    """The one reader of the trainer's command line. ``environ`` (a worker's: its agent's
+    exports) gives the defaults of --pg-timeout and --stop-grace (the job's timeouts)."""
+    parser = build_parser()
+    if environ is not None:
+        try:
+            parser.set_defaults(
+                pg_timeout=seconds_from(environ, COLLECTIVE_TIMEOUT_ENV, COLLECTIVE_TIMEOUT_S),
+                stop_grace=seconds_from(environ, CHECKPOINT_BUDGET_ENV, CHECKPOINT_BUDGET_S))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    ns = parser.parse_args(argv)
     return TrainConfig(**vars(ns))

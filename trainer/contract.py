@@ -5,9 +5,11 @@ here (this package is the lowest layer, and needs no torch for this module).
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 import string
+from collections.abc import Mapping
 
 # The exit table (README, "Exit codes"), the same on every backend.
 EXIT_OK = 0  # done
@@ -98,8 +100,26 @@ RESUME_OPTION, RESUME_ENV = "--resume", "TORCHJOB_RESUME"
 HANG_TIMEOUT_OPTION, HANG_TIMEOUT_ENV = "--hang-timeout", "TORCHJOB_HANG_TIMEOUT"
 HANG_TIMEOUT_S = 180
 MIN_HANG_TIMEOUT_S = 5  # a few heartbeats (torchjob.trainer.progress.BEAT_S): less would see ghosts
+# The timeouts the job spec gives its workers (torchjob.jobs.timeouts orders them): a
+# collective's wait before it fails (the built-in trainer's --pg-timeout default; a script's
+# process-group default, trainer.collective_timeout) and a stop's step and checkpoint before the
+# trainer exits without one (its --stop-grace default). The agent's option, exported as the
+# variable; absent: the default here, which is the spec's.
+COLLECTIVE_TIMEOUT_OPTION, COLLECTIVE_TIMEOUT_ENV = ("--collective-timeout",
+                                                     "TORCHJOB_COLLECTIVE_TIMEOUT")
+COLLECTIVE_TIMEOUT_S = 300  # above HANG_TIMEOUT_S, so that the watchdog sees a hang first
+CHECKPOINT_BUDGET_OPTION, CHECKPOINT_BUDGET_ENV = ("--checkpoint-budget",
+                                                   "TORCHJOB_CHECKPOINT_BUDGET")
+CHECKPOINT_BUDGET_S = 30
+STOP_GRACE_S = 60  # a stop signal -> the kill (K8s, docker, local): above CHECKPOINT_BUDGET_S
+STORE_TIMEOUT_S = 60  # one request to the job's own rendezvous store (torchjob.trainer.store)
+# NCCL's watchdog monitor (torch's TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC, default 480 s): the agent
+# sets it for its workers this far above the collective timeout (at the default: torch's own)
+NCCL_HEARTBEAT_ENV, NCCL_HEARTBEAT_MARGIN_S = "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", 180
 AGENT_ENV_OPTIONS = {**DIR_OPTIONS, RESUME_OPTION: RESUME_ENV,
-                     HANG_TIMEOUT_OPTION: HANG_TIMEOUT_ENV}
+                     HANG_TIMEOUT_OPTION: HANG_TIMEOUT_ENV,
+                     COLLECTIVE_TIMEOUT_OPTION: COLLECTIVE_TIMEOUT_ENV,
+                     CHECKPOINT_BUDGET_OPTION: CHECKPOINT_BUDGET_ENV}
 # Where each worker reports its progress (torchjob.trainer.progress): a node-local folder the agent
 # makes, one small file per local rank; unset (not under our agent): reporting does nothing.
 PROGRESS_DIR_ENV = "TORCHJOB_PROGRESS_DIR"
@@ -114,6 +134,27 @@ MANIFEST = "manifest.json"
 # The attempt of a node's first workers when the scheduler itself runs the job again (Slurm's
 # requeue: SLURM_RESTART_COUNT): the agent adds its own restarts to it. Unset: 0.
 ATTEMPT_BASE_ENV = "TORCHJOB_ATTEMPT_BASE"
+
+
+def nccl_heartbeat_s(collective_s: float) -> int:
+    """NCCL's watchdog heartbeat timeout for a collective timeout (whole seconds, as torch
+    reads it): above it, so that a collective fails by its own timeout first."""
+    return math.ceil(collective_s) + NCCL_HEARTBEAT_MARGIN_S
+
+
+def seconds_from(environ: Mapping[str, str], name: str, default: float) -> float:
+    """The positive seconds in ``environ[name]`` (``default`` when unset); a ValueError that
+    names the variable otherwise."""
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < math.inf:
+        raise ValueError(f"{name}={raw!r}: give a number of seconds above 0")
+    return value
 
 
 def log_prefix(node: int | str, rank: int | str, attempt: int | str) -> str:

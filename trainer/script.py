@@ -124,4 +124,5 @@ def leave(code: int) -> NoReturn:
 if __name__ == "__main__":
     die_with_parent()  # the agent (torchjob.trainer.orphans)
     progress.start()  # its heartbeat, for the agent's hang watchdog (torchjob.trainer.progress)
+    importlib.import_module("torchjob.trainer.collective_timeout").install()  # the job's default
     leave(main(sys.argv[1:]))

@@ -13,6 +13,8 @@ import sys
 from datetime import timedelta
 from types import FrameType
 
+from torchjob.trainer.contract import STORE_TIMEOUT_S
+
 READY_LINE = "torchjob: rendezvous store serving on port {port}"
 
 
@@ -32,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # listens on every address; multi_tenant as the agents' clients open it
         store = TCPStore("0.0.0.0", args.port, is_master=True, wait_for_workers=False,
-                         multi_tenant=True, timeout=timedelta(seconds=60))
+                         multi_tenant=True, timeout=timedelta(seconds=STORE_TIMEOUT_S))
     except (RuntimeError, ValueError) as exc:
         print(f"torchjob: the rendezvous store cannot serve on port {args.port}: {exc}",
               file=sys.stderr, flush=True)

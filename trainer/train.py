@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None, *, stopped_after_the_work: int = 0) 
     """Train; the exit code. ``stopped_after_the_work`` is the code when a stop signal arrived
     after the last step's stop check: the work is done and checkpointed, so 0 by default."""
     try:
-        cfg = parse_args(argv)
+        cfg = parse_args(argv, os.environ)
         env = DistEnv.from_environ()
     except (ConfigError, EnvError) as exc:
         tell(f"trainer: {exc}")

@@ -57,7 +57,8 @@ VARIANTS: dict[str, tuple[str, list[str], Renderer]] = {
                                        "trainer", "k8s.active_deadline_seconds=86400",
                                        "mounts=[{source: datasets, target: /data, "
                                        "read_only: true}]", "retry_on_error=true",
-                                       "max_stalled_restarts=5", "hang_timeout=600"],
+                                       "max_stalled_restarts=5", "hang_timeout=600",
+                                       "collective_timeout=900"],
                            trainjob),
 }
 

@@ -178,7 +178,7 @@ ELASTIC = [f"mounts=[{{source: {HERE}, target: /opt/usertask, read_only: true}}]
            "trainer.args.task=slow_alone:task", "trainer.args.batch_size=8",
            "trainer.args.epochs=2", "trainer.args.checkpoint_every=50",
            "trainer.args.log_every=10", "trainer.args.progress=lines",
-           "trainer.args.eval_every=0", "trainer.args.pg_timeout=30"]
+           "trainer.args.eval_every=0", "collective_timeout=30", "hang_timeout=0"]
 
 
 def test_elastic_node_stopped_and_started_again(container_image: str, tmp_path: Path) -> None:
@@ -251,7 +251,7 @@ def test_killed_node_is_started_again_and_the_run_ends_bitwise_equal(
     sets = ["nnodes=2", "nproc_per_node=1", "trainer.args.epochs=3", "trainer.args.batch_size=8",
             "trainer.args.checkpoint_every=10", "trainer.args.log_every=1",
             "trainer.args.progress=lines", "trainer.args.eval_every=0",
-            "trainer.args.pg_timeout=30"]
+            "collective_timeout=30", "hang_timeout=0"]
     with open(tmp_path / "local.log", "w+") as log:
         ref = start(run_args("default.yaml", *sets, to="local"), tmp_path / "local", log)
         assert ref.wait(timeout=600) == 0, log.read()[-3000:]
@@ -387,7 +387,8 @@ def test_an_elastic_job_survives_losing_any_node(request: pytest.FixtureRequest,
         argv = run_args("elastic.yaml", f"image={image}", "docker.restart=no",
                         "trainer.args.epochs=3", "trainer.args.batch_size=8",
                         "trainer.args.checkpoint_every=10", "trainer.args.log_every=1",
-                        "trainer.args.progress=lines", "trainer.args.pg_timeout=30")
+                        "trainer.args.progress=lines", "collective_timeout=30",
+                        "hang_timeout=0")
         with running(argv, cwd, logfile) as proc:
             project = project_of(logfile)
             wait_for(lambda: last_step(run_dir) >= 30 or proc.poll() is not None, 300,

@@ -53,7 +53,8 @@ def test_an_elastic_job_trains_in_its_pods_with_the_operators_env(container_imag
 # pod or the store mid-run and must end where the uninterrupted one ends, bit for bit.
 FIXED = ["nnodes=2", "trainer.args.epochs=2", "trainer.args.batch_size=8",
          "trainer.args.checkpoint_every=10", "trainer.args.log_every=1",
-         "trainer.args.pg_timeout=30", "k8s.pvc=runs", "k8s.pvc_mount_path=/workspace"]
+         "collective_timeout=30", "hang_timeout=0", "k8s.pvc=runs",
+         "k8s.pvc_mount_path=/workspace"]
 
 
 def fixed_job(image: str, *sets: str) -> JobSpec:
@@ -168,7 +169,8 @@ def test_an_elastic_job_survives_losing_worker_0(container_image: str, tmp_path:
                     [f"name={name}", "image=" + container_image, "k8s.pvc=runs",
                      "k8s.pvc_mount_path=/workspace", "trainer.args.epochs=3",
                      "trainer.args.batch_size=8", "trainer.args.checkpoint_every=10",
-                     "trainer.args.log_every=1", "trainer.args.pg_timeout=30",
+                     "trainer.args.log_every=1", "collective_timeout=30",
+                     "hang_timeout=0",
                      # the first round waits for both pods (podman starts them seconds apart
                      # on a busy host), so that there are two to lose one of
                      "rdzv.last_call_timeout=20"])

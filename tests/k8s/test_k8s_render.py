@@ -256,12 +256,13 @@ def test_trainjob_runs_the_agent_at_node_0_as_the_torch_plugin_names_it() -> Non
 
 def test_trainjob_agent_keeps_watchdog_retries_and_storm_guard() -> None:
     spec = loads("name: job\nretry_on_error: true\nmax_stalled_restarts: 5\n"
-                 "hang_timeout: 600\nresume: force")
+                 "hang_timeout: 600\ncollective_timeout: 900\nresume: force")
     command = render_trainjob(spec)["spec"]["trainer"]["command"]
     words = command[command.index("torchjob.trainer.agent"):command.index("--nnodes")]
     assert words == ["torchjob.trainer.agent", "--run-dir", "runs/job", "--checkpoint-dir",
                      "runs/job/checkpoints", "--retry-on-error", "--resume", "force",
-                     "--max-stalled-restarts", "5", "--hang-timeout", "600"]
+                     "--max-stalled-restarts", "5", "--hang-timeout", "600",
+                     "--collective-timeout", "900"]
 
 
 def test_trainjob_pod_settings_are_one_runtime_patch_of_allowed_fields() -> None:
@@ -284,7 +285,8 @@ def test_trainjob_pod_settings_are_one_runtime_patch_of_allowed_fields() -> None
     assert job["name"] == "node"
     pod = job["template"]["spec"]["template"]["spec"]
     # Only PodSpecPatch / ContainerPatch fields (trainjob_types.go); no env on node.
-    assert set(pod) == {"serviceAccountName", "securityContext", "volumes", "containers"}
+    assert set(pod) == {"serviceAccountName", "securityContext", "volumes", "containers",
+                        "terminationGracePeriodSeconds"}
     [node] = pod["containers"]
     assert set(node) == {"name", "volumeMounts", "securityContext"} and node["name"] == "node"
     assert pod["serviceAccountName"] == "trainer"
