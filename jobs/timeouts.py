@@ -56,14 +56,15 @@ class Timeouts:
 
 @dataclass(frozen=True)
 class Rule:
-    """``lower`` must be below ``upper`` (when ``applies``); ``blame``: the one whose field the
-    error names; ``why``: what goes wrong otherwise."""
+    """``lower`` must be below ``upper`` (or equal, unless ``strict``; when ``applies``);
+    ``blame``: the one whose field the error names; ``why``: what goes wrong otherwise."""
 
     lower: str
     upper: str
     blame: str
     why: str
     applies: Callable[[Timeouts], bool] = lambda t: True
+    strict: bool = True
 
 
 def _hang_on(t: Timeouts) -> bool:
@@ -72,7 +73,7 @@ def _hang_on(t: Timeouts) -> bool:
 
 RULES = (
     Rule("heartbeat_lost", "hang", "hang", "a stopped or frozen rank is named only once its "
-         "heartbeat is lost, before the hang timeout", _hang_on),
+         "heartbeat is lost, by the hang timeout", _hang_on, strict=False),
     Rule("hang_dump_lead", "hang", "hang", "every node writes its stacks this long before the "
          "hang timeout", _hang_on),
     Rule("hang", "collective", "hang", "a stuck collective would fail first, so the hang "
@@ -141,11 +142,13 @@ def resolve(spec: Any, grace: float | None = None) -> Timeouts:
 def problem(rule: Rule, timeouts: Timeouts) -> SpecError | None:
     """The SpecError of ``rule`` broken by ``timeouts``, else None."""
     low, high = getattr(timeouts, rule.lower), getattr(timeouts, rule.upper)
-    if not rule.applies(timeouts) or low.seconds < high.seconds:
+    if not rule.applies(timeouts) or low.seconds < high.seconds or (
+            not rule.strict and low.seconds == high.seconds):
         return None
     blamed = getattr(timeouts, rule.blame)
     other = high if blamed is low else low
-    side = "below" if blamed is low else "above"
+    side = ("below" if blamed is low else "above") if rule.strict else \
+        ("at most" if blamed is low else "at least")
     shown = f"{other.source} {other.seconds:g} s" if other.settable else \
         f"the {other.name} time, {other.seconds:g} s ({other.source})"
     fix = f"set {blamed.source} {side} {other.seconds:g}"
@@ -172,7 +175,8 @@ def table(timeouts: Timeouts) -> str:
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3]
              for row in rows]
     names = {f.name: getattr(timeouts, f.name).name for f in dataclasses.fields(timeouts)}
-    order = "; ".join(f"{names[r.lower]} < {names[r.upper]}" for r in RULES)
+    order = "; ".join(f"{names[r.lower]} {'<' if r.strict else '<='} {names[r.upper]}"
+                      for r in RULES)
     return "\n".join(["torchjob: the job's timeouts (torchjob.jobs.timeouts):",
                       *(f"  {line.rstrip()}" for line in lines),
                       f"  checked: {order}", ""])

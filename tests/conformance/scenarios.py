@@ -94,7 +94,8 @@ def hang(cell: Cell) -> None:
     """SIGSTOP of a worker mid-run (a hang: a stuck collective, a dead mount) with
     hang_timeout 20: detected within 30 s, the stacks written, rank 1 named, the group
     restarted from the last checkpoint; the job ends bitwise where an uninterrupted run ends."""
-    run = cell.start(DEFAULT, *GATED, f"hang_timeout={HANG_TIMEOUT_S}")
+    run = cell.start(DEFAULT, *GATED, f"hang_timeout={HANG_TIMEOUT_S}",
+                     f"checkpoint_budget={HANG_TIMEOUT_S // 2}")
     workers = cell.at_gate(run)
     cell.column.pause(cell, workers[1])
     stopped = time.monotonic()
