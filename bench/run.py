@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/run.py                 # all of them, then the table
     .venv/bin/python bench/run.py launch restart  # some (the others' last rows are kept)
+    .venv/bin/python bench/run.py scale           # the rendezvous at 64..4096 agents alone
     .venv/bin/python bench/run.py --quick ...     # fewer rounds
     .venv/bin/python bench/run.py --table         # print and rewrite the table only
     python3 bench/run.py --device cuda --quick --only gpt,throughput,checkpoint --out rows.json
@@ -37,7 +38,7 @@ from common import RESULTS, ROOT  # noqa: E402
 # name on the command line -> module in bench/
 BENCHES = {"throughput": "throughput", "launch": "launch", "restart": "restart",
            "checkpoint": "ckpt_stall", "accuracy": "accuracy", "containers": "containers",
-           "fail_fast": "fail_fast", "gpt": "gpt"}
+           "fail_fast": "fail_fast", "gpt": "gpt", "scale": "scale"}
 LATEST = RESULTS / "latest.json"
 DOC = ROOT / "docs" / "benchmarks.md"
 COLUMNS = ("benchmark", "measure", "ours", "baseline", "ratio", "goal", "unit")
@@ -70,6 +71,9 @@ What each compares (details and raw samples: bench/results/latest.json):
   the same model, optimizer, data and precision) and vs bench/nanogpt_loop.py (a nanoGPT-style
   single-file loop on the same data and model size). Each row's detail gives every side's MFU
   (6N, and with attention) against a matmul peak measured in the run, and its peak memory.
+- scale: N simulated agents (threads, no workers) through the real c10d rendezvous, ours
+  (the job's own store process, MembershipWatch) vs torch's stock (agent 0 hosts the store);
+  its own section below.
 """
 
 
@@ -152,7 +156,18 @@ def document(data: dict[str, Any]) -> str:
             "with other jobs: absolute times are noisy, ratios are the point. How each is "
             "measured is in its module's docstring (bench/*.py).\n\n"
             f"Runs: {when}.\n\n" + table(data["rows"], markdown=True) + NOTES
+            + scale_section(data["rows"])
             + "".join(on_gpu(path) for path in sorted(RESULTS.glob("cuda-*.json"))))
+
+
+def scale_section(rows: list[dict[str, Any]]) -> str:
+    """The scale benchmark's growth table, plot and estimate (bench/scale_report.py), when
+    latest.json has its rows; the plot is redrawn."""
+    if not any(r["benchmark"] == "scale" for r in rows):
+        return ""
+    import scale_report
+    scale_report.plot(rows, scale_report.PLOT)
+    return scale_report.section(rows)
 
 
 def on_gpu(path: Path) -> str:
