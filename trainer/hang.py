@@ -197,7 +197,7 @@ class Watchdog:
                 return None
             if now - self.quiet_since < DUMP_LEAD_S:
                 return None
-            every = [v for node in range(self.nodes) for v in self._told(node)]
+            every = self._told()
             if not hung(every, self.timeout):
                 return None
             finding = find(every, self.timeout)
@@ -209,11 +209,14 @@ class Watchdog:
             self.store = None
             return None
 
-    def _told(self, node: int) -> list[RankView]:
-        key = NODE_KEY.format(node)
-        if not self.store.check([key]):
-            return []
-        return [RankView.from_json(v) for v in json.loads(self.store.get(key))]
+    def _told(self) -> list[RankView]:
+        """What every node told: two requests when all did, else one or two per node."""
+        keys = [NODE_KEY.format(node) for node in range(self.nodes)]
+        if self.store.check(keys):
+            told = self.store.multi_get(keys)
+        else:
+            told = [self.store.get(key) for key in keys if self.store.check([key])]
+        return [RankView.from_json(v) for data in told for v in json.loads(data)]
 
     def _act(self, now: float) -> Hang | None:
         """This node acts when it holds a culprit, at once; when none was told apart, or
