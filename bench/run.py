@@ -38,7 +38,7 @@ from common import RESULTS, ROOT  # noqa: E402
 # name on the command line -> module in bench/
 BENCHES = {"throughput": "throughput", "launch": "launch", "restart": "restart",
            "checkpoint": "ckpt_stall", "accuracy": "accuracy", "containers": "containers",
-           "fail_fast": "fail_fast", "gpt": "gpt", "scale": "scale"}
+           "fail_fast": "fail_fast", "gpt": "gpt", "scale": "scale", "hang": "hang_exchange"}
 LATEST = RESULTS / "latest.json"
 DOC = ROOT / "docs" / "benchmarks.md"
 COLUMNS = ("benchmark", "measure", "ours", "baseline", "ratio", "goal", "unit")
@@ -74,6 +74,10 @@ What each compares (details and raw samples: bench/results/latest.json):
 - scale: N simulated agents (threads, no workers) through the real c10d rendezvous, ours
   (the job's own store process, MembershipWatch) vs torch's stock (agent 0 hosts the store);
   its own section below.
+- hang: the hang watchdog's store traffic (bench/hang_exchange.py): N real watchdogs, one per
+  simulated node, over one real store on a simulated clock; one rank drawn at random stalls in
+  its own code while the others wait in a collective. No baseline: torch's agent names no
+  culprit. The goals are on ours alone: O(1) store operations per node per second.
 """
 
 

@@ -352,10 +352,7 @@ def cost_rows(keep_alive_s: int) -> list[dict[str, Any]]:
 
 def run(quick: bool = False, settings: Settings = Settings()) -> list[dict[str, Any]]:
     print(f"  RLIMIT_NOFILE raised to {raise_nofile()}", flush=True)
-    rows = [row("scale", "hang watchdog, healthy: store ops per agent per interval", 0, None,
-                "O(1)", "ops", why="trainer.hang.Watchdog is given no store: it reads the "
-                "workers' progress files and /proc; only a failure's verdict uses the store"),
-            *cost_rows(settings.keep_alive_s)]
+    rows = cost_rows(settings.keep_alive_s)  # the hang watchdog's traffic: hang_exchange.py
     for nodes, rounds in sizes_and_rounds(quick):
         def say(m: dict[str, float], b: dict[str, float]) -> str:
             return (f"N={nodes} formed ours {m['form_s']:.2f} s torch {b['form_s']:.2f} s; "
