@@ -244,8 +244,9 @@ def event_item(files: RunFiles, r: dict[str, Any], out_dir: Path) -> str:
     elif kind == "hang":
         found = r.get("culprits")
         culprits: list[Any] = found if isinstance(found, list) else []
-        named = "; ".join(f"rank {c.get('rank')} on node {c.get('node')} ({c.get('how')}) at "
-                          f"{c.get('frame')}" for c in culprits if isinstance(c, dict))
+        named = "; ".join(f"rank {c.get('rank')} on node {c.get('node')} ({c.get('how')})"
+                          + (f" at {c['frame']}" if c.get("frame") else "")
+                          for c in culprits if isinstance(c, dict))
         ranks = ",".join(str(c.get("rank")) for c in culprits if isinstance(c, dict))
         return (f'<li class="hang" data-event="hang" data-culprit-ranks="{escape(ranks)}">'
                 f"{when} <b>hang</b> in attempt {escape(str(r.get('attempt')))}: culprit "
