@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from torchjob.jobs import backend as registry
-from torchjob.jobs import timeouts
+from torchjob.jobs import report, timeouts
 from torchjob.jobs.backend import Context, JobStatus, Request
 from torchjob.jobs.invocation import finish_target, job_timeouts, requests, ship
 from torchjob.jobs.load import SpecError, parse_yaml, with_overrides
@@ -195,9 +195,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_CONFIG if failed else EXIT_OK
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """The run's report (torchjob.jobs.report), from its run directory or its handle."""
+    run_dir = Path(args.run)
+    if not run_dir.exists() and ":" in args.run:  # BACKEND:ID: where its backend says it ran
+        backend, handle = registry.parse_handle(args.run)
+        run_dir = Path(backend.status(handle).run_dir or args.run)
+    print(report.write(run_dir, Path(args.output) if args.output else None))
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run, "render": cmd_render, "submit": cmd_submit, "status": cmd_status,
-    "logs": cmd_logs, "cancel": cmd_cancel, "list": cmd_list, "validate": cmd_validate}
+    "logs": cmd_logs, "cancel": cmd_cancel, "list": cmd_list, "validate": cmd_validate,
+    "report": cmd_report}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

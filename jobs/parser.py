@@ -152,7 +152,7 @@ def add_handle_commands(sub: SubParsers) -> None:
 
 
 def add_other_commands(sub: SubParsers) -> None:
-    """list, validate."""
+    """list, validate, report."""
     lister = sub.add_parser("list", help="list jobs (every backend that can list here, or "
                             "those given with --to)", description="list jobs")
     lister.add_argument("--to", action="append", metavar="BACKEND", help=TO_HELP)
@@ -169,3 +169,13 @@ def add_other_commands(sub: SubParsers) -> None:
                             "files these are (default: k8s)")
     check.add_argument("--no-pod-security", action="store_true",
                        help="skip the Pod Security 'restricted' rules")
+    report = sub.add_parser("report", help="write a run's report: one HTML file with its "
+                            "curves, step times per rank, restarts and hangs, spec",
+                            description="Write one self-contained HTML page (no network) of "
+                            "a run: loss and evaluation curves, each rank's step time over "
+                            "time, the rounds, restarts and hangs (with links to the stacks), "
+                            "and the run's spec and environment.")
+    report.add_argument("run", metavar="RUN", help="the run directory (e.g. runs/NAME), or a "
+                        "job's handle (local:RUN_ID) whose backend knows it")
+    report.add_argument("-o", "--output", metavar="FILE",
+                        help="where to write it (default: RUN/report.html)")

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("trainer", "jobs", "k8s", "slurm")  # folders; installed as torchjob.trainer, ...
 CORE = {"torchjob.jobs"} | {f"torchjob.jobs.{m}" for m in (
     "spec", "checks", "trainer_args", "load", "values", "command", "hosts", "backend", "sweep",
-    "examples", "runs", "launcher", "preflight", "workspace", "stops", "timeouts")}
+    "examples", "runs", "launcher", "preflight", "workspace", "stops", "timeouts", "report",
+    "report_setup", "charts")}
 CLI = {"torchjob.jobs.cli", "torchjob.jobs.__main__", "torchjob.jobs.invocation",
        "torchjob.jobs.parser"}
 BACKENDS = {"torchjob.jobs.backends.local": "local", "torchjob.jobs.backends.docker": "docker",

@@ -19,6 +19,7 @@ from typing import Any, Callable, TypeVar
 from torchjob.trainer import ledger
 
 T = TypeVar("T")
+STEP_TIMES = "step_times"  # RUN_DIR/step_times/rank<R>.jsonl: each rank's step work over time
 
 
 class Reporter:
@@ -71,6 +72,19 @@ class Reporter:
             with open(self.run_dir / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(record) + "\n")
         self.main(write)
+
+    def step_times(self, step: int, restart: int, times: dict[str, float]) -> None:
+        """Append this rank's step work since its last line (trainer.stragglers' percentiles)
+        to RUN_DIR/step_times/rank<R>.jsonl, on every rank: the run report's heat map. Best
+        effort: a file that cannot be written never stops training."""
+        record = {"time": round(time.time(), 3), "step": step, "restart": restart, **times}
+        try:
+            folder = self.run_dir / STEP_TIMES
+            folder.mkdir(parents=True, exist_ok=True)
+            with open(folder / f"rank{self.rank}.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        except OSError:
+            pass
 
     def progress(self, step: int, total: int, **shown: float) -> None:
         """Advance the bar, or print a plain line every ``log_every`` steps."""

@@ -206,6 +206,7 @@ class Loop:
         self.clock = Throughput(warmup_steps=min(5, max(total - pos.step - 1, 0)))
         self.step, self.loss_sum, self.here = pos.step, torch.zeros((), device=group.device), pos
         self.work: list[float] = []
+        self.logged = 0  # self.work[:logged] is in the step-time records already
         self.evaluated = -1  # the step of the last evaluation
         self.scores: dict[str, float] = {}  # and its scores
         rep.say(f"training {total} steps ({batches.steps_per_epoch}/epoch, global batch "
@@ -276,6 +277,9 @@ class Loop:
                        samples_per_s=self.clock.rate(),
                        **self.task.objective.rates(self.clock.rate()),
                        restart=self.group.env.restart_count)
+            rep.step_times(step, self.group.env.restart_count,
+                           stragglers.percentiles(self.work[self.logged:]))
+            self.logged = len(self.work)
             rep.progress(step, self.total, loss=shown, lr=lr)
         elif rep.use_bar:
             rep.progress(step, self.total)
