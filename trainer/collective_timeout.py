@@ -9,15 +9,13 @@ Lazy: torch is not imported here. ``install`` sets the default when the script i
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
 
+from torchjob.trainer import frames
 from torchjob.trainer.contract import (COLLECTIVE_TIMEOUT_ENV, COLLECTIVE_TIMEOUT_S, EXIT_CONFIG,
                                        seconds_from)
 
@@ -37,41 +35,6 @@ def apply(c10d: types.ModuleType, timeout: timedelta) -> None:
         setattr(c10d, "default_pg_nccl_timeout", timeout)
 
 
-class _Loader(importlib.abc.Loader):
-    """The real loader of ``C10D``, then ``apply``; anything else asked of it is the real one's."""
-
-    def __init__(self, loader: Any, timeout: timedelta) -> None:
-        self._loader, self._timeout = loader, timeout
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self._loader.exec_module(module)
-        apply(module, self._timeout)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds ``C10D`` through the other finders, once, and hands it to ``_Loader``."""
-
-    def __init__(self, timeout: timedelta) -> None:
-        self._timeout = timeout
-
-    def find_spec(self, name: str, path: Sequence[str] | None,
-                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if name != C10D:
-            return None
-        for finder in sys.meta_path:
-            found = None if finder is self else finder.find_spec(name, path, target)
-            if found is not None and found.loader is not None:
-                found.loader = _Loader(found.loader, self._timeout)
-                return found
-        return None
-
-
 def install(environ: Mapping[str, str] = os.environ) -> None:
     """Make the job's collective timeout the default, now or when torch's c10d is imported;
     exit 2 (``EXIT_CONFIG``) when the variable holds no number of seconds."""
@@ -80,7 +43,4 @@ def install(environ: Mapping[str, str] = os.environ) -> None:
     except ValueError as exc:
         print(f"torchjob: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
-    if C10D in sys.modules:
-        apply(sys.modules[C10D], timeout)
-    else:
-        sys.meta_path.insert(0, _Finder(timeout))
+    frames.after_import(C10D, lambda c10d: apply(c10d, timeout))

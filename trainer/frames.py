@@ -29,8 +29,8 @@ def torch_dir() -> str | None:
 def kind(filename: str, torch: str | None) -> str:
     """user, lib (an installed package), kit (torchjob's trainer), torch, dist
     (torch.distributed) or stdlib."""
-    if filename.startswith("<"):
-        return "stdlib" if filename.startswith("<frozen") else "user"
+    if filename.startswith("<"):  # frozen modules; code made by exec (dataclasses, ...)
+        return "stdlib" if filename.startswith("<frozen") else "lib"
     path = os.path.realpath(filename)
     if torch and path.startswith(torch):
         return "dist" if path.startswith(torch + "distributed" + os.sep) else "torch"
