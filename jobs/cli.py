@@ -7,17 +7,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable
 
+from torchjob.jobs import api, report, timeouts
 from torchjob.jobs import backend as registry
-from torchjob.jobs import report, timeouts
-from torchjob.jobs.backend import Context, JobStatus, Request
-from torchjob.jobs.invocation import finish_target, job_timeouts, requests, ship
+from torchjob.jobs.backend import Context, Request
+from torchjob.jobs.invocation import finish_target, job_timeouts, requests
 from torchjob.jobs.load import SpecError, parse_yaml, with_overrides
 from torchjob.jobs.parser import build_parser
 from torchjob.jobs.values import UserError
@@ -30,7 +29,7 @@ def show(found: list[Request], args: argparse.Namespace) -> int:
     for request in found:
         sys.stdout.write(request.text)
     sys.stdout.flush()
-    tables = dict.fromkeys(timeouts.table(job_timeouts(r.spec, args)) for r in found)
+    tables = dict.fromkeys(timeouts.table(job_timeouts(r.spec, getattr(args, "grace", None))) for r in found)
     sys.stderr.write("".join(tables))
     return EXIT_OK
 
@@ -44,9 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     (request,) = requests(backend, args, fresh=True)
     if args.dry_run:
         return show([request], args)
-    backend.preflight(request)
-    ship(request)
-    return backend.run(request)
+    return api.started(backend, request)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -54,17 +51,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     found = requests(backend, args, fresh=True)
     if args.dry_run:
         return show(found, args)
-    for request in found:
-        backend.preflight(request)
-    ship(found[0])  # one workspace image for the whole sweep
-    for request in found:
-        print(backend.submit(request), flush=True)
+    for handle in api.submitted(backend, found):
+        print(handle, flush=True)
     return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    backend, handle = registry.parse_handle(args.job_id, args.to)
-    status = backend.status(handle)
+    status = api.status(args.job_id, to=args.to)
     if args.json:
         print(json.dumps(status.as_json(), default=str))
     else:
@@ -75,37 +68,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def of_rank(rank: int | None) -> Callable[[str], bool]:
-    """Which lines ``--rank`` keeps: a worker's, by the log prefix every backend's lines carry
-    (``[node I rank R attempt A]``, also after a backend's own prefix such as TorchX's)."""
-    if rank is None:
-        return lambda line: True
-    pattern = re.compile(rf"(^|\s)\[node \d+ rank {rank} attempt \d+\] ")
-    return lambda line: bool(pattern.search(line[:200]))
-
-
 def cmd_logs(args: argparse.Namespace) -> int:
-    backend, handle = registry.parse_handle(args.job_id, args.to)
-    if args.tail is not None and args.tail < 0:
-        raise UserError(f"--tail {args.tail}: give a number of lines, 0 or more")
-    keep = of_rank(args.rank)
-    skip = 0
-    if args.tail is not None:  # the last N lines so far; then, following, the new ones
-        history = [line for line in backend.logs(handle, log_dir=args.log_dir)]
-        for line in [line for line in history if keep(line)][-args.tail:] if args.tail else []:
-            print(line, flush=args.follow)
-        if not args.follow:
-            return EXIT_OK
-        skip = len(history)
-    for i, line in enumerate(backend.logs(handle, follow=args.follow, log_dir=args.log_dir)):
-        if i >= skip and keep(line):
-            print(line, flush=args.follow)
+    for line in api.logs(args.job_id, rank=args.rank, tail=args.tail, follow=args.follow,
+                         log_dir=args.log_dir, to=args.to):
+        print(line, flush=args.follow)
     return EXIT_OK
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    backend, handle = registry.parse_handle(args.job_id, args.to)
-    print(backend.cancel(handle))
+    print(api.cancel(args.job_id, to=args.to))
     return EXIT_OK
 
 
@@ -121,16 +92,10 @@ def age(created: float | None, now: float) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    names = args.to or registry.names()
-    found: list[JobStatus] = []
-    for name in names:
-        try:
-            found += registry.get(name).list()
-        except UserError as exc:  # this backend cannot list here (no cluster, no tool)
-            if args.to:
-                raise
-            if args.verbose:
-                print(f"torchjob: {name}: not listed: {exc}", file=sys.stderr)
+    def skipped(name: str, exc: UserError) -> None:
+        if args.verbose:
+            print(f"torchjob: {name}: not listed: {exc}", file=sys.stderr)
+    found = api.runs(args.to, skipped=skipped)
     if args.json:
         print(json.dumps([status.as_json() for status in found], default=str))
         return EXIT_OK
@@ -199,8 +164,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """The run's report (torchjob.jobs.report), from its run directory or its handle."""
     run_dir = Path(args.run)
     if not run_dir.exists() and ":" in args.run:  # BACKEND:ID: where its backend says it ran
-        backend, handle = registry.parse_handle(args.run)
-        run_dir = Path(backend.status(handle).run_dir or args.run)
+        run_dir = Path(api.status(args.run).run_dir or args.run)
     print(report.write(run_dir, Path(args.output) if args.output else None))
     return EXIT_OK
 

@@ -34,21 +34,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def context(spec: JobSpec, args: argparse.Namespace, *, fresh: bool) -> Context:
+def context(spec: JobSpec, *, fresh: bool, source: str | None,
+            grace: float | None = None) -> Context:
     """Everything a render may depend on besides the spec, decided here at the edge. ``fresh``
     (run, submit): a new run id and a free port; else (render) the spec's own, so that the
     printed text is the same every time."""
     return Context(run_id=f"{spec.name}-{token_hex(3)}" if fresh else spec.name,
                    python=sys.executable, workdir=os.getcwd(),
                    port=free_port() if fresh else spec.rdzv.port,
-                   cpu_count=os.cpu_count() or 1, source=args.source,
-                   grace=job_timeouts(spec, args).stop_grace.seconds)
+                   cpu_count=os.cpu_count() or 1, source=source,
+                   grace=job_timeouts(spec, grace).stop_grace.seconds)
 
 
-def job_timeouts(spec: JobSpec, args: argparse.Namespace) -> timeouts.Timeouts:
+def job_timeouts(spec: JobSpec, grace: float | None = None) -> timeouts.Timeouts:
     """The job's timeouts (torchjob.jobs.timeouts), with ``--grace`` where the command has it
     and it was given: checked against the same rules as the spec's ``stop_grace``."""
-    found = timeouts.resolve(spec, grace=getattr(args, "grace", None))
+    found = timeouts.resolve(spec, grace=grace)
     timeouts.check(found)
     return found
 
@@ -163,9 +164,16 @@ def finish_target(args: argparse.Namespace, argv: Sequence[str]) -> None:
 
 
 def requests(backend: Backend, args: argparse.Namespace, *, fresh: bool) -> list[Request]:
-    """The spec rendered for ``backend``: one request, or with ``--sweep`` one for the whole
-    array where the backend has arrays, else one per point."""
-    spec = job_spec(args)
+    """The command line's job rendered for ``backend`` (``plan``)."""
+    return plan(backend, job_spec(args), fresh=fresh, source=args.source,
+                grace=getattr(args, "grace", None), sweep=getattr(args, "sweep", []))
+
+
+def plan(backend: Backend, spec: JobSpec, *, fresh: bool, source: str | None,
+         grace: float | None = None, sweep: Sequence[str] = ()) -> list[Request]:
+    """``spec`` rendered for ``backend`` after its ``fits``: one request, or with a sweep
+    (``ARG=V1,V2``) one for the whole array where the backend has arrays, else one per point.
+    ``fresh`` (run, submit): a new run id and port (``context``)."""
     backend.fits(spec)
     if backend.sees_run_dir:  # its nodes write where this machine does: relative paths from here
         refuse_system_dirs(spec, workdir=os.getcwd())
@@ -175,18 +183,18 @@ def requests(backend: Backend, args: argparse.Namespace, *, fresh: bool) -> list
         if found is not None:
             spec = workspace.with_image(spec, field, found.tag)
             shipped = found.as_option()
-    sweep = parse_sweep(getattr(args, "sweep", []))
+    grid = parse_sweep(list(sweep))
 
     def render(spec: JobSpec, sweep: Sweep | None = None) -> Request:
-        ctx = dataclasses.replace(context(spec, args, fresh=fresh), workspace=shipped,
-                                  sweep=sweep)
+        ctx = dataclasses.replace(context(spec, fresh=fresh, source=source, grace=grace),
+                                  workspace=shipped, sweep=sweep)
         return backend.render(submission(spec, ctx.run_id) if fresh else spec, ctx)
 
-    if not sweep:
+    if not grid:
         return [render(spec)]
-    points = sweep_specs(spec, sweep)  # checks the sweep on every backend
+    points = sweep_specs(spec, grid)  # checks the sweep on every backend
     if backend.native_sweep:
-        return [render(spec, sweep=sweep)]
+        return [render(spec, sweep=grid)]
     return [render(point) for point in points]
 
 

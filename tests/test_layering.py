@@ -19,8 +19,9 @@ CORE = {"torchjob.jobs"} | {f"torchjob.jobs.{m}" for m in (
     "spec", "checks", "trainer_args", "load", "values", "command", "hosts", "backend", "sweep",
     "examples", "runs", "launcher", "preflight", "workspace", "stops", "timeouts", "report",
     "report_setup", "charts")}
+# the edge: the command line and the Python API it is a thin layer over (torchjob.jobs.api)
 CLI = {"torchjob.jobs.cli", "torchjob.jobs.__main__", "torchjob.jobs.invocation",
-       "torchjob.jobs.parser"}
+       "torchjob.jobs.parser", "torchjob.jobs.api"}
 BACKENDS = {"torchjob.jobs.backends.local": "local", "torchjob.jobs.backends.docker": "docker",
             "torchjob.jobs.backends.torchx": "torchx",
             "torchjob.jobs.backends": "backends", "torchjob.slurm": "slurm",
