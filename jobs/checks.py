@@ -101,3 +101,20 @@ dns_label = pattern(DNS_1123_LABEL, "a Kubernetes name (lower case letters, digi
                     "team-a", DNS_LABEL_MAX)
 dns_name = optional(pattern(DNS_1123_SUBDOMAIN, "a Kubernetes object name (lower case "
                             "letters, digits, '-' and '.')", "my-secret", DNS_SUBDOMAIN_MAX))
+
+
+EXPORTER = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
+
+
+def exporters(value: tuple[str, ...], path: str) -> None:
+    """Each item ``pkg.module:Class``, as the trainer's --exporters takes it."""
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or len(item) > 200 or not EXPORTER.fullmatch(item):
+            raise bad(f"{path}[{i}]", item, "is not 'pkg.module:Class' (a module path, a "
+                      "colon, an exporter class in it; e.g. "
+                      "torchjob.jobs.examples.mlflow_exporter:MLflowExporter)")
+
+
+def prometheus_dir(value: str, path: str) -> None:
+    if value:
+        own_dir(value, path)

@@ -33,10 +33,19 @@ def dir_options(spec: JobSpec) -> tuple[str, ...]:
 
 def entry_args(spec: JobSpec) -> tuple[str, ...]:
     """What follows the entry (``-m MODULE`` or the script): ``trainer.args``, after the
-    built-in trainer's ``--run-dir`` and ``--checkpoint-dir``."""
-    own = ("--run-dir", spec.run_dir, "--checkpoint-dir", spec.checkpoint_dir) \
-        if spec.trainer.builtin else ()
+    built-in trainer's ``--run-dir`` and ``--checkpoint-dir`` and its metrics exporters (only
+    those set: a spec without them renders as before)."""
+    own = ("--run-dir", spec.run_dir, "--checkpoint-dir", spec.checkpoint_dir,
+           *export_options(spec)) if spec.trainer.builtin else ()
     return (*own, *trainer_argv(spec.trainer.args))
+
+
+def export_options(spec: JobSpec) -> tuple[str, ...]:
+    """The built-in trainer's ``--tensorboard``, ``--prometheus-dir`` and ``--exporters``, where
+    the spec sets them."""
+    return (*(["--tensorboard", "true"] if spec.tensorboard else []),
+            *(["--prometheus-dir", spec.prometheus_dir] if spec.prometheus_dir else []),
+            *(["--exporters", ",".join(spec.exporters)] if spec.exporters else []))
 
 
 def own_store(spec: JobSpec) -> bool:

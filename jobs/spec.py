@@ -287,6 +287,23 @@ class JobSpec(Section):
     mounts: tuple[Mount, ...] = spec_field("host paths or volumes to mount", ())
     run_dir: str = spec_field("metrics, summary and plot; default runs/NAME", "")
     checkpoint_dir: str = spec_field("checkpoints; default RUN_DIR/checkpoints", "")
+    tensorboard: bool = spec_field(
+        "the built-in trainer writes TensorBoard event files under RUN_DIR/tensorboard (train "
+        "loss, lr, samples/s; eval loss and score): tensorboard --logdir RUN_DIR/tensorboard. "
+        "Needs the tensorboard package where the workers run (pip install "
+        "torchjob[tensorboard]; the torchjob image lacks it: build on it with pip install "
+        "tensorboard); without it the job stops at its start (exit 2)", False)
+    prometheus_dir: str = spec_field(
+        "a directory on each node where the built-in trainer's first worker there keeps "
+        "torchjob_JOB_nodeN.prom for a node exporter's textfile collector (step, loss, lr, "
+        "samples/s, eval scores, restarts, last hang, time of the update; labels job, node, "
+        "rank); on an image backend, mount the collector's directory there. '': off", "",
+        check=checks.prometheus_dir)
+    exporters: tuple[str, ...] = spec_field(
+        "your own metrics exporters for the built-in trainer, 'pkg.module:Class' each "
+        "(torchjob.trainer.exporters.Exporter, importable where the workers run): rank 0 hands "
+        "each the records of metrics.jsonl. Example: "
+        "torchjob.jobs.examples.mlflow_exporter:MLflowExporter", (), check=checks.exporters)
     max_restarts: int = spec_field("restarts of the whole worker group after a worker was "
                                    "killed or lost", 3, check=at_least(0))
     max_stalled_restarts: int = spec_field(
@@ -341,6 +358,12 @@ class JobSpec(Section):
                       f"between {self.nnodes.min} and {self.nnodes.max}")
         object.__setattr__(self, "local", dataclasses.replace(self.local, nodes=nodes))
         gpu_layout(self.nproc_per_node, self.resources.gpus, self.trainer.builtin)
+        for name in ("tensorboard", "prometheus_dir", "exporters"):
+            if getattr(self, name) and not self.trainer.builtin:
+                raise bad(name, getattr(self, name), "is a setting of the built-in trainer "
+                          "(module: torchjob.trainer), but this job runs its own "
+                          f"{'script' if self.trainer.script else 'module'}, which exports "
+                          "its metrics itself: remove it")
         seen: set[str] = set(self.env)
         for i, ref in enumerate(self.secrets):
             if ref.env in seen:

@@ -17,7 +17,13 @@ Scalar = str | bool | int | float
 Args = Mapping[str, Scalar] | tuple[str, ...]
 # set at the top level of the spec, never in args: the trainer's option -> the spec's field
 TOP_LEVEL = {"run_dir": "run_dir", "checkpoint_dir": "checkpoint_dir",
-             "pg_timeout": "collective_timeout", "stop_grace": "checkpoint_budget"}
+             "pg_timeout": "collective_timeout", "stop_grace": "checkpoint_budget",
+             "tensorboard": "tensorboard", "prometheus_dir": "prometheus_dir",
+             "exporters": "exporters"}
+# what a list of words would hold, for the message that moves an option to the top level
+_WHAT = {"run_dir": "DIR", "checkpoint_dir": "DIR", "prometheus_dir": "DIR",
+         "pg_timeout": "SECONDS", "stop_grace": "SECONDS", "tensorboard": "true",
+         "exporters": "[pkg.module:Class]"}
 _ARGS_FIX = ("write a mapping (grad_accum: 2) or a list of command-line words "
              "(['10', '--lr=0.1', 'model.depth=4'])")
 _one_word = at_most_bytes(MAX_VALUE_BYTES, "per command-line word (MAX_VALUE_BYTES)")
@@ -139,7 +145,7 @@ def _check_for_trainer(args: Args) -> None:
         if not item.option:
             continue
         if item.key in TOP_LEVEL:
-            what = "DIR" if item.key.endswith("dir") else "SECONDS"
+            what = _WHAT[item.key]
             where = f"{what} there, not in" if words else \
                 f"{scalar_text(item.value)} there, not under"
             raise bad(item.path, item.value, f"belongs at the top level of the job spec: write "

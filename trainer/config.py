@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any, Sequence
@@ -69,6 +70,15 @@ class TrainConfig:
     stop_grace: float = opt(float(CHECKPOINT_BUDGET_S), "seconds to finish the step and "
                             "checkpoint after a stop signal before exiting without one "
                             "(default: the job's checkpoint_budget)")
+    tensorboard: bool = opt(False, "write TensorBoard event files under RUN_DIR/tensorboard "
+                            "(train loss, lr, samples/s; eval loss and score); needs the "
+                            "tensorboard package: pip install torchjob[tensorboard]")
+    prometheus_dir: str = opt("", "each node's first worker keeps a Prometheus text file "
+                              "(torchjob_JOB_nodeN.prom) in this directory of its machine, for "
+                              "a node exporter's textfile collector ('': off)")
+    exporters: str = opt("", "your own metrics exporters, comma-separated 'pkg.module:Class' "
+                         "(torchjob.trainer.exporters.Exporter): rank 0 gives each the "
+                         "records of metrics.jsonl")
     log_samples: bool = opt(False, "record the dataset indices each rank trains on, per "
                             "micro-batch, in RUN_DIR/samples/ (to check a resume)")
     num_workers: int = opt(0, "DataLoader worker processes per rank")
@@ -104,6 +114,10 @@ class TrainConfig:
         if self.task not in ("digits", "synthetic", "gpt") and ":" not in self.task:
             raise ConfigError(f"--task must be 'digits', 'synthetic', 'gpt' or "
                               f"'pkg.module:factory'; got {self.task!r}")
+        for item in filter(None, (part.strip() for part in self.exporters.split(","))):
+            if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", item):
+                raise ConfigError(f"--exporters: {item!r} is not 'pkg.module:Class' (a module "
+                                  "path, a colon, a class or factory in it)")
         if self.gpt_width % self.gpt_heads:
             raise ConfigError(f"--gpt-heads {self.gpt_heads} must divide --gpt-width "
                               f"{self.gpt_width} (each head gets width / heads): pick a "

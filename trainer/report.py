@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from torchjob.trainer import ledger
+from torchjob.trainer.exporters import Exporters
 
 T = TypeVar("T")
 STEP_TIMES = "step_times"  # RUN_DIR/step_times/rank<R>.jsonl: each rank's step work over time
@@ -24,8 +25,9 @@ STEP_TIMES = "step_times"  # RUN_DIR/step_times/rank<R>.jsonl: each rank's step 
 
 class Reporter:
     def __init__(self, run_dir: str, *, rank: int, world_size: int, progress: str,
-                 log_every: int) -> None:
+                 log_every: int, exporters: Exporters | None = None) -> None:
         self.rank, self.world_size = rank, world_size
+        self.exporters = exporters
         self.run_dir = Path(run_dir)
         self.log_every = log_every
         self.log = logging.getLogger(f"trainer.rank{rank}")
@@ -65,8 +67,11 @@ class Reporter:
     # -- metrics ------------------------------------------------------------------------------
 
     def metric(self, kind: str, **values: Any) -> None:
-        """Append one JSON line to RUN_DIR/metrics.jsonl (rank 0)."""
+        """Append one JSON line to RUN_DIR/metrics.jsonl (rank 0), and hand it to this
+        worker's exporters (trainer.exporters: rank 0's, a node's first worker's)."""
         record = {"kind": kind, "time": round(time.time(), 3), **values}
+        if self.exporters is not None:
+            self.exporters.record(record)
 
         def write() -> None:
             with open(self.run_dir / "metrics.jsonl", "a") as fh:
@@ -100,6 +105,8 @@ class Reporter:
             self.say(f"step {step}/{total} {text}")
 
     def close(self) -> None:
+        if self.exporters is not None:
+            self.exporters.close()
         if self._bar is not None:
             self._bar.close()
             self._bar = None

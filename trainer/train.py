@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchjob.trainer import progress, stragglers
+from torchjob.trainer import exporters, progress, stragglers
 from torchjob.trainer.checkpoint import Checkpointer, Position
 from torchjob.trainer.clock import Throughput
 from torchjob.trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, RESUME_ENV
@@ -122,6 +122,9 @@ def reporter(cfg: TrainConfig, group: Group) -> Reporter:
     rep = Reporter(cfg.run_dir, rank=group.rank, world_size=group.world_size,
                    progress=cfg.progress, log_every=cfg.log_every)
     env = group.env
+    rep.exporters = exporters.build(cfg, exporters.run_info(
+        cfg, rank=group.rank, local_rank=env.local_rank, node=env.node_rank,
+        world_size=group.world_size), rep.every_rank)
     rep.every_rank(f"joined: rank {env.rank} local_rank {env.local_rank} world_size "
                    f"{env.world_size} master {env.master_addr}:{env.master_port} from "
                    f"{env.source}; backend {group.backend}, device {group.device}, precision "
