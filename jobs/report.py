@@ -59,23 +59,6 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def read_lines(path: Path) -> list[dict[str, Any]]:
-    """A JSON-lines file's records; a line cut short by a kill is left out."""
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
-
-
 def newest(paths: list[Path], key: str) -> dict[str, Any]:
     """Of the JSON files ``paths``, the one whose ``key`` is largest ({} when none)."""
     found = [read_json(p) for p in paths]
@@ -88,7 +71,8 @@ def load(run_dir: Path) -> RunFiles:
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory; give the run_dir of a job that "
                         "ran (e.g. runs/NAME), or its handle (local:RUN_ID)")
-    times = {int(p.stem[4:]): read_lines(p) for p in (run_dir / STEP_TIMES).glob("rank*.jsonl")
+    times = {int(p.stem[4:]): ledger.read_lines(p)
+             for p in (run_dir / STEP_TIMES).glob("rank*.jsonl")
              if p.stem[4:].isdigit()}
     checkpoints = sorted(run_dir.glob(f"**/step_*/{MANIFEST}"))
     run_dir = run_dir.resolve()

@@ -91,8 +91,13 @@ def append(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> None:
 
 def read(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every line of the ledger that parses, oldest first ([] when there is none)."""
+    return read_lines(path(run_dir))
+
+
+def read_lines(file: Path) -> list[dict[str, Any]]:
+    """A JSON-lines file's records; a line cut short by a kill is left out ([]: no file)."""
     try:
-        text = path(run_dir).read_text(errors="replace")
+        text = file.read_text(errors="replace")
     except OSError:
         return []
     records = []
