@@ -10,7 +10,6 @@ import json
 import random
 import shutil
 from pathlib import Path
-from typing import Callable
 
 from tests.procs import env_for_tests, torchjob
 
@@ -22,26 +21,23 @@ HANG_TIMEOUT_S = 5
 
 def job_yaml(name: str, shape: str, culprit: int, nodes: int, nproc: int) -> str:
     return (f"name: {name}\nnnodes: {nodes}\nnproc_per_node: {nproc}\nmax_restarts: 1\n"
-            f"hang_timeout: {HANG_TIMEOUT_S}\n"
+            f"hang_timeout: {HANG_TIMEOUT_S}\ncheckpoint_budget: {HANG_TIMEOUT_S - 1}\n"
             f"trainer:\n  script: hang_shapes.py\n  args: ['{shape}', '{culprit}']\n")
 
 
 def trial(cwd: Path, to: str, shape: str, *, nodes: int = 2, nproc: int = 2,
-          run: Callable[[Path, Path], tuple[int, str]] | None = None) -> str:
-    """One trial in ``cwd``: ``torchjob run --to TO job.yaml`` (or ``run(cwd, job)``: the exit
-    code and the output); the output, after every check."""
+          name: str = "") -> str:
+    """One trial in ``cwd``: ``torchjob run --to TO job.yaml``; its output, after every
+    check."""
     culprit = random.randrange(nodes * nproc)
     node = culprit // nproc
-    name = f"hang-{shape}"
+    name = name or f"hang-{shape}"
     cwd.mkdir(parents=True, exist_ok=True)
     shutil.copy(SCRIPT, cwd / "hang_shapes.py")
     job = cwd / "job.yaml"
     job.write_text(job_yaml(name, shape, culprit, nodes, nproc))
-    if run is None:
-        done = torchjob("run", "--to", to, str(job), cwd=cwd, env=env_for_tests(), timeout=400)
-        code, out = done.returncode, done.stdout + done.stderr
-    else:
-        code, out = run(cwd, job)
+    done = torchjob("run", "--to", to, str(job), cwd=cwd, env=env_for_tests(), timeout=400)
+    code, out = done.returncode, done.stdout + done.stderr
     said = f"(culprit rank {culprit} on node {node}, shape {shape})\n{out[-6000:]}"
     assert code == 0, said
     how, function = SHAPES[shape]
