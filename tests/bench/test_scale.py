@@ -47,7 +47,7 @@ def test_both_sides_measure_every_figure_at_4_and_8_agents(scale) -> None:  # ty
                     "re-formed after one agent died (median)"):
             r = measures[f"{n} agents: {end}"]
             assert r["ours"] > 0 and r["baseline"] > 0 and r["ratio"] > 0, r
-        verdict = measures[f"{n} agents: hang verdict exchange: store ops per agent"]
+        verdict = measures[f"{n} agents: failure verdict exchange: store ops per agent"]
         assert 2 <= verdict["ours"] <= 10 and verdict["baseline"] is None, verdict
     assert measures["state of 64 nodes: one heartbeat write (one client)"]["ours"] > 0
     assert all({"benchmark", "measure", "ours", "baseline", "ratio", "goal", "unit"} <= set(r)
