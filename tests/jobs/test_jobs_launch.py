@@ -115,7 +115,8 @@ def test_stop_signal_exits_143_and_leaves_nothing(tmp_path: Path, sig: int, node
 
 
 def test_workers_that_ignore_sigterm_are_killed_after_the_grace(tmp_path: Path) -> None:
-    launcher = start(tmp_path, "stubborn", extra=("--grace", "1"))
+    launcher = start(tmp_path, "stubborn", extra=("--grace", "1", "--set",
+                                                  "checkpoint_budget=0.5"))
     wait_for_workers(tmp_path, 2, launcher)
     pids = recorded(tmp_path)
     launcher.send_signal(signal.SIGTERM)

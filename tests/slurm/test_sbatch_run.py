@@ -353,6 +353,7 @@ def test_time_limit_shorter_than_the_work(slurm_cluster: SlurmCluster, tmp_path:
     attempts (a stop that lands as the work ends: test_a_stop_as_the_work_ends)."""
     script, run_dir = submit(tmp_path, "sbatch-test-time-limit",
                              "slurm: {time: '1', signal_delay: 15, max_requeues: 8}\n"
+                             "checkpoint_budget: 10\n"
                              + TWO_BY_TWO % "epochs: 200, log_every: 1, checkpoint_every: 0")
     proc = sbatch_wait(script, 1200)
     job_id = job_id_of(proc)
