@@ -129,7 +129,7 @@ class Watchdog:
         self.node, self.nodes = 0, 1
         self.store: Any = None
         self.read_at = self.quiet_since = 0.0
-        self.dumped = False
+        self.dumped = self.near = False  # near: its own ranks near the timeout (last read)
         self.finding: Finding | None = None
 
     def clear(self) -> None:
@@ -145,6 +145,7 @@ class Watchdog:
         self.seen = [Seen(local, rank, pid, now) for local, rank, pid in workers]
         self.node, self.nodes, self.store = node, nodes, store if nodes > 1 else None
         self.read_at, self.quiet_since, self.dumped, self.finding = now, 0.0, False, None
+        self.near = False
 
     def observe(self, force: bool = False) -> float:
         """Read the files (at most once per READ_EVERY_S unless ``force``); the time."""
@@ -171,18 +172,15 @@ class Watchdog:
             return None
         views, lead = self.views(now), self.timeout - DUMP_LEAD_S
         if not any(v.idle_s >= lead for v in views):
-            self.quiet_since, self.dumped, self.finding = 0.0, False, None
+            self.quiet_since, self.dumped, self.finding, self.near = 0.0, False, None, False
             return None
         self.quiet_since = self.quiet_since or now
+        self.near = hung(views, lead)  # this node's own ranks near the timeout
         self.finding = self.finding or self._exchange(views, now)
         if self.finding is None and hung(views, self.timeout) and (
                 self.store is None or now - self.quiet_since >= DUMP_LEAD_S + self.others_first_s):
             self.finding = find(views, self.timeout)  # alone, or nobody told: this node's view
         return self._act(now) if self.finding is not None else None
-
-    def near(self) -> bool:
-        """Whether this node's own ranks near the timeout (their stacks are due)."""
-        return hung(self.views(self.clock()), self.timeout - DUMP_LEAD_S)
 
     def _exchange(self, views: list[RankView], now: float) -> Finding | None:
         """Tell the round's store this node's ranks; node 0 names the culprit for every node
@@ -238,7 +236,7 @@ class Watchdog:
             return False
         named = self.finding is not None and any(
             v.node == self.node for v in self.finding.culprits)
-        if not (named or self.near()):
+        if not (named or self.near):
             return False
         self.dumped = True
         return True
