@@ -16,13 +16,14 @@ class Throughput:
     def __init__(self, warmup_steps: int) -> None:
         self.warmup, self.steps, self.samples = warmup_steps, 0, 0
         self.t0 = self.started = self.last = time.perf_counter()
+        self.warm = self.t0  # when the warm-up ended: the ETA's pace counts from here
         self.off = 0.0  # seconds off the clock since the last step
 
     def tick(self, samples: int) -> None:
         self.steps += 1
         self.last = time.perf_counter()
         if self.steps == self.warmup:
-            self.t0, self.samples = self.last, 0
+            self.t0, self.warm, self.samples = self.last, self.last, 0
         elif self.steps > self.warmup:
             self.samples += samples
             self.t0 += self.off
@@ -39,6 +40,15 @@ class Throughput:
     def rate(self) -> float:
         elapsed = self.last - self.t0
         return self.samples / elapsed if elapsed > 0 and self.samples else 0.0
+
+    def eta(self, steps_left: int) -> float | None:
+        """Seconds until ``steps_left`` more steps are done at the wall-clock pace since the
+        warm-up (evaluations and checkpoints included, as they will come again); None before
+        a step past the warm-up."""
+        done = self.steps - self.warmup
+        if done <= 0 or self.last <= self.warm:
+            return None
+        return max(0, steps_left) * (self.last - self.warm) / done
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started

@@ -16,7 +16,7 @@ from typing import Any, Callable, Protocol
 from torchjob.trainer.config import ConfigError, TrainConfig
 
 TENSORBOARD_DIR = "tensorboard"  # RUN_DIR/tensorboard: the event files
-NOT_A_SCALAR = ("kind", "time", "step", "epoch", "restart")
+NOT_A_SCALAR = ("kind", "time", "step", "epoch", "restart", "total_steps")
 
 
 @dataclass(frozen=True, kw_only=True)

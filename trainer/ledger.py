@@ -100,8 +100,13 @@ def read_lines(file: Path) -> list[dict[str, Any]]:
         text = file.read_text(errors="replace")
     except OSError:
         return []
+    return parse_lines(text.splitlines())
+
+
+def parse_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The lines that are JSON objects, as dicts; the others (cut short) left out."""
     records = []
-    for line in text.splitlines():
+    for line in lines:
         try:
             record = json.loads(line)
         except ValueError:
@@ -135,8 +140,16 @@ def stalled(records: Iterable[dict[str, Any]], run_id: str,
 
 
 def restarts(records: Iterable[dict[str, Any]], run_id: str) -> int:
-    """How many restart lines run ``run_id`` wrote (the finished line and summary.json)."""
-    return sum(r.get("event") == "restart" and r.get("run") == run_id for r in records)
+    """How many times run ``run_id`` restarted its workers (the finished line, summary.json,
+    status): its restart lines, one per rendezvous round (each node may note the same one)."""
+    rounds: set[Any] = set()
+    count = 0
+    for record in records:
+        if record.get("event") == "restart" and record.get("run") == run_id:
+            key = record.get("round")
+            count += key is None or key not in rounds
+            rounds.add(key)
+    return count
 
 
 def hangs(records: Iterable[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ silent when the process is stopped or frozen. The record and its fields: docs/in
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -32,7 +33,8 @@ OPTIMIZER = "torch.optim.optimizer"
 class Record:
     """What a worker last told: its step (``progress.step``), heartbeats, pid, the default
     process group's collective sequence number (-1: none), optimizer steps counted, whether
-    its main thread waits inside torch.distributed, and its innermost frame of user code."""
+    its main thread waits inside torch.distributed, its innermost frame of user code, and the
+    steps the run will take in all when the script said (``progress.step(n, total=T)``; -1)."""
 
     step: int = NO_STEP
     beats: int = 0
@@ -41,10 +43,11 @@ class Record:
     optimizer_steps: int = 0
     in_collective: bool = False
     frame: str = ""
+    total: int = -1
 
     def encode(self) -> bytes:
         payload = json.dumps([self.step, self.beats, self.pid, self.seq, self.optimizer_steps,
-                              int(self.in_collective), self.frame[:600]])
+                              int(self.in_collective), self.frame[:600], self.total])
         line = f"{payload}\t{zlib.crc32(payload.encode()):08x}"
         return line.ljust(RECORD_BYTES - 1).encode()[:RECORD_BYTES - 1] + b"\n"
 
@@ -55,8 +58,9 @@ class Record:
             payload, crc = data.decode().strip().rsplit("\t", 1)
             if int(crc, 16) != zlib.crc32(payload.encode()):
                 return None
-            step, beats, pid, seq, opt, coll, frame = json.loads(payload)
-            return cls(int(step), int(beats), int(pid), int(seq), int(opt), bool(coll), str(frame))
+            step, beats, pid, seq, opt, coll, frame, *total = json.loads(payload)
+            return cls(int(step), int(beats), int(pid), int(seq), int(opt), bool(coll), str(frame),
+                       int(total[0]) if total else -1)
         except (ValueError, TypeError, UnicodeDecodeError):
             return None
 
@@ -123,8 +127,15 @@ def start() -> None:
     except OSError:
         return  # no folder (an agent of another version): no watchdog, no harm
     frames.after_import(OPTIMIZER, _count_optimizer_steps)
+    atexit.register(_last_word)  # the steps of the last second, for the agent's count (status)
     threading.Thread(target=_reporter.beat_forever, name="torchjob-heartbeat",
                      daemon=True).start()
+
+
+def _last_word() -> None:
+    reporter = _reporter
+    if reporter is not None and reporter.pid == os.getpid():
+        reporter.write()
 
 
 def _count_optimizer_steps(module: Any) -> None:
@@ -135,13 +146,16 @@ def _count_optimizer_steps(module: Any) -> None:
         module.register_optimizer_step_post_hook(reporter.optimizer_step)
 
 
-def step(n: int | None = None) -> None:
+def step(n: int | None = None, total: int | None = None) -> None:
     """An optimizer step finished: ``n`` is its number (omitted: the last one plus one, 1
-    the first time)."""
+    the first time); ``total``, the steps the run takes in all (``torchjob status`` shows the
+    ETA from it)."""
     if _reporter is None:
         start()  # a script that calls this under the agent: its file is opened here
     if _reporter is None or _reporter.pid != os.getpid():  # not reporting, or a forked child
         return
     record = _reporter.record
     record.step = max(record.step, 0) + 1 if n is None else int(n)
+    if total is not None:
+        record.total = int(total)
     _reporter.write()

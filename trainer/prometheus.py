@@ -21,7 +21,10 @@ PREFIX = "torchjob_"
 TRAIN = {"step": ("step", "The last optimizer step this node's first worker logged."),
          "loss": ("train_loss", "Training loss of this node's first worker since its last log."),
          "lr": ("learning_rate", "Learning rate at the last logged step."),
-         "samples_per_s": ("samples_per_second", "Training samples per second, whole job.")}
+         "samples_per_s": ("samples_per_second", "Training samples per second, whole job."),
+         "total_steps": ("total_steps", "The optimizer steps the run will take in all."),
+         "eta_s": ("eta_seconds", "Seconds left at the pace since the warm-up, as of the "
+                   "last logged step.")}
 
 
 def metric_name(key: str) -> str:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -21,6 +23,66 @@ from torchjob.trainer.exporters import Exporters
 
 T = TypeVar("T")
 STEP_TIMES = "step_times"  # RUN_DIR/step_times/rank<R>.jsonl: each rank's step work over time
+
+# The plain progress line, for people and for ``torchjob status`` where only the logs can be
+# read (Kubernetes pods, TorchX): ``step 40/100 loss 0.5123 lr 0.001 epoch 1 samples/s 1234
+# eta 0:00:12``; and the evaluation's ``eval at step 40: loss 0.2140 accuracy 0.9400``.
+WORDS = {"samples_per_s": "samples/s", "tokens_per_s": "tokens/s", "eta_s": "eta"}
+KEYS = {word: key for key, word in WORDS.items()}
+PROGRESS_RE = re.compile(r"(?:^|\s)step (?P<step>\d+)/(?P<total>\d+)(?P<rest>(?: \S+ \S+)*)\s*$")
+EVAL_RE = re.compile(r"(?:^|\s)eval (?P<when>[^:]*): (?P<rest>\S+ \S+(?: \S+ \S+)*)\s*$")
+
+
+def clock_text(seconds: float) -> str:
+    """``0:00:12``, ``27:46:40``: hours, minutes, seconds."""
+    whole = int(round(max(0.0, seconds)))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+def progress_line(step: int, total: int, values: Mapping[str, float | None]) -> str:
+    """The plain progress line; a value of None is left out."""
+    words = [f"step {step}/{total}"]
+    for key, value in values.items():
+        if value is not None:
+            shown = clock_text(value) if key == "eta_s" else f"{value:.4g}"
+            words.append(f"{WORDS.get(key, key)} {shown}")
+    return " ".join(words)
+
+
+def _number(word: str) -> float | None:
+    try:
+        if word.count(":") == 2:
+            hours, minutes, seconds = word.split(":")
+            return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+        return float(word)
+    except ValueError:
+        return None
+
+
+def _pairs(rest: str) -> dict[str, float]:
+    words = rest.split()
+    found = {KEYS.get(k, k): _number(v) for k, v in zip(words[::2], words[1::2])}
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def parse_progress(line: str) -> dict[str, float] | None:
+    """A progress line's figures (``step``, ``total_steps``, ``loss``, ``epoch``,
+    ``samples_per_s``, ``eta_s``, ...) wherever it sits in ``line``; None if it is not one."""
+    found = PROGRESS_RE.search(line)
+    if found is None:
+        return None
+    return {"step": int(found["step"]), "total_steps": int(found["total"]),
+            **_pairs(found["rest"])}
+
+
+def parse_eval(line: str) -> dict[str, float] | None:
+    """An evaluation line's figures (``loss``, ``accuracy``, ...; ``step`` when it says ``at
+    step N``); None if it is not one."""
+    found = EVAL_RE.search(line)
+    if found is None:
+        return None
+    at = re.fullmatch(r"at step (\d+)", found["when"].strip())
+    return {**_pairs(found["rest"]), **({"step": int(at[1])} if at else {})}
 
 
 class Reporter:
@@ -91,8 +153,10 @@ class Reporter:
         except OSError:
             pass
 
-    def progress(self, step: int, total: int, **shown: float) -> None:
-        """Advance the bar, or print a plain line every ``log_every`` steps."""
+    def progress(self, step: int, total: int, more: Mapping[str, float | None] | None = None,
+                 **shown: float) -> None:
+        """Advance the bar (``shown`` beside it), or print a plain line (``progress_line``:
+        ``shown`` and ``more``) every ``log_every`` steps."""
         if self.use_bar:
             if self._bar is None:
                 from tqdm import tqdm
@@ -101,8 +165,7 @@ class Reporter:
             self._bar.update(1)
             self._bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=False)
         elif step % self.log_every == 0 or step == total:
-            text = " ".join(f"{k} {v:.4g}" for k, v in shown.items())
-            self.say(f"step {step}/{total} {text}")
+            self.say(progress_line(step, total, {**shown, **(more or {})}))
 
     def close(self) -> None:
         if self.exporters is not None:

@@ -34,6 +34,7 @@ from torchjob.trainer.culprit import Finding, ranks
 from torchjob.trainer.hang import Seen, Watchdog, stuck_line
 from torchjob.trainer.stacks import kill, kill_stopped
 from torchjob.trainer.membership import MembershipWatch
+from torchjob.trainer.pace import Pace
 
 BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at signals)
 # A node whose workers only lost a peer waits this long for the verdict of the node where the
@@ -111,10 +112,14 @@ class Agent(LocalElasticAgent):
         self._watchdog = None if not (hang_timeout and progress_dir) else Watchdog(
             Path(progress_dir), hang_timeout, others_first_s=VERDICT_WAIT_S,
             say=lambda line: log.warning("%s", line))
+        self._pace = Pace(self._run_dir) if self._run_dir else None  # RUN_DIR/progress.json
 
     def run(self, role: str = agent_api.DEFAULT_ROLE) -> agent_api.RunResult:
         started = time.time()
         result = super().run(role)
+        dog = self._watchdog
+        if self._pace is not None and dog is not None and not self._worker_group.group_rank:
+            self._pace.tell(dog.seen, self.attempt(), dog.observe(force=True), last=True)
         self._summarize(result, started)
         return result
 
@@ -245,7 +250,9 @@ class Agent(LocalElasticAgent):
             log.warning("torchjob: stuck on node %s: %s; killed%s", node, "; ".join(
                 f"rank {r} ({t})" for r, t in named.items()), f"; stacks in {where}" * bool(where))
         elif result.state == agent_api.WorkerState.HEALTHY:
-            hang = dog.poll()
+            hang = dog.poll()  # reads the workers' files, at most every READ_EVERY_S
+            if node == 0 and self._pace is not None:
+                self._pace.tell(dog.seen, self.attempt(), now)
             if dog.first_dump():
                 log.warning("torchjob: node %s near its hang_timeout (%g s) without progress: "
                             "stacks of its ranks in %s", node, dog.timeout,

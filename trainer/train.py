@@ -271,19 +271,22 @@ class Loop:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step = step = step + 1
-        progress.step(step)  # for the agent's hang watchdog (torchjob.trainer.progress)
+        progress.step(step, self.total)  # for the agent (torchjob.trainer.progress)
         self.clock.tick(self.global_batch)
         self.here = Position(step, epoch, self.batches.position)
         if step % cfg.log_every == 0 or step == self.total:
             shown = self.loss_sum.item()  # this rank's loss; a sync only every log_every
-            rep.metric("train", step=step, epoch=epoch, loss=shown, lr=lr,
-                       samples_per_s=self.clock.rate(),
-                       **self.task.objective.rates(self.clock.rate()),
+            rates = {"samples_per_s": round(self.clock.rate(), 1),
+                     **self.task.objective.rates(self.clock.rate())}
+            eta = self.clock.eta(self.total - step)
+            rep.metric("train", step=step, total_steps=self.total, epoch=epoch, loss=shown,
+                       lr=lr, **rates, eta_s=None if eta is None else round(eta, 1),
                        restart=self.group.env.restart_count)
             rep.step_times(step, self.group.env.restart_count,
                            stragglers.percentiles(self.work[self.logged:]))
             self.logged = len(self.work)
-            rep.progress(step, self.total, loss=shown, lr=lr)
+            rep.progress(step, self.total, {"epoch": epoch, **rates, "eta_s": eta},
+                         loss=shown, lr=lr)
         elif rep.use_bar:
             rep.progress(step, self.total)
         self.loss_sum.zero_()
