@@ -5,6 +5,7 @@ command line prints as one line and exit 2. Core: imports no backend."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -94,10 +95,20 @@ def resolve(handle: HandleLike, to: str | None = None) -> tuple[Backend, Handle]
     return registry.parse_handle(handle, to)
 
 
-def status(handle: HandleLike, *, to: str | None = None) -> JobStatus:
-    """The job's state now (``torchjob status``)."""
+def status(handle: HandleLike, *, to: str | None = None, progress: bool = True) -> JobStatus:
+    """The job's state now (``torchjob status``), with its progress (step, ETA, restarts,
+    the last failure: ``torchjob.jobs.progress``) unless ``progress=False``."""
     backend, found = resolve(handle, to)
-    return backend.status(found)
+    now = backend.status(found)
+    return with_progress(backend, now) if progress else now
+
+
+def with_progress(backend: Backend, now: JobStatus) -> JobStatus:
+    """``now`` with the job's progress, where anything tells it (not while it is pending)."""
+    told = None if now.state == State.PENDING else backend.progress(now)
+    if told is None:
+        return now
+    return dataclasses.replace(now, progress=told.now(time.time(), not now.state.terminal))
 
 
 def of_rank(rank: int | None) -> Callable[[str], bool]:
@@ -142,8 +153,8 @@ def cancel(handle: HandleLike, *, to: str | None = None) -> str:
 
 def wait(handle: HandleLike, timeout: float | None = None, *,
          to: str | None = None) -> JobStatus:
-    """The job's status once it has ended (SUCCEEDED, FAILED, STOPPED, CANCELLED); after
-    ``timeout`` seconds still running, a TimeoutError that says its state then."""
+    """The job's status once it has ended (SUCCEEDED, FAILED, STOPPED, CANCELLED), with its
+    progress; after ``timeout`` seconds still running, a TimeoutError that says its state."""
     backend, found = resolve(handle, to)
     if timeout is not None:
         deadline = time.monotonic() + timeout
@@ -152,7 +163,7 @@ def wait(handle: HandleLike, timeout: float | None = None, *,
                 raise TimeoutError(f"{found}: still {now.state.value} after {timeout:g} s"
                                    + (f" ({now.detail})" if now.detail else ""))
             time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
-    return backend.wait(found)
+    return with_progress(backend, backend.wait(found))
 
 
 def runs(to: str | Sequence[str] | None = None, *,

@@ -20,6 +20,7 @@ from importlib import metadata
 from typing import IO, Any, Callable, TypeVar
 
 from torchjob.jobs.preflight import check_checkpoints, check_dirs
+from torchjob.jobs.progress import Progress, from_logs, from_run_dir
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.stops import stop_signals
 from torchjob.jobs.sweep import Sweep
@@ -116,15 +117,21 @@ class JobStatus:
     raw: Mapping[str, Any] = field(default_factory=dict)  # backend-native fields
     created: float | None = None  # when it was submitted (seconds since the epoch), if known
     run_dir: str = ""  # where its run directory is, as the backend knows it
+    progress: Progress | None = None  # step, ETA, ... (torchjob.jobs.progress), when known
 
     def as_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        """Its fields, and the progress' at the top level (``step``, ``total_steps``,
+        ``eta``, ...: null when not known), as ``torchjob status --json`` prints them."""
+        out = dataclasses.asdict(dataclasses.replace(self, progress=None))
+        out.pop("progress")
         out["handle"] = str(self.handle)
         out["backend"] = self.handle.backend
         out["id"] = self.handle.id
         out["state"] = self.state.value
         out["raw"] = dict(self.raw)
-        return out
+        told = self.progress.as_json() if self.progress else Progress().as_json()
+        told["progress_source"] = told.pop("source") or None
+        return {**out, **told}
 
 
 class ClosingLines:
@@ -272,6 +279,18 @@ class Backend(abc.ABC):
              log_dir: str | None = None) -> Iterator[str]:
         """Every line, each with the one log prefix (``[node N rank R attempt A]``)."""
         raise self._unsupported("logs")
+
+    def progress(self, status: JobStatus) -> Progress | None:
+        """How far the job of ``status`` is (torchjob.jobs.progress): from its run directory
+        where this machine sees it, else from its logs; None when neither tells yet."""
+        if status.run_dir and os.path.isdir(status.run_dir):
+            told = from_run_dir(status.run_dir, since=status.created)
+            if told is not None or self.sees_run_dir:
+                return told
+        try:
+            return from_logs(self.logs(status.handle))
+        except (UserError, OSError):  # no logs yet (pods being created), or none kept
+            return None
 
     def cancel(self, handle: Handle) -> str:
         """Stop the job (its workers checkpoint where the backend allows); what was done."""

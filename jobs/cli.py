@@ -15,12 +15,15 @@ from typing import Callable
 
 from torchjob.jobs import api, report, timeouts
 from torchjob.jobs import backend as registry
-from torchjob.jobs.backend import Context, Request
+from torchjob.jobs.backend import Context, JobStatus, Request
 from torchjob.jobs.invocation import finish_target, job_timeouts, requests
 from torchjob.jobs.load import SpecError, parse_yaml, with_overrides
 from torchjob.jobs.parser import build_parser
+from torchjob.jobs.progress import Progress
 from torchjob.jobs.values import UserError
 from torchjob.trainer.contract import EXIT_CONFIG, EXIT_OK
+
+WATCH_S = 2.0  # status --watch's refresh
 
 
 def show(found: list[Request], args: argparse.Namespace) -> int:
@@ -56,16 +59,48 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def status_lines(status: JobStatus, now: float) -> list[str]:
+    """``torchjob status``'s words: the state, then the backend's detail and the progress."""
+    head = f"{status.handle}: {status.state.value}" + (
+        f" (exit code {status.exit_code})" if status.exit_code is not None else "")
+    told = status.progress.lines(now) if status.progress else []
+    return [head] + [f"  {line}" for line in status.detail.splitlines() + told]
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.watch:
+        return watch(args)
     status = api.status(args.job_id, to=args.to)
     if args.json:
         print(json.dumps(status.as_json(), default=str))
     else:
-        print(f"{status.handle}: {status.state.value}"
-              + (f" (exit code {status.exit_code})" if status.exit_code is not None else ""))
-        for line in status.detail.splitlines():
-            print(f"  {line}")
+        print("\n".join(status_lines(status, time.time())))
     return EXIT_OK
+
+
+def watch(args: argparse.Namespace) -> int:
+    """``status --watch``: on a terminal, the status redrawn in place every ``WATCH_S``; else
+    (a pipe, a file) each change once (a JSON line each with ``--json``); until the job ends."""
+    terminal, shown, last = sys.stdout.isatty(), 0, ""
+    while True:
+        status = api.status(args.job_id, to=args.to)
+        if args.json:
+            text = json.dumps(status.as_json(), default=str)
+        else:
+            text = "\n".join(status_lines(status, time.time()))
+        told = status.progress or Progress()
+        key = repr((status.state, status.exit_code, status.detail, told.step, told.eval,
+                    told.restarts, told.culprit))  # what a change is, off a terminal
+        if terminal:  # up to the first line drawn, clear below, draw again
+            sys.stdout.write((f"\x1b[{shown}F\x1b[J" if shown else "") + text + "\n")
+            shown = text.count("\n") + 1
+        elif key != last:
+            sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        last = key
+        if status.state.terminal:
+            return EXIT_OK
+        time.sleep(WATCH_S)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

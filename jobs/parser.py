@@ -138,7 +138,10 @@ def add_handle_commands(sub: SubParsers) -> None:
                          "(BACKEND:ID, e.g. slurm:1234), or an ID with --to")
         cmd.add_argument("--to", metavar="BACKEND", help=TO_HELP + " (when JOB is a bare ID)")
         if name == "status":
-            cmd.add_argument("--json", action="store_true", help="print it as JSON")
+            cmd.add_argument("--json", action="store_true", help="print it as JSON (keys "
+                             "state, step, total_steps, eta, ...)")
+            cmd.add_argument("-w", "--watch", action="store_true", help="keep showing it "
+                             "until the job ends (in place on a terminal)")
         if name == "logs":
             cmd.add_argument("-f", "--follow", action="store_true",
                              help="keep printing new lines until the job ends")

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobStatus, Request)
+from torchjob.jobs.progress import Progress
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import DNS_1035, DNS_LABEL_MAX, SpecError, UserError
 from torchjob.slurm import cluster, status
@@ -128,6 +129,11 @@ class SlurmBackend(Backend):
 
     def status(self, handle: Handle) -> JobStatus:
         return status.current(handle)
+
+    def progress(self, status: JobStatus) -> Progress | None:
+        """An array's tasks each have theirs (``torchjob status slurm:ID_I``): none for the
+        array as a whole."""
+        return None if len(status.raw) > 1 else super().progress(status)
 
     def logs(self, handle: Handle, *, follow: bool = False,
              log_dir: str | None = None) -> Iterator[str]:

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tests.conformance.gate import GATE_ENV, GATE_STEP, RAISE_ENV
-from tests.conformance.matrix import EVENT_TIMEOUT_S, Cell
-from tests.procs import ROOT, assert_bitwise_equal, final_params
+from tests.conformance.matrix import EVENT_TIMEOUT_S, HANDLE, Cell, Run
+from tests.procs import ROOT, assert_bitwise_equal, final_params, torchjob
+from torchjob.jobs.progress import from_logs
 from tests.recorded import wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -72,7 +73,8 @@ def configuration_error(cell: Cell) -> None:
 
 def kill_worker(cell: Cell) -> None:
     """kill -9 of a worker mid-run: the group restarts from the last checkpoint and ends
-    bitwise where an uninterrupted run ends."""
+    bitwise where an uninterrupted run ends; ``torchjob status`` then shows the last step of
+    all, the restart and the rank that died."""
     run = cell.start(DEFAULT, *GATED)
     workers = cell.at_gate(run)
     cell.column.kill(cell, workers[1])
@@ -83,6 +85,35 @@ def kill_worker(cell: Cell) -> None:
     expect(RESTARTED.search(out), "no restart (attempt 1) seen", out)
     expect("resumed from step_00000004" in out, "not resumed from the step-4 checkpoint", out)
     assert_bitwise_equal(final_params(cell.run_dir / "checkpoints"), cell.reference())
+    told = job_progress(cell, run)
+    expect((told["step"], told["total_steps"], told["restarts"]) == (10, 10, 1)
+           and "rank 1" in (told["culprit"] or ""), f"status' progress: {told}", out)
+
+
+def job_progress(cell: Cell, run: Run) -> dict[str, Any]:
+    """What ``torchjob status --json`` says of the cell's job: by the handle the run printed,
+    else by its run directory in ``torchjob list``. Where nothing can be asked, the lines the
+    run printed (as ``torchjob logs`` labels them), read as status reads a job's logs: on the
+    pod emulator (no API server), and for TorchX's local_cwd (TorchX knows its apps only in
+    the process that ran them)."""
+    if cell.column.command or cell.column.backend == "torchx:local_cwd":
+        told = from_logs(run.text().splitlines())
+        assert told is not None, "no progress in the pods' logs"
+        return told.as_json()
+    found = HANDLE.search(run.text())
+    handle = found[1] if found else ""
+    if not handle:
+        listed = torchjob("list", "--to", cell.column.backend, "--json", cwd=cell.workdir,
+                          env=cell.env())
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        handle = next((job["handle"] for job in json.loads(listed.stdout)
+                       if job["run_dir"] and Path(job["run_dir"]) == cell.run_dir), "")
+        assert handle, f"the job of {cell.run_dir} is not listed: {listed.stdout}"
+    shown = torchjob("status", "--json", handle, cwd=cell.workdir, env=cell.env())
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    told = json.loads(shown.stdout)
+    assert isinstance(told, dict)
+    return told
 
 
 HANG_TIMEOUT_S = 20

@@ -12,6 +12,8 @@ import yaml
 
 from tests.k8s.emulator import Emulator
 from tests.procs import torchjob
+from torchjob.trainer.contract import log_prefix
+from torchjob.trainer.report import progress_line
 
 PODS = "pytorchjobs"
 
@@ -53,6 +55,38 @@ def test_submit_status_logs_cancel(emulator: Emulator) -> None:
                                         "[node 1] step 10 from worker"]
     cancel = torchjob("cancel", "--to", "k8s", "default/digits", env=env)
     assert cancel.returncode == 0 and (PODS, "default", "digits") not in emulator.objects
+
+
+def test_status_reads_the_progress_from_the_pods_logs(emulator: Emulator) -> None:
+    """No run directory here: the trainer's progress and eval lines (their one format,
+    trainer.report) and the agents' lines in the pods' logs give the step, the ETA, the
+    restarts (the workers' attempt) and the last failure."""
+    env = {**os.environ, "KUBECONFIG": emulator.config}  # type: ignore[attr-defined]
+    assert torchjob("submit", "--to", "k8s", "jobs/examples/default.yaml", env=env).returncode == 0
+    emulator.objects[(PODS, "default", "digits")]["status"] = {"conditions": [
+        {"type": "Running", "status": "True", "reason": "PyTorchJobRunning"}]}
+    rank0 = "07:00:00 [rank 0/4] "
+    master = [log_prefix(0, 0, 0) + rank0 + progress_line(10, 88, {"loss": 0.9, "eta_s": 40}),
+              "W1127 07:00:01 torchjob: node 0 rank 1 was killed by SIGKILL: restarting the "
+              "workers",
+              log_prefix(0, 0, 1) + rank0 + "eval at step 22: loss 0.4000 accuracy 0.9100",
+              log_prefix(0, 0, 1) + rank0 + progress_line(30, 88, {
+                  "loss": 0.25, "lr": 0.001, "epoch": 1, "samples_per_s": 950.0, "eta_s": 61})]
+    for kind, lines in (("master", master), ("worker", [log_prefix(1, 2, 1) + "hello"])):
+        emulator.add_pod("default", f"digits-{kind}-0", {
+            "training.kubeflow.org/job-name": "digits",
+            "training.kubeflow.org/replica-type": kind,
+            "training.kubeflow.org/replica-index": "0"}, "\n".join(lines) + "\n")
+    shown = torchjob("status", "k8s:default/digits", env=env)
+    assert shown.stdout.splitlines()[-3:] == [
+        "  progress: step 30/88 (34%), epoch 1, 950 samples/s, ETA 0:01:01",
+        "  loss 0.25; eval at step 22: loss 0.4, accuracy 0.91",
+        "  restarts: 1; the last failure: node 0 rank 1 was killed by SIGKILL"], shown.stdout
+    told = json.loads(torchjob("status", "--json", "k8s:default/digits", env=env).stdout)
+    assert {k: told[k] for k in ("state", "step", "total_steps", "eta", "restarts",
+                                 "progress_source")} == {
+        "state": "RUNNING", "step": 30, "total_steps": 88, "eta": 61.0, "restarts": 1,
+        "progress_source": "logs"}, told
 
 
 def test_an_elastic_job_is_submitted_and_cancelled_with_its_rendezvous_store(
