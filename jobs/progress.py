@@ -6,6 +6,7 @@ restarts so far, and the cause of the last failure. Pure but for ``from_run_dir`
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -169,6 +170,13 @@ def from_run_dir(run_dir: str | os.PathLike[str], since: float | None = None,
             if wall_time(r.get("time")) >= since]
     told = pace[-1] if pace else {}
     restarts, culprit = from_ledger(folder, since)
+    try:  # the agent's summary of a run that failed (a script's, or the trainer's): its cause
+        summary = json.loads((folder / "summary.json").read_text()) \
+            if (folder / "summary.json").stat().st_mtime >= since else {}
+    except (OSError, ValueError):
+        summary = {}
+    if isinstance(summary, dict) and isinstance(summary.get("failure"), str):
+        culprit = summary["failure"]
     if not (train or scored or told or restarts or culprit):
         return None
     # the newer of the two counts: the agent sees every step, the trainer logs every few

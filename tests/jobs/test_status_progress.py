@@ -103,6 +103,10 @@ def test_from_a_run_directory_only_this_jobs_lines(tmp_path: Path) -> None:
                                                           "how": "stopped", "frame": "x"}])
     assert from_run_dir(tmp_path, since=now - 60).culprit == \
         "hang: rank 3 on node 1 (stopped)"  # type: ignore[union-attr]
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "state": "FAILED", "failure": "node 0 rank 1 raised ValueError: x: not retried"}))
+    assert from_run_dir(tmp_path, since=now - 60).culprit == \
+        "node 0 rank 1 raised ValueError: x: not retried"  # type: ignore[union-attr]
     assert from_run_dir(tmp_path / "nothing") is None
 
 
