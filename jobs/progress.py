@@ -184,9 +184,12 @@ def from_run_dir(run_dir: str | os.PathLike[str], since: float | None = None,
         else train
     step = _whole(newest.get("step"))
     total = _whole(train.get("total_steps")) or _whole(told.get("total_steps"))
-    eta = _number(train.get("eta_s")) if newest is train else None
     pace_s = _number(told.get("steps_per_s"))
-    if eta is None and newest is told and total and step is not None and pace_s:
+    updated = _number(newest.get("time"))
+    eta = _number(train.get("eta_s"))  # the trainer's, as of its line: made as of ``updated``
+    if eta is not None:
+        eta = max(0.0, eta - max(0.0, (updated or 0.0) - (_number(train.get("time")) or 0.0)))
+    elif total and step is not None and pace_s:
         eta = max(0, total - step) / pace_s
     evaluation = {k: float(v) for k, v in scored.items()
                   if k not in ("kind", "time", "step", "epoch") and _number(v) is not None}
@@ -196,7 +199,7 @@ def from_run_dir(run_dir: str | os.PathLike[str], since: float | None = None,
         tokens_per_s=_number(train.get("tokens_per_s")),
         steps_per_s=pace_s if not train else None, loss=_number(train.get("loss")),
         eval=evaluation, eval_step=_whole(scored.get("step")), eta=eta, restarts=restarts,
-        culprit=culprit, updated=_number(newest.get("time")) or _number(scored.get("time")),
+        culprit=culprit, updated=updated or _number(scored.get("time")),
         source=str(folder))
 
 

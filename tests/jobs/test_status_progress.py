@@ -119,6 +119,14 @@ def test_a_script_counted_by_its_agent(tmp_path: Path) -> None:
     told = from_run_dir(tmp_path)
     assert told is not None
     assert (told.step, told.total_steps, told.steps_per_s, told.eta) == (40, 100, 2.0, 30.0)
+    # the trainer's ETA, as of its line, counts when the agent's newer count has no pace yet
+    now = time.time()
+    metrics(tmp_path, {"kind": "train", "time": now - 3, "step": 10, "total_steps": 100,
+                       "eta_s": 50.0})
+    (tmp_path / PROGRESS_FILE).write_text(json.dumps({"time": now, "step": 12, "attempt": 0,
+                                                      "total_steps": 100}))
+    told = from_run_dir(tmp_path)
+    assert told is not None and (told.step, told.eta) == (12, pytest.approx(47.0, abs=0.01))
 
 
 def seen(rank: int, **record: int) -> Seen:
