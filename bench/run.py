@@ -240,10 +240,14 @@ def main(argv: list[str]) -> int:
             print(f"   {name} failed: {type(exc).__name__}: {exc}", flush=True)
             continue
         print(table(rows) + f"   ({time.monotonic() - began:.0f} s)", flush=True)
-        # a row replaces the last run's row of the same measure (a run of some sizes, say)
+        # a row replaces the last run's row of the same measure (a run of some sizes, say), and
+        # a size measured now its last "not measured" row ("256 agents: not measured")
         fresh = {(r["benchmark"], r["measure"]) for r in rows}
+        sizes = {(r["benchmark"], r["measure"].split(":")[0]) for r in rows if ":" in r["measure"]}
         data["rows"] = [r for r in data["rows"]
-                        if (r["benchmark"], r["measure"]) not in fresh] + rows
+                        if (r["benchmark"], r["measure"]) not in fresh
+                        and not (r["measure"].endswith(": not measured")
+                                 and (r["benchmark"], r["measure"].split(":")[0]) in sizes)] + rows
         data["when"][name] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()) + \
             (" (--quick)" if args.quick else "")
         out.parent.mkdir(parents=True, exist_ok=True)

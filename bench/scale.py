@@ -136,7 +136,7 @@ class Group:
 
     def start(self) -> None:
         """The store (ours), agent 0's host, then the other hosts, each connected."""
-        if self.side == "ours":
+        if self.side in ("ours", "store"):
             self.store = self._spawn([PY, "-m", STORE_MODULE, "--port", str(self.port)], "store")
             self._wait_store()
         sizes, first = host_sizes(self.nodes), 0
@@ -242,6 +242,15 @@ def summed(answers: dict[int, dict[str, Any]], key: str) -> float:
     return sum(a[key] for a in answers.values())
 
 
+def by_op(answers: dict[int, dict[str, Any]]) -> dict[str, int]:
+    """The hosts' store operations, by operation (get, compare_set, ...)."""
+    out: dict[str, int] = {}
+    for answer in answers.values():
+        for op, count in answer.get("by_op", {}).items():
+            out[op] = out.get(op, 0) + count
+    return out
+
+
 def checked(answers: dict[int, dict[str, Any]], what: str, world: int) -> list[float]:
     """Every agent's return time; an error that says what failed."""
     errors = [e for a in answers.values() for e in a.get("errors", [])]
@@ -263,6 +272,7 @@ def trial(side: str, nodes: int, settings: Settings) -> dict[str, float]:
         formed = g.ask("form")
         out["form_s"] = max(checked(formed, "forming", nodes)) - t0
         out["form_ops"] = summed(formed, "ops")
+        out["form_by_op"] = by_op(formed)  # type: ignore[assignment]
         out["form_serving_cpu_s"] = cpu_s(pid) - cpu0
         cpu0 = cpu_s(pid)
         steady = g.ask(f"steady {settings.steady_s}")
@@ -270,6 +280,8 @@ def trial(side: str, nodes: int, settings: Settings) -> dict[str, float]:
         out["steady_ops"], out["steady_bytes"] = summed(steady, "ops"), summed(steady, "bytes")
         out["steady_window_s"] = window
         out["steady_late_sweeps"] = summed(steady, "late_sweeps")
+        out["steady_sweeps"] = min(a["sweeps"] for a in steady.values())
+        out["steady_by_op"] = by_op(steady)  # type: ignore[assignment]
         out["serving_cpu_frac"] = (cpu_s(pid) - cpu0) / window
         out["serving_rss"] = rss(pid)
         clients = [steady[i]["rss"] - g.up[i]["rss"] for i in range(1, len(g.procs))]
@@ -335,7 +347,7 @@ def figures(nodes: int, mine: list[dict[str, float]], base: list[dict[str, float
 def sizes_and_rounds(quick: bool) -> list[tuple[int, int]]:
     sizes = [int(n) for n in os.environ.get("TORCHJOB_BENCH_SCALE", "64,128,256,1024,4096")
              .split(",")]
-    return [(n, 1 if quick else (3 if n <= 64 else 2 if n <= 256 else 1)) for n in sizes]
+    return [(n, 1 if quick else (3 if n <= 128 else 2 if n <= 256 else 1)) for n in sizes]
 
 
 def cost_rows(keep_alive_s: int) -> list[dict[str, Any]]:

@@ -56,35 +56,39 @@ class Counted(dist.Store):
     def __init__(self, inner: dist.Store) -> None:
         super().__init__()
         self.inner, self.ops, self.bytes = inner, 0, 0
+        self.by_op: dict[str, int] = {}  # the same, by operation
 
-    def _count(self, result: Any, *sent: Any) -> Any:
+    def _count(self, op: str, result: Any, *sent: Any) -> Any:
         self.ops += 1
+        self.by_op[op] = self.by_op.get(op, 0) + 1
         self.bytes += size(result) + sum(size(v) for v in sent)
         return result
 
     def set(self, key: str, value: Any) -> None:
-        self._count(self.inner.set(key, value), value)
+        self._count("set", self.inner.set(key, value), value)
 
     def get(self, key: str) -> bytes:
-        return self._count(self.inner.get(key))
+        return self._count("get", self.inner.get(key))
 
     def add(self, key: str, amount: int) -> int:
-        return self._count(self.inner.add(key, amount))
+        return self._count("add", self.inner.add(key, amount))
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        return self._count(self.inner.compare_set(key, expected, desired), expected, desired)
+        return self._count("compare_set", self.inner.compare_set(key, expected, desired),
+                           expected, desired)
 
     def check(self, keys: list[str]) -> bool:
-        return self._count(self.inner.check(keys))
+        return self._count("check", self.inner.check(keys))
 
     def wait(self, keys: list[str], timeout: Any = None) -> None:
-        self._count(self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout))
+        self._count("wait", self.inner.wait(keys) if timeout is None
+                    else self.inner.wait(keys, timeout))
 
     def delete_key(self, key: str) -> bool:
-        return self._count(self.inner.delete_key(key))
+        return self._count("delete_key", self.inner.delete_key(key))
 
     def num_keys(self) -> int:
-        return self._count(self.inner.num_keys())
+        return self._count("num_keys", self.inner.num_keys())
 
     def set_timeout(self, timeout: Any) -> None:
         self.inner.set_timeout(timeout)
@@ -145,11 +149,16 @@ def each(agents: list[SimAgent], work: Callable[[SimAgent], Any]) -> list[str]:
 def totals(agents: list[SimAgent], **extra: Any) -> dict[str, Any]:
     """The counters of the live agents, then zeroed."""
     live = [a for a in agents if a.alive]
+    by_op: dict[str, int] = {}
+    for a in live:
+        for op, count in a.store.by_op.items():
+            by_op[op] = by_op.get(op, 0) + count
     out = {"ops": sum(a.store.ops for a in live), "bytes": sum(a.store.bytes for a in live),
            "max_ops": max((a.store.ops for a in live), default=0), "agents": len(live),
-           "rss": rss(), "cpu_s": cpu_s(), **extra}
+           "by_op": by_op, "rss": rss(), "cpu_s": cpu_s(), **extra}
     for a in agents:
         a.store.ops = a.store.bytes = 0
+        a.store.by_op = {}
     return out
 
 
@@ -227,7 +236,9 @@ def serve(agents: list[SimAgent], nodes: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--side", choices=("ours", "torch"), required=True)
+    ap.add_argument("--side", choices=("ours", "torch", "store"), required=True,
+                    help="store: torch's handler on ours' store process (bench/scale.py's "
+                    "decomposition)")
     ap.add_argument("--endpoint", required=True)
     ap.add_argument("--run-id", required=True)
     ap.add_argument("--nodes", type=int, required=True, help="N, the whole group")
