@@ -1,7 +1,7 @@
 """``torchjob status``'s progress (torchjob.jobs.progress): from a run directory (the trainer's
 metrics, node 0's agent's progress.json, the ledger) and from a job's log lines (the one
 progress-line format, trainer.report), the agent's count for a script (trainer.pace), the JSON
-keys, and ``--watch`` off a terminal. Real runs: tests/integration/test_status_progress.py and
+keys, and ``--watch`` off a terminal. Real runs: tests/integration/test_status_of_running_jobs.py and
 the conformance matrix's kill row (every backend)."""
 
 from __future__ import annotations
