@@ -6,7 +6,6 @@ restarts so far, and the cause of the last failure. Pure but for ``from_run_dir`
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -15,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from torchjob.trainer import ledger
-from torchjob.trainer.contract import CLOSING_RE, LOG_PREFIX_RE
+from torchjob.jobs.report import read_json
+from torchjob.trainer.contract import (CLOSING_RE, HANG_ACTION, HANG_LINE, HEARD_RESTART,
+                                       LOG_PREFIX_RE)
 from torchjob.trainer.failures import RESTARTING
 from torchjob.trainer.pace import PROGRESS_FILE
 from torchjob.trainer.report import clock_text, parse_eval, parse_progress
 
 TAIL_BYTES = 256 * 1024  # of metrics.jsonl: its last train and eval lines are in it
 CLOCK_SLACK_S = 5.0  # the nodes' clocks against the submitting machine's (one host, or NTP)
-HANG_LINE = "torchjob: hang on node "
 RESTART_LINE = "torchjob: "
-HEARD = "another node: "
 
 
 @dataclass(frozen=True)
@@ -171,11 +170,11 @@ def from_run_dir(run_dir: str | os.PathLike[str], since: float | None = None,
     told = pace[-1] if pace else {}
     restarts, culprit = from_ledger(folder, since)
     try:  # the agent's summary of a run that failed (a script's, or the trainer's): its cause
-        summary = json.loads((folder / "summary.json").read_text()) \
+        summary = read_json(folder / "summary.json") \
             if (folder / "summary.json").stat().st_mtime >= since else {}
-    except (OSError, ValueError):
+    except OSError:
         summary = {}
-    if isinstance(summary, dict) and isinstance(summary.get("failure"), str):
+    if isinstance(summary.get("failure"), str):
         culprit = summary["failure"]
     if not (train or scored or told or restarts or culprit):
         return None
@@ -232,11 +231,11 @@ class FromLogs:
                 self.culprit, self.hang = closing["what"], False
         elif HANG_LINE in text:
             self.culprit = "hang: " + text.split(HANG_LINE, 1)[1].split(": ", 1)[-1] \
-                .split("; killing", 1)[0]
+                .split(HANG_ACTION, 1)[0]
             self.hang = True
         elif text.rstrip().endswith(RESTARTING) and RESTART_LINE in text:
             why = text.split(RESTART_LINE, 1)[1].rstrip().removesuffix(RESTARTING)
-            if not why.startswith(HEARD) and not self.hang:
+            if not why.startswith(HEARD_RESTART) and not self.hang:
                 self.culprit = why
             self.hang = False
         else:

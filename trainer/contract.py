@@ -64,6 +64,9 @@ CLOSING = "torchjob: the job failed: "
 # What follows it on a node that only heard the verdict from the node where the failure began
 # (``torchjob.trainer.torchrun_agent``): a launcher ends with the first-hand line.
 HEARD_FAIL, HEARD_RESTART = "stopping: ", "another node: "
+# The agent's line when its node acts on a hang (``torchjob.trainer.torchrun_agent``):
+# HANG_LINE, the node, ": ", who is stuck and why, HANG_ACTION; ``torchjob status`` reads it.
+HANG_LINE, HANG_ACTION = "torchjob: hang on node ", "; killing its workers"
 CLOSING_RE = re.compile(re.escape(CLOSING) + f"(?P<heard>{re.escape(HEARD_FAIL)}|"
                         f"{re.escape(HEARD_RESTART)})?" + r"(?P<what>.*) \(attempt "
                         r"(?P<attempt>\d+), exit (?P<code>\d+)\)$")

@@ -47,8 +47,10 @@ class Pace:
         left: status shows less."""
         if attempt != self.attempt:
             self.attempt, self.first = attempt, None
+        if now - self.written < PACE_S and not last:  # every monitor tick: nothing else
+            return None
         steps = [s for s in map(step_of, workers) if s is not None]
-        if not steps or (now - self.written < PACE_S and not last):
+        if not steps:
             return None
         step = min(steps)
         if self.first is None:

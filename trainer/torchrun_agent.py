@@ -26,9 +26,9 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils import store as store_util
 
 from torchjob.trainer import ledger
-from torchjob.trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FINISHED, HEARD_FAIL,
-                                       HEARD_RESTART, MAX_STALLED_DEFAULT, RUN_DIR_ENV,
-                                       log_prefix)
+from torchjob.trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FINISHED, HANG_ACTION,
+                                       HANG_LINE, HEARD_FAIL, HEARD_RESTART, MAX_STALLED_DEFAULT,
+                                       RUN_DIR_ENV, log_prefix)
 from torchjob.trainer.failures import RESTARTING, Failure, Verdict, judge, last_line
 from torchjob.trainer.culprit import Finding, ranks
 from torchjob.trainer.hang import Seen, Watchdog, stuck_line
@@ -260,8 +260,8 @@ class Agent(LocalElasticAgent):
             if hang is None:
                 return result, {}
             stuck = list(hang.stuck)
-            log.warning("torchjob: hang on node %s: %s; killing its workers, to restart them "
-                        "from the last checkpoint", node, hang.finding.why)
+            log.warning("%s%s: %s%s, to restart them from the last checkpoint", HANG_LINE, node,
+                        hang.finding.why, HANG_ACTION)
             self._note_hang(hang.finding, node)
             kill(w.pid for w in dog.seen)  # the whole group: no SIGTERM would be heard
             result = agent_api.RunResult(state=agent_api.WorkerState.FAILED)
