@@ -142,6 +142,13 @@ def queued(job_id: str, *, states: str | None = None) -> list[str]:
     return proc.stdout.split() if proc.returncode == 0 else []
 
 
+def held(job_id: str) -> list[str]:
+    """Every task of ``job_id`` slurmctld still holds, ended ones too (for ``MinJobAge``
+    seconds after they end): what accounting must show before the job counts as ended, as
+    slurmdbd records a task a moment after the controller ends it."""
+    return queued(job_id, states="all")
+
+
 # what `sacct` tells about a job: one record per job, or per task of an array
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Submit", "Start", "End", "NodeList",
                 "WorkDir")

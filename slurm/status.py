@@ -76,9 +76,11 @@ def when_where(record: Mapping[str, str]) -> dict[str, Any]:
 
 
 def from_records(handle: Handle, records: Sequence[Mapping[str, str]],
-                 queued: Sequence[str]) -> JobStatus:
-    """The status of ``handle`` from its sacct records and its tasks still in the queue
-    (squeue: accounting may lag behind the queue for a moment, never the other way)."""
+                 queued: Sequence[str], held: Sequence[str] = ()) -> JobStatus:
+    """The status of ``handle`` from its sacct records, its tasks still in the queue and the
+    tasks slurmctld holds, ended ones too (squeue: accounting may lag behind the controller
+    for a moment, never the other way: an array whose task 0 ended has no record of it yet
+    now and then; until it has, the array has not ended)."""
     if not records and queued:  # just submitted: the queue knows it, accounting not yet
         return JobStatus(handle, State.PENDING, None, "", "in the queue; not yet in Slurm's "
                          "accounting", {})
@@ -91,6 +93,11 @@ def from_records(handle: Handle, records: Sequence[Mapping[str, str]],
     detail = "; ".join(f"{r['JobID']}: {words}" for r, (_, _, words) in zip(records, states)) \
         if len(records) > 1 else states[0][2]
     live = [s for s, _, _ in states if not s.terminal]
+    recorded = set(cluster.task_ids(list(raw)))
+    unrecorded = [task for task in held if task not in recorded]
+    if unrecorded:
+        detail += f"; not yet in Slurm's accounting: {', '.join(unrecorded)}"
+        live.append(State.RUNNING)
     if live or queued:  # queued, accounting saying it ended: a requeue is due
         state = State.RUNNING if State.RUNNING in live else State.PENDING
         return JobStatus(handle, state, None, name, detail, raw, **when_where(records[0]))
@@ -101,4 +108,5 @@ def from_records(handle: Handle, records: Sequence[Mapping[str, str]],
 def current(handle: Handle) -> JobStatus:
     """What Slurm says now about ``handle`` (a job, an array, or one task ``A_I``)."""
     queued = cluster.queued(handle.id)
-    return from_records(handle, cluster.records([handle.id]), queued)
+    held = cluster.held(handle.id)
+    return from_records(handle, cluster.records([handle.id]), queued, held)

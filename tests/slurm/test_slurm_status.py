@@ -52,6 +52,12 @@ def test_an_array_is_its_tasks_together() -> None:
     assert (status.state, status.exit_code) == (State.FAILED, 2)
     assert status.detail == "20_0: COMPLETED; 20_1: FAILED (exit 2): a configuration error"
     assert from_records(array, [done, done], []).exit_code == 0
+    # slurmdbd has not yet recorded task 1, which slurmctld has ended: not ended yet
+    status = from_records(array, [done], [], ["20_0", "20_1"])
+    assert (status.state, status.exit_code) == (State.RUNNING, None)
+    assert status.detail.endswith("not yet in Slurm's accounting: 20_1")
+    both = [done, record("COMPLETED", job_id="20_1")]
+    assert from_records(array, both, [], ["20_1", "20_0"]).state == State.SUCCEEDED
     assert task_ids(["20_[0-2,5%2]", "21", "20_7"]) == ["20_0", "20_1", "20_2", "20_5", "21",
                                                        "20_7"]
 
