@@ -1,8 +1,8 @@
 """The rendezvous at scale, by simulation: N agents, no workers, on this host, for N in
 TORCHJOB_BENCH_SCALE (default 64,128,256,1024,4096). Ours: the job's own store process
-(``python -m torchjob.trainer.store``), every agent its client (is_host=false), torch's c10d
-handler wrapped in MembershipWatch. Torch's stock: the same handler, agent 0 hosting the
-TCPStore (bare torchrun). Each agent runs the real handler in a thread of a host process
+(``python -m torchjob.trainer.store``), every agent its client (is_host=false), the kit's keyed
+rendezvous (``rdzv.backend: torchjob``, trainer/rendezvous.py) wrapped in MembershipWatch.
+Torch's stock: its c10d handler, agent 0 hosting the TCPStore (bare torchrun). Each agent runs the real handler in a thread of a host process
 (bench/scale_agents.py), agent 0 alone in one. Per trial: the group forms (all N through
 ``next_rendezvous``); a steady window (keep-alives, and the monitor loop's
 ``num_nodes_waiting`` every 0.1 s); ours exchanges a failure verdict as its agents do; one agent
@@ -179,6 +179,8 @@ class Group:
 
     def peek(self) -> str:
         """The rendezvous' shared state as the store holds it, in a line."""
+        if self.side == "ours":
+            return keyed_state(self.port, self.run_id)
         try:
             state, raw = shared_state(self.port, self.run_id)
         except Exception as exc:
@@ -201,6 +203,27 @@ def shared_state(port: int, run_id: str) -> tuple[Any, bytes]:
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
     raw = store.get(f"torch.rendezvous.{run_id}")
     return pickle.loads(base64.b64decode(raw)), raw
+
+
+def keyed_state(port: int, run_id: str) -> str:
+    """The keyed rendezvous' rounds (trainer/rendezvous.py) in the store on ``port``: each
+    round's joined count and size, in a line."""
+    from datetime import timedelta
+
+    from torch.distributed import PrefixStore, TCPStore
+    try:
+        keys = PrefixStore(f"torchjob.rdzv.{run_id}",
+                           TCPStore("127.0.0.1", port, is_master=False,
+                                    timeout=timedelta(seconds=10)))
+        out = []
+        for r in range(4):
+            if not keys.check([f"r{r}/count"]):
+                break
+            size = keys.get(f"r{r}/size").decode() if keys.check([f"r{r}/size"]) else "open"
+            out.append(f"round {r}: {keys.add(f'r{r}/count', 0)} joined, size {size}")
+        return "; ".join(out) or "no round joined"
+    except Exception as exc:
+        return f"unread ({type(exc).__name__}: {exc})"
 
 
 def state_cost(nodes: int, tries: int = 5) -> dict[str, float]:
@@ -308,21 +331,23 @@ def raise_nofile() -> int:
 
 def figures(nodes: int, mine: list[dict[str, float]], base: list[dict[str, float]],
             settings: Settings) -> list[dict[str, Any]]:
-    """The rows of one N: medians over the rounds, every sample in the detail."""
+    """The rows of one N: medians over the rounds, every sample in the detail; no baseline
+    where torch's stock did not form (``base`` empty)."""
     def med(samples: list[dict[str, float]], key: str, per: float = 1.0) -> float:
         return median([s[key] / per for s in samples])
 
-    def both(key: str, per: float = 1.0) -> tuple[float, float]:
-        return med(mine, key, per), med(base, key, per)
+    def both(key: str, per: float = 1.0) -> tuple[float, float | None]:
+        return med(mine, key, per), (med(base, key, per) if base else None)
 
     intervals = [s["steady_window_s"] / settings.keep_alive_s for s in mine + base]
     per_interval = nodes * median(intervals)
     rate = [s["form_ops"] / s["form_s"] for s in mine], [s["form_ops"] / s["form_s"] for s in base]
+    torch_rate = median(rate[1]) if base else None
     name = f"{nodes} agents:"
     raw = {"ours_samples": mine, "torch_samples": base, "keep_alive_s": settings.keep_alive_s}
     rows = [
         row("scale", f"{name} group formed (median)", *both("form_s"), "<= 1.0", "s", **raw),
-        row("scale", f"{name} store ops/s while forming", median(rate[0]), median(rate[1]),
+        row("scale", f"{name} store ops/s while forming", median(rate[0]), torch_rate,
             "report", "ops/s"),
         row("scale", f"{name} store ops per agent to form", *both("form_ops", nodes), "<= 1.0",
             "ops"),
@@ -363,23 +388,43 @@ def cost_rows(keep_alive_s: int) -> list[dict[str, Any]]:
     return rows
 
 
+def attempt(side: str, nodes: int, settings: Settings) -> dict[str, Any]:
+    """One trial; a side that does not form (or fails otherwise) says why instead."""
+    try:
+        return trial(side, nodes, settings)
+    except Exception as exc:
+        print(f"  N={nodes} {side} failed: {type(exc).__name__}: {exc}", flush=True)
+        return {"failed": f"{type(exc).__name__}: {str(exc)[:2000]}"}
+
+
 def run(quick: bool = False, settings: Settings = Settings()) -> list[dict[str, Any]]:
+    """Every N in turn, both sides interleaved, until ours does not form; past the N where
+    torch's stock did not form, ours alone (said in a row of its own)."""
     print(f"  RLIMIT_NOFILE raised to {raise_nofile()}", flush=True)
     rows = cost_rows(settings.keep_alive_s)  # the hang watchdog's traffic: hang_exchange.py
+    torch_failed: str | None = None  # why torch's stock did not form, from that N on
     for nodes, rounds in sizes_and_rounds(quick):
-        def say(m: dict[str, float], b: dict[str, float]) -> str:
-            return (f"N={nodes} formed ours {m['form_s']:.2f} s torch {b['form_s']:.2f} s; "
-                    f"re-formed ours {m['reform_s']:.2f} s torch {b['reform_s']:.2f} s")
+        def say(m: dict[str, Any], b: dict[str, Any]) -> str:
+            def one(r: dict[str, Any]) -> str:
+                return "failed" if "failed" in r else \
+                    f"formed {r['form_s']:.2f} s re-formed {r['reform_s']:.2f} s"
+            return f"N={nodes} ours {one(m)}; torch {one(b)}"
         at = at_size(nodes, settings)
-        try:
-            mine, base = interleaved(rounds, lambda: trial("ours", nodes, at),
-                                     lambda: trial("torch", nodes, at), say)
-        except Exception as exc:  # the largest N may not fit: say why, keep the others
-            print(f"  N={nodes} failed: {type(exc).__name__}: {exc}", flush=True)
+        skipped = {"failed": f"not tried: it did not form at a smaller N ({torch_failed})"}
+        mine, base = interleaved(rounds, lambda: attempt("ours", nodes, at),
+                                 (lambda: attempt("torch", nodes, at)) if torch_failed is None
+                                 else (lambda: skipped), say)
+        ours_ok = [m for m in mine if "failed" not in m]
+        torch_ok = [b for b in base if "failed" not in b]
+        if not ours_ok:  # the largest N this host holds: say why, keep the others
             rows.append(row("scale", f"{nodes} agents: not measured", 0, None, "report", "-",
-                            why=f"{type(exc).__name__}: {str(exc)[:2000]}"))
+                            why=mine[0]["failed"]))
             break
-        rows += figures(nodes, mine, base, at)
+        if not torch_ok:
+            torch_failed = torch_failed or f"N={nodes}: {base[0]['failed']}"
+            rows.append(row("scale", f"{nodes} agents: torch's stock not measured", 0, None,
+                            "report", "-", why=base[0]["failed"]))
+        rows += figures(nodes, ours_ok, torch_ok, at)
     return rows
 
 

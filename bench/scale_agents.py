@@ -1,7 +1,8 @@
 """One host of bench/scale.py: COUNT simulated rendezvous agents as threads of this process,
-no workers. Each runs the real code: torch's c10d handler (``create_backend``,
-``create_handler``), for ours wrapped in MembershipWatch and a client of the job's own store,
-for torch's stock one agent hosting the TCPStore. Commands come one a line on stdin; each
+no workers. Each runs the real code: for ours the kit's keyed rendezvous (``rdzv.backend:
+torchjob``, trainer/rendezvous.py) wrapped in MembershipWatch, a client of the job's own store;
+for torch's stock its c10d handler (``create_backend``, ``create_handler``), one agent hosting
+the TCPStore; for "store" the same c10d handler, a client of the job's own store. Commands come one a line on stdin; each
 answer is one JSON line on stdout (``say``).
 """
 
@@ -19,11 +20,13 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousParameters
-from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (_create_tcp_store,
+                                                                          create_backend)
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
 from torchjob.trainer.failures import RESTARTING, Verdict
 from torchjob.trainer.membership import MembershipWatch
+from torchjob.trainer.rendezvous import KeyedRendezvousHandler
 from torchjob.trainer.torchrun_agent import Agent as KitAgent
 
 MONITOR_INTERVAL_S = 0.1  # the agent's --monitor-interval (jobs/command.py; torchrun's default)
@@ -77,6 +80,10 @@ class Counted(dist.Store):
         return self._count("compare_set", self.inner.compare_set(key, expected, desired),
                            expected, desired)
 
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        values = self.inner.multi_get(keys)
+        return self._count("multi_get", values, *values)
+
     def check(self, keys: list[str]) -> bool:
         return self._count("check", self.inner.check(keys))
 
@@ -109,13 +116,31 @@ class SimAgent:
             local_addr=FQDN, join_timeout=str(JOIN_TIMEOUT_S),
             last_call_timeout=str(args.last_call), keep_alive_interval=str(args.keep_alive),
             keep_alive_max_attempt=str(args.max_attempt), is_host="true" if hosts else "false")
+        self.index, self.alive, self.info, self.done = index, True, None, 0.0
+        if side == "ours":
+            self.store = Counted(_create_tcp_store(params))
+            self.handler: Any = MembershipWatch(KeyedRendezvousHandler(
+                self.store, args.run_id, max(1, nodes - 1), nodes, local_addr=FQDN,
+                join_timeout=JOIN_TIMEOUT_S, last_call_timeout=args.last_call,
+                keep_alive_interval=args.keep_alive, keep_alive_max_attempt=args.max_attempt))
+            return
         backend, store = create_backend(params)  # its first compare_set is not counted: +1
         self.store = Counted(store)
         self.store.ops = 1
         backend._store = self.store
-        handler = create_handler(self.store, backend, params)
-        self.handler: Any = MembershipWatch(handler) if side == "ours" else handler
-        self.index, self.alive, self.info, self.done = index, True, None, 0.0
+        self.handler = create_handler(self.store, backend, params)
+
+    @property
+    def round(self) -> int:
+        return self.handler.round if self.keyed else self.handler._state_holder.state.round
+
+    @property
+    def keyed(self) -> bool:
+        return isinstance(self.handler, MembershipWatch)
+
+    def stop_heartbeats(self) -> None:
+        handler = self.handler
+        handler._stop_heartbeat() if self.keyed else handler._stop_heartbeats()
 
     def rendezvous(self) -> None:
         self.info = self.handler.next_rendezvous()
@@ -169,7 +194,7 @@ def form(agents: list[SimAgent]) -> dict[str, Any]:
     live = [a for a in agents if a.alive and a.info is not None]
     return totals(agents, errors=errors, done=[a.done for a in live],
                   world=sorted({a.info.world_size for a in live}),
-                  rounds=sorted({a.handler._state_holder.state.round for a in live}))
+                  rounds=sorted({a.round for a in live}))
 
 
 def steady(agents: list[SimAgent], seconds: float) -> dict[str, Any]:
@@ -207,7 +232,7 @@ def kill(agents: list[SimAgent], index: int) -> dict[str, Any]:
     """Agent ``index`` dies: its heartbeats stop, it takes no further part."""
     for a in agents:
         if a.index == index:
-            a.handler._stop_heartbeats()
+            a.stop_heartbeats()
             a.alive = False
     return {"killed": index}
 

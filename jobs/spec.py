@@ -124,7 +124,9 @@ class TrainerSection(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class Rdzv(Section):
-    backend: Literal["c10d"] = spec_field("rendezvous backend (only c10d for now)", "c10d")
+    backend: Literal["c10d", "torchjob"] = spec_field(
+        "rendezvous backend: c10d (torch's), or torchjob (a key per node, O(1) store traffic "
+        "per node: trainer/rendezvous.py)", "c10d")
     port: int = spec_field("rendezvous port on clusters (local runs pick a free one)", 29400,
                            check=between(1, 65535))
     join_timeout: int = spec_field("seconds to wait for MIN nodes to join", 600,

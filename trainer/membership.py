@@ -12,6 +12,7 @@ from torch.distributed.elastic.agent.server import api as agent_api
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 
 from torchjob.trainer import ledger
+from torchjob.trainer.rendezvous import KeyedRendezvousHandler
 
 log = agent_api.logger  # torchrun's own agent log, with its format
 
@@ -20,7 +21,8 @@ class MembershipWatch:
     """The agent's rendezvous handler, whose ``num_nodes_waiting`` also counts this node as
     waiting when the rendezvous has dropped it from the round it joined (see the module's
     docstring). Everything else goes to the handler unchanged. It reads the c10d (dynamic)
-    handler's shared state; with a handler that has none (static, etcd-v2) it only forwards."""
+    handler's shared state, asks the keyed one (trainer.rendezvous: a round's members are fixed
+    once it closes), and with others (static, etcd-v2) only forwards."""
 
     def __init__(self, handler: RendezvousHandler) -> None:
         self._handler = handler
@@ -40,6 +42,9 @@ class MembershipWatch:
 
     def next_rendezvous(self) -> RendezvousInfo:
         info = self._handler.next_rendezvous()
+        if isinstance(self._handler, KeyedRendezvousHandler):
+            self._round = self._handler.round
+            return info
         state = getattr(self._holder(), "state", None)
         self._round = None if state is None else state.round
         return info
@@ -81,6 +86,8 @@ class MembershipWatch:
     def nodes(self) -> list[str] | None:
         """The names (``host:pid``, trainer.ledger) of the round's nodes in node order (c10d);
         None with a handler that does not tell."""
+        if isinstance(self._handler, KeyedRendezvousHandler):
+            return self._handler.nodes()
         state = getattr(self._holder(), "state", None)
         if state is None:
             return None
@@ -88,5 +95,7 @@ class MembershipWatch:
         return [f"{desc.addr}:{desc.pid}" for desc, _ in ranked]
 
     def this_node(self) -> str:
+        if isinstance(self._handler, KeyedRendezvousHandler):
+            return self._handler.this_node()
         node = getattr(self._handler, "_this_node", None)
         return ledger.node_name() if node is None else f"{node.addr}:{node.pid}"

@@ -49,10 +49,12 @@ def store(launcher: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def training(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], list[int], int, IO[str]]]:
-    """``torchjob run`` of JOB, once it trained 25 steps: (the launcher, its two node agents,
-    its store, its output so far); killed at the end if still running."""
-    (tmp_path / "job.yaml").write_text(JOB)
+def training(tmp_path: Path, rdzv: str = "c10d"
+             ) -> Iterator[tuple[subprocess.Popen[bytes], list[int], int, IO[str]]]:
+    """``torchjob run`` of JOB with the rendezvous backend ``rdzv``, once it trained 25 steps:
+    (the launcher, its two node agents, its store, its output so far); killed at the end if
+    still running."""
+    (tmp_path / "job.yaml").write_text(JOB + f"rdzv: {{backend: {rdzv}}}\n")
     log = open(tmp_path / "out.txt", "w+")
     proc = subprocess.Popen([*TORCHJOB, "run", "job.yaml"], cwd=tmp_path,
                             env=env_for_tests(), stdout=log, stderr=subprocess.STDOUT)
@@ -72,10 +74,13 @@ def training(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], list[int
 
 
 @pytest.mark.parametrize("trial", range(TRIALS))
-@pytest.mark.parametrize("lost", [0, 1])  # node 0: the one torchrun's endpoint would point at
+@pytest.mark.parametrize("lost, rdzv", [(0, "c10d"), (1, "c10d"), (0, "torchjob")])
 def test_killing_a_node_agent_leaves_no_worker_and_the_job_finishes(tmp_path: Path, lost: int,
+                                                                    rdzv: str,
                                                                     trial: int) -> None:
-    with training(tmp_path) as (proc, nodes, rendezvous, log):
+    """Node 0: the one torchrun's endpoint would point at, and the keyed rendezvous' rank 0
+    (trainer.rendezvous), whose agent serves the workers' store."""
+    with training(tmp_path, rdzv) as (proc, nodes, rendezvous, log):
         workers = descendants(nodes[lost])
         assert workers, f"no process under agent {nodes[lost]}"
         os.kill(nodes[lost], signal.SIGKILL)
