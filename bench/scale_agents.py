@@ -31,6 +31,7 @@ from torchjob.trainer.torchrun_agent import Agent as KitAgent
 
 MONITOR_INTERVAL_S = 0.1  # the agent's --monitor-interval (jobs/command.py; torchrun's default)
 JOIN_TIMEOUT_S = 600  # the kit's rdzv.join_timeout default (jobs/spec.py)
+SETUP_THREADS = 32  # clients connecting at once in a host: each takes ~0.2 s here
 FQDN = socket.getfqdn()  # what each handler would look up for itself (local_addr unset)
 
 
@@ -275,7 +276,9 @@ def main() -> None:
     args = ap.parse_args()
     say("up", rss=rss(), pid=os.getpid())
     began = time.monotonic()
-    agents = [SimAgent(i, args) for i in range(args.first, args.first + args.count)]
+    with ThreadPoolExecutor(max_workers=SETUP_THREADS) as pool:  # each client connects in
+        agents = list(pool.map(lambda i: SimAgent(i, args),
+                               range(args.first, args.first + args.count)))
     say("ready", rss=rss(), setup_s=time.monotonic() - began, threads=threading.active_count())
     try:
         serve(agents, args.nodes)

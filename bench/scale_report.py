@@ -77,6 +77,22 @@ def saturation(rows: list[dict[str, Any]]) -> float | None:
     return None
 
 
+def server_cpu(sizes: dict[int, dict[str, dict[str, Any]]]) -> dict[str, float]:
+    """Ours' store server CPU per operation, from the steady window of the largest N that
+    has one, and what follows from it (ESTIMATE's figures)."""
+    n = max((n for n, m in sizes.items() if (m.get("store server CPU, steady") or {})
+             .get("ours")), default=0)
+    if not n:
+        return {"n_cpu": 0, "us_per_op": 0.0, "ops_per_core": 0.0, "n_sat": 0.0, "form_s": 0.0}
+    m = sizes[n]
+    keep_alive = m["group formed (median)"]["detail"].get("keep_alive_s", KEEP_ALIVE_S)
+    ops_per_s = m["steady store ops per agent per keep-alive interval"]["ours"] * n / keep_alive
+    per_op = m["store server CPU, steady"]["ours"] / ops_per_s
+    return {"n_cpu": n, "us_per_op": per_op * 1e6, "ops_per_core": 1 / per_op,
+            "n_sat": 1 / per_op / (1 / KEEP_ALIVE_S + 1),
+            "form_s": 8 * 10_000 * per_op}
+
+
 def section(rows: list[dict[str, Any]]) -> str:
     """The scale section of docs/benchmarks.md."""
     sizes = by_size(rows)
@@ -93,7 +109,8 @@ def section(rows: list[dict[str, Any]]) -> str:
             + f"\nHeld on this host: N = {', '.join(map(str, sorted(held)))}.\n"
             + "".join(f"\nNot measured at N = {n}: {why}\n" for n, why in sorted(failed.items()))
             + COST_HEAD + cost_lines + "\n"
-            + ESTIMATE.format(sat=f"{sat:.0f}" if sat else "(beyond the sizes measured)")
+            + ESTIMATE.format(sat=f"{sat:.0f}" if sat else "(beyond the sizes measured)",
+                              **server_cpu(sizes))
             + LIMITS)
 
 
@@ -101,43 +118,37 @@ SECTION = """
 ## The rendezvous at scale (bench/scale.py)
 
 `.venv/bin/python bench/run.py scale` reruns it alone. N simulated agents (threads, no
-workers) run the real c10d rendezvous: ours (the job's own store process, every agent a
-client with is_host=false, torch's handler wrapped in MembershipWatch) vs torch's stock
-(agent 0 hosts the TCPStore, as bare torchrun). Same N, same host, interleaved rounds;
-last_call_timeout 2 s both; keep_alive_interval 5 s and 3 attempts (torch's defaults, which
-the kit keeps), lengthened to 15 s on both sides from 256 agents: the simulated clients share
-this host's 2 cores (threads under one GIL per host process) and at 256 missed the 15 s expiry
-long before real nodes would. Each cell: ours / torch's (medians). Store ops are counted at
-each client (every get, compare_set, add, check, set); "steady" is two keep-alive intervals of
-the formed group:
-its keep-alive timers and the agent monitor loop's `num_nodes_waiting` every 0.1 s (a read
-of the state at most once a second, torch's cache). Re-formed: from one agent's death (its
-heartbeats stop) to every survivor through `next_rendezvous` again; torch's handler drops
-the dead node only when its heartbeat is 15 s old, which dominates.
+workers) run the real rendezvous code: ours (`rdzv.backend: torchjob`, trainer/rendezvous.py:
+the job's own store process, every agent a client with is_host=false, a key per node, wrapped
+in MembershipWatch as the kit's agent wraps it) vs torch's stock c10d (agent 0 hosts the
+TCPStore, as bare torchrun). Same N, same host, interleaved rounds; last_call_timeout 2 s
+both; keep_alive_interval 5 s and 3 attempts (torch's defaults), lengthened to 15 s on both
+sides from 256 agents: the simulated clients share this host's 2 cores (threads under one GIL
+per host process) and at 256 missed c10d's 15 s expiry long before real nodes would. Each
+cell: ours / torch's (medians; "-" where torch's did not form). Store ops are counted at each
+client (every get, compare_set, add, check, set, wait, multi_get); "steady" is two keep-alive
+intervals of the formed group: its heartbeats and the agent monitor loop's
+`num_nodes_waiting` every 0.1 s. Re-formed: from one agent's death (its heartbeats stop) to
+every survivor through `next_rendezvous` again.
 
 ![growth with N]({plot})
 
-This table: the run of 2026-11-27 07:43-08:16 UTC on a quiet host (load 2-3 up to N = 128;
-the simulation's own 8-33 at 256 and 512), 3, 3 and 2 interleaved rounds at N = 64, 128, 256;
-512 did not form within 300 s (the state then held 198 of 512 participants: agents dropped
-for late heartbeats, rejoining, dropping others; 512 client threads on 2 cores).
-
-Against the goal (ours <= 1.0x torch's): the two sides run the same protocol against the same
-server (a TCPStore with libuv; ours in a process of its own, torch's in agent 0's), and they
-differ by less than the runs of one side differ among themselves. Steady traffic per agent and
-keep-alive interval: 6.10 / 6.12 at 64, 17.6 / 18.1 at 256; by operation at 64 both sides made
-512 gets and 263-268 compare_sets in the 10 s window (every agent's monitor loop reading the
-state once a second through torch's cache, every heartbeat's write). The 1.21x of the first
-run at 64 came from a host at load 27 (the sweeps that did not keep their 0.1 s). Forming
-and re-forming are contention among N compare-and-set writers: at 64 (63 agents under one
-GIL) the same side formed in 8-17 s from one round to the next. A three-way run at 64
-(2026-11-27 08:17-08:27 UTC, 3 interleaved rounds each) separates the two differences: ours'
-store process with torch's bare handler formed in 8.1, 17.3, 9.7 s (median 9.7), torch's in
-8.3, 12.8, 11.2 s (11.2), ours (store process and MembershipWatch) in 9.6, 16.6, 12.2 s
-(12.2); re-formed in 28.3, 26.9, 27.0 / 26.3, 26.0, 28.9 / 25.7, 36.6, 26.5 s. MembershipWatch
-adds no store operation (it reads the state the handler already synced), so its forming medians
-differ from the store-only side's by the noise the rounds show. The medians in the table are
-therefore not read as a ranking: within this host's noise ours is neither faster nor slower.
+This table: the run of 2026-11-27 10:49-11:32 UTC (N = 64 to 1,024; 3, 3, 2, 1, 1 interleaved
+rounds) and 11:35 UTC (2,048 and 4,096, ours alone: torch's was not tried past 512, where it
+did not form), on a quiet host. Against the goal (ours <= 1.0x torch's at every N): met at
+every N measured, and past 256 torch's did not form at all. Ours formed in 0.16-0.33 s where
+torch's took 5.5-11 s (0.015-0.035x), and re-formed in 2.1-2.2 s, its 2 s last call and a
+few ms, where torch's took 28-50 s (0.04-0.08x). Per agent: 8 store operations to form
+(torch's 20-39, growing with its compare-and-set retries), one per keep-alive interval once
+formed (torch's 6-18: the state read once a second and rewritten by each heartbeat), and a
+sixth to a tenth of its client memory. The 8 operations of ours: the count's `add`, the
+name's `set`, a `check` of the latest round, one `wait` and `get` of the round's size, the
+workers' store address (two `get`, as c10d's), and the first heartbeat; the node that closes
+the round adds its compare-and-set and a few `check`s while its last call runs. One of
+torch's three rounds at 128 did not re-form within 300 s (127 participants, the round not
+completed); its median is of the two that did. At 512 torch's did not form within 300 s (the
+state held 201 of 512 participants: agents dropped for late heartbeats, rejoining, dropping
+others).
 
 """
 
@@ -151,34 +162,41 @@ One client, its heartbeat write (pickle, compare_set, unpickle) and a read, by s
 """
 
 ESTIMATE = """
-Where the single store saturates (estimate). Not on the store server's CPU: it compares and
-copies bytes (steady CPU above) and one TCPStore thread moves far more than this. The limit
-is the one key. Every heartbeat is a compare_set of the whole state; a write lands only if
-no other landed between its read and its arrival, so the writes go one after another, each
+Where the single store saturates (estimate). Torch's c10d: not on the store server's CPU but
+on its one key. Every heartbeat is a compare_set of the whole state; a write lands only if no
+other landed between its read and its arrival, so the writes go one after another, each
 taking a client's round trip plus its (un)pickling of a state that grows with N. The
-heartbeats alone need N / 5 writes a second; one after another the key takes
-1 / (write time at N). By the table the two meet near N = {sat} (on this host's CPU; the write
-time grows about as N, so a client twice as fast moves it up only about 1.4x). Past that,
-heartbeats miss their 15 s, live nodes are dropped, rejoin and drop others: the group never
-forms. The reads add N a second of the whole state (at 4,096 nodes ~340 KB each: ~1.4 GB/s
-out of the store, a 10-Gbit link). The same holds for ours and torch's: the store's process
-differs, not the protocol. Remedies, cheapest first: heartbeats in keys of their own
-(one small `set` per node, the state rewritten only on joins and leaves: O(1) bytes per
-heartbeat, no contention); then sharded keys (a key per group of nodes) or a tree of barriers
-(nodes meet in groups of ~64, one leader each meets the others); beyond a few thousand
-nodes, etcd (torch's etcd-v2 rendezvous, or a lease per node with watches).
+heartbeats alone need N / 5 writes a second; one after another the key takes 1 / (write time
+at N). By the table the two meet near N = {sat} (on this host's CPU); past that, heartbeats
+miss their 15 s, live nodes are dropped, rejoin and drop others: the group never forms (as
+at 512 here, where the simulated clients are slower than real ones).
+
+Ours has no shared value to queue on: every operation is a small `add`, `get` or `wait` on a
+key of one node's or one round's, so the limit is the store server's CPU. Measured in the
+steady window at N = {n_cpu}: {us_per_op:.0f} us of server CPU per operation (coarse: the
+server's CPU time is read from /proc in 10 ms ticks), about {ops_per_core:.0f} operations a
+second on one core. A formed group needs about N / 5 a second (one heartbeat per node per
+5 s) plus, while it is below MAX, N a second (each agent's monitor reading the next round's
+count once a second): one core serves that up to N = {n_sat:.0f}. Forming costs 8
+operations per node once: {form_s:.1f} s of server CPU at 10,000 nodes. The TCPStore server
+is one libuv thread, so this is its ceiling. Past it, remedies cheapest first: a longer
+cache for `num_nodes_waiting` (it alone is five sixths of the steady traffic below MAX);
+sharded keys (rounds' counters split over several store processes by node id); a tree of
+barriers (nodes meet in groups of ~64, one leader each meets the others); beyond that etcd
+(a lease per node with watches).
 """
 
 LIMITS = """
-Why not more on this host: the agents' client work (each write and read (un)pickles the
-whole state) runs on 2 shared cores instead of N machines, in host processes whose threads
-share one GIL each (64 agents per process, at most 8 processes), so the simulated clients
-are far slower than real ones, and heartbeats miss their 15 s at a smaller N than a real
-cluster would. A size that does not form within its deadline is reported above with the
-state the store held then. File descriptors were not the limit (RLIMIT_NOFILE raised to the
-hard limit, 20,000), nor memory (see the RSS columns). The first run of 2026-11-27, on a
-host at load ~27 (other jobs and a test loop), did not hold 256 (its participants rose and
-fell between about 110 and 170 for 300 s); the quiet run above held 256 and stopped at 512.
+Why not more on this host: each agent's client runs as a thread, 8 host processes sharing 2
+cores and each one GIL, so the simulated clients are far slower than real ones (torch's
+c10d heartbeats missed their 15 s at 512 here, which a real cluster's would not). Ours at
+2,048 and more: see the lines "Not measured" above, where there are any. File descriptors
+were not the limit (RLIMIT_NOFILE raised to the hard limit, 20,000), nor memory (see the RSS
+columns). What stopped 4,096 was connecting: a store client takes about 0.2 s to connect on
+this host (256 one after another took 50 s, so each host connects 32 at a time), and the one
+store process took new connections at about 10 a second from 8 processes at once (measured
+alone: 1,445 of 4,096 in 150 s), so the 4,095 clients had not all connected by the 300 s
+deadline. Once connected, ours formed 2,048 in 2.4 s.
 """
 
 
