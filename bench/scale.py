@@ -2,11 +2,12 @@
 TORCHJOB_BENCH_SCALE (default 64,128,256,1024,4096). Ours: the job's own store process
 (``python -m torchjob.trainer.store``), every agent its client (is_host=false), the kit's keyed
 rendezvous (``rdzv.backend: torchjob``, trainer/rendezvous.py) wrapped in MembershipWatch.
-Torch's stock: its c10d handler, agent 0 hosting the TCPStore (bare torchrun). Each agent runs the real handler in a thread of a host process
-(bench/scale_agents.py), agent 0 alone in one. Per trial: the group forms (all N through
-``next_rendezvous``); a steady window (keep-alives, and the monitor loop's
-``num_nodes_waiting`` every 0.1 s); ours exchanges a failure verdict as its agents do; one agent
-dies and the others re-form. Store operations are counted by each client. Interleaved rounds.
+Torch's stock: its c10d handler, agent 0 hosting the TCPStore (bare torchrun). Each agent runs
+the real handler in a thread of a host process (bench/scale_agents.py), agent 0 alone in one.
+Per trial: the group forms (all N through ``next_rendezvous``); a steady window (keep-alives,
+and the monitor loop's ``num_nodes_waiting`` every 0.1 s); ours exchanges a failure verdict as
+its agents do; one agent dies and the others re-form. Store operations are counted by each
+client. Interleaved rounds.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 no workers. Each runs the real code: for ours the kit's keyed rendezvous (``rdzv.backend:
 torchjob``, trainer/rendezvous.py) wrapped in MembershipWatch, a client of the job's own store;
 for torch's stock its c10d handler (``create_backend``, ``create_handler``), one agent hosting
-the TCPStore; for "store" the same c10d handler, a client of the job's own store. Commands come one a line on stdin; each
-answer is one JSON line on stdout (``say``).
+the TCPStore; for "store" the same c10d handler, a client of the job's own store. Commands
+come one a line on stdin; each answer is one JSON line on stdout (``say``).
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ class SimAgent:
             last_call_timeout=str(args.last_call), keep_alive_interval=str(args.keep_alive),
             keep_alive_max_attempt=str(args.max_attempt), is_host="true" if hosts else "false")
         self.index, self.alive, self.info, self.done = index, True, None, 0.0
-        if side == "ours":
+        self.keyed = side == "ours"
+        if self.keyed:
             self.store = Counted(_create_tcp_store(params))
             self.handler: Any = MembershipWatch(KeyedRendezvousHandler(
                 self.store, args.run_id, max(1, nodes - 1), nodes, local_addr=FQDN,
@@ -135,13 +136,11 @@ class SimAgent:
     def round(self) -> int:
         return self.handler.round if self.keyed else self.handler._state_holder.state.round
 
-    @property
-    def keyed(self) -> bool:
-        return isinstance(self.handler, MembershipWatch)
-
     def stop_heartbeats(self) -> None:
-        handler = self.handler
-        handler._stop_heartbeat() if self.keyed else handler._stop_heartbeats()
+        if self.keyed:
+            self.handler._stop_heartbeat()
+        else:
+            self.handler._stop_heartbeats()
 
     def rendezvous(self) -> None:
         self.info = self.handler.next_rendezvous()

@@ -38,7 +38,6 @@ def _stop_heartbeats() -> None:
         stop.set()
 
 
-
 class KeyedRendezvousHandler(RendezvousHandler):
     """The handler (see the module's docstring); ``store`` is the job's rendezvous store."""
 
@@ -59,7 +58,6 @@ class KeyedRendezvousHandler(RendezvousHandler):
         self._rank = self._size = 0
         self._waiting: tuple[float, int] | None = None  # num_nodes_waiting's cached answer
         self._heartbeat: threading.Event | None = None
-        self._bootstrap: RendezvousStoreInfo | None = None
         self._server: TCPStore | None = None  # rank 0's store for the workers
 
     # -- the handler's interface ------------------------------------------------------------
@@ -134,11 +132,6 @@ class KeyedRendezvousHandler(RendezvousHandler):
 
     def this_node(self) -> str:
         return f"{self._addr}:{os.getpid()}"
-
-    def dropped(self) -> str | None:
-        """Never: a round's members are fixed once it closes (num_nodes_waiting sees a next
-        round formed without this node)."""
-        return None
 
     # -- joining ----------------------------------------------------------------------------
 
@@ -246,9 +239,11 @@ class KeyedRendezvousHandler(RendezvousHandler):
         kept across rounds while this node stays rank 0)."""
         if not self.use_agent_store:
             return RendezvousStoreInfo.build(self._rank, store, local_addr=self._addr)
-        if self._rank == 0 and self._server is None:
-            self._server = TCPStore(self._addr, 0, is_master=True, multi_tenant=True)
-        port = self._server.port if self._rank == 0 and self._server is not None else 0
+        port = 0  # rank 0's; another rank reads it from the round's store
+        if self._rank == 0:
+            if self._server is None:
+                self._server = TCPStore(self._addr, 0, is_master=True, multi_tenant=True)
+            port = self._server.port
         return RendezvousStoreInfo.build(self._rank, store, local_addr=self._addr,
                                          server_port=port)
 
