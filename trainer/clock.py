@@ -1,4 +1,7 @@
-"""The trainer's throughput clock: samples per second in steady state."""
+"""The trainer's throughput clock: samples per second in steady state.
+
+On a GPU the loop runs ahead of the device; ``sync`` (``torch.cuda.synchronize``) makes the
+two readings a rate is taken between, the warm-up's end and an ``exact`` tick, the device's."""
 
 from __future__ import annotations
 
@@ -13,14 +16,18 @@ class Throughput:
     """Samples per second between the end of a short warm-up and the latest step (start-up,
     evaluation and the final checkpoint are not steady state)."""
 
-    def __init__(self, warmup_steps: int) -> None:
-        self.warmup, self.steps, self.samples = warmup_steps, 0, 0
+    def __init__(self, warmup_steps: int, sync: Callable[[], object] | None = None) -> None:
+        self.warmup, self.steps, self.samples, self.sync = warmup_steps, 0, 0, sync
         self.t0 = self.started = self.last = time.perf_counter()
         self.warm = self.t0  # when the warm-up ended: the ETA's pace counts from here
         self.off = 0.0  # seconds off the clock since the last step
 
-    def tick(self, samples: int) -> None:
+    def tick(self, samples: int, exact: bool = False) -> None:
+        """A step is done; ``exact``: its rate is read now (a log line, the last step), so
+        the device finishes its queued work before the clock is read (the warm-up's end too)."""
         self.steps += 1
+        if self.sync is not None and (exact or self.steps == self.warmup):
+            self.sync()
         self.last = time.perf_counter()
         if self.steps == self.warmup:
             self.t0, self.warm, self.samples = self.last, self.last, 0

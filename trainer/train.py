@@ -206,7 +206,9 @@ class Loop:
         stop.ride(model, group.device)  # before the first backward, which registers the hook
         settle_buckets(model, optimizer, task.train, group.device, self.autocast)
         self.global_batch = cfg.batch_size * cfg.grad_accum * group.world_size
-        self.clock = Throughput(warmup_steps=min(5, max(total - pos.step - 1, 0)))
+        device = group.device  # on CUDA the rate is the device's, not the queue's
+        self.clock = Throughput(warmup_steps=min(5, max(total - pos.step - 1, 0)), sync=(
+            lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None)
         self.step, self.loss_sum, self.here = pos.step, torch.zeros((), device=group.device), pos
         self.work: list[float] = []
         self.logged = 0  # self.work[:logged] is in the step-time records already
@@ -272,9 +274,10 @@ class Loop:
         self.optimizer.zero_grad(set_to_none=True)
         self.step = step = step + 1
         progress.step(step, self.total)  # for the agent (torchjob.trainer.progress)
-        self.clock.tick(self.global_batch)
+        logs = step % cfg.log_every == 0 or step == self.total
+        self.clock.tick(self.global_batch, exact=logs)
         self.here = Position(step, epoch, self.batches.position)
-        if step % cfg.log_every == 0 or step == self.total:
+        if logs:
             shown = self.loss_sum.item()  # this rank's loss; a sync only every log_every
             rates = {"samples_per_s": round(self.clock.rate(), 1),
                      **self.task.objective.rates(self.clock.rate())}
