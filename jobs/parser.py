@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import argparse
 from importlib import metadata
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from torchjob.trainer.contract import EXIT_CONFIG
 
 class _Parser(argparse.ArgumentParser):
+    """Options spelled in full: with abbreviations on, argparse sorts every word, a script's own
+    too, and stops at one that abbreviates two of ours (a script's ``--n``: ``--nnodes`` or
+    ``--name``?), though the script's words are its own (``rest``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_CONFIG, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 

@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.environ.update(env)  # the workers inherit it (through the forkserver too)
 
     from torch.distributed.launcher import api as launcher_api
-    from torch.distributed.run import parse_args
+    from torch.distributed.run import get_args_parser
 
     from torchjob.trainer.torchrun_agent import Agent, attempt_base
 
@@ -166,7 +166,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     # launch_agent makes the agent: ours, with our settings
     launcher_api.LocalElasticAgent = functools.partial(  # type: ignore[misc, assignment]
         Agent, hang_timeout=seconds, progress_dir=progress_dir, **settings)
-    args = parse_args(argv)
+    parser = get_args_parser()
+    # the script's own options are its own: torchrun's parser would take a script's --d or
+    # --log for an ambiguous abbreviation of its --duplicate-*-filters or --log-dir and stop
+    # the job (argparse sorts every word before REMAINDER takes the script's), as bare
+    # torchrun does; the agent's command spells every option of torchrun's in full
+    parser.allow_abbrev = False
+    args = parser.parse_args(argv)
     own_log_dir = tee_to_us(args)
     lock = lock_run_dir(args, env)
     try:

@@ -163,3 +163,28 @@ def test_torchx_local_cwd_runs_the_script(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((tmp_path / "runs/sx/result.json").read_text())
     assert result == {**result, "world_size": 2, "steps": 20}
+
+
+# words a script may take that abbreviate two options of torchjob's or torchrun's (argparse
+# stops at those, bare torchrun included: --d, --log, --m, --n), and a word after --
+AMBIGUOUS = ["--d", "$(echo x)", "--log", "--m=3", "--n", "3", "--s", "--", "--tail", "-h"]
+
+
+@pytest.mark.integration
+def test_a_scripts_words_that_abbreviate_launcher_options_reach_it(tmp_path: Path) -> None:
+    (tmp_path / "argv.py").write_text(
+        "import json, os, sys\n"
+        "open(f\"argv{os.environ['RANK']}.json\", 'w').write(json.dumps(sys.argv[1:]))\n")
+    out = torchjob("run", "--nproc-per-node", "2", "argv.py", *AMBIGUOUS, cwd=tmp_path,
+                   env=env_for_tests())
+    assert out.returncode == 0, out.stderr[-3000:]
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"argv{rank}.json").read_text()) == AMBIGUOUS
+
+
+def test_torchjobs_own_options_are_spelled_in_full(tmp_path: Path) -> None:
+    out = torchjob("run", "--nproc", "2", "argv.py", cwd=tmp_path, env=env_for_tests())
+    assert out.returncode == 2
+    assert "unrecognized arguments: --nproc" in out.stderr
+    assert not (tmp_path / "runs").exists()
+
