@@ -24,7 +24,7 @@ from torchjob.jobs.hosts import refuse_system_dirs
 from torchjob.jobs.load import parse_yaml, read_spec, with_overrides
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.sweep import Sweep, parse_sweep, sweep_specs
-from torchjob.jobs.values import UserError
+from torchjob.jobs.values import SpecError, UserError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -76,10 +76,40 @@ LAUNCH_OPTIONS = {"nproc_per_node": "--nproc-per-node", "nnodes": "--nnodes",
                   "max_restarts": "--max-restarts", "name": "--name"}
 
 
-def job_name(target: str) -> str:
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def is_script(target: str) -> bool:
+    """Whether TARGET is a script, as torchrun runs any file of Python: ``*.py``; else a file
+    not named as a spec (``SPEC_SUFFIXES``) that YAML reads as no more than a string (a
+    script's lines are one) or not at all, and that is Python (a python ``#!`` line, or it
+    compiles). Anything else is taken for a spec file, whose errors say what is wrong."""
+    if target.endswith(".py"):
+        return True
+    if target.lower().endswith(SPEC_SUFFIXES):
+        return False
+    try:  # a regular file within a spec's size limit, in UTF-8; else a spec's error says so
+        text = read_spec(Path(target))
+    except SpecError:
+        return False
+    try:
+        if not isinstance(parse_yaml(text, target), str):  # a mapping, a list, a number, empty
+            return False
+    except SpecError:
+        pass  # not YAML: Python, perhaps
+    if re.match(r"#!.*python", text):
+        return True
+    try:
+        compile(text, target, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def job_name(target: str, module: bool = False) -> str:
     """A job name (a DNS-1035 label) from a script's or module's name: train_gpt.py is
     train-gpt, mypkg.train is train."""
-    stem = Path(target).stem if target.endswith(".py") else target.rpartition(".")[2]
+    stem = target.rpartition(".")[2] if module else Path(target).stem
     name = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")[:40].strip("-")
     return name if re.match(r"[a-z]", name) else f"job-{name}".strip("-")
 
@@ -94,7 +124,7 @@ def job_data(args: argparse.Namespace) -> Any:
         {"script": args.target}
     if args.rest:
         trainer["args"] = list(args.rest)
-    return {"name": job_name(args.target), "trainer": trainer}
+    return {"name": job_name(args.target, module=args.module), "trainer": trainer}
 
 
 def job_spec(args: argparse.Namespace) -> JobSpec:
@@ -131,7 +161,7 @@ def finish_target(args: argparse.Namespace, argv: Sequence[str]) -> None:
     """What TARGET is: a script (``*.py``) or, with ``-m``, a module, whose arguments are every
     word after it, as torchrun takes them; else a job spec file, after which options may
     still come (``torchjob run job.yaml --set epochs=3``)."""
-    args.script = bool(args.module) or args.target.endswith(".py")
+    args.script = bool(args.module) or is_script(args.target)
     # where the job came from, as renderings name it (Regenerate with: torchjob render SOURCE):
     # the command line without the options that are not part of the job
     words = list(argv[1:])
@@ -146,6 +176,7 @@ def finish_target(args: argparse.Namespace, argv: Sequence[str]) -> None:
     if args.script or not args.rest:
         return
     target = args.target
+    read_spec(Path(target))  # a missing spec file says so before the words after it are judged
     # the options after the spec file, parsed into the same namespace; one given before it
     # (--to of submit) counts as given
     given = [a for a in args.parser._actions if a.required and a.option_strings]

@@ -188,3 +188,24 @@ def test_torchjobs_own_options_are_spelled_in_full(tmp_path: Path) -> None:
     assert "unrecognized arguments: --nproc" in out.stderr
     assert not (tmp_path / "runs").exists()
 
+
+def test_a_script_is_any_file_of_python_as_torchrun_takes_it(tmp_path: Path) -> None:
+    from torchjob.jobs.invocation import is_script
+    files = {"tool": "#!/usr/bin/env python3\nprint('ran')\n", "plain": "import sys\nprint(1)\n",
+             "job": "name: j\n", "broken": "name: [x\n", "n": "42\n", "empty": "",
+             "list.txt": "[1, 2]\n", "train.yaml": "import sys\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert {name for name in [*files, "missing"] if is_script(str(tmp_path / name))} == \
+        {"tool", "plain"}
+    assert is_script("not/there.py")  # a missing script is the spec's error to give
+
+
+@pytest.mark.integration
+def test_a_script_without_py_runs_with_its_words(tmp_path: Path) -> None:
+    (tmp_path / "train").write_text("#!/usr/bin/env python3\nimport json, sys\n"
+                                    "open('argv.json', 'w').write(json.dumps(sys.argv[1:]))\n")
+    out = torchjob("run", "train", "--x", "1", cwd=tmp_path, env=env_for_tests())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((tmp_path / "argv.json").read_text()) == ["--x", "1"]
+    assert (tmp_path / "runs" / "train").is_dir()  # named after the script
