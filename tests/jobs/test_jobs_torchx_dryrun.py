@@ -33,3 +33,18 @@ def test_kubernetes_dryrun_request_is_the_golden_one(tmp_path: Path) -> None:
     request = request.replace(app_id.group(1), "APP_ID")
     assert_golden(request, GOLDEN)
     assert "nvidia.com/gpu: '2'" in request and "${TORCHX_RANK0_HOST:=localhost}:29400" in request
+
+
+def test_torchjobs_kubernetes_requests_give_every_pod_the_stop_grace(tmp_path: Path) -> None:
+    """TorchX's Role has no grace period (pods would get Kubernetes' 30 s): the backend sets the
+    job's stop_grace on every pod of the request it renders and submits."""
+    from tests.procs import env_for_tests, torchjob
+    (tmp_path / ".torchxconfig").write_text("[kubernetes]\nqueue = default\n"
+                                            "[kubernetes_mcad]\nnamespace = default\n")
+    for scheduler in ("kubernetes", "kubernetes_mcad"):
+        out = torchjob("render", "--to", f"torchx:{scheduler}",
+                       f"{ROOT}/jobs/examples/default.yaml", "--set", "nnodes=3", "--set", "stop_grace=77", cwd=tmp_path,
+                       env=env_for_tests())
+        assert out.returncode == 0, out.stderr[-3000:]
+        graces = re.findall(r"terminationGracePeriodSeconds: (\d+)", out.stdout)
+        assert graces == ["77"] * 3, (scheduler, out.stdout)  # a pod per node

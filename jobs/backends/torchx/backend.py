@@ -69,6 +69,8 @@ class TorchxBackend(Backend):
         if not self.scheduler:  # the AppDef itself, for any scheduler
             return Request(self.name, spec.name, app, appdef_text(app), spec, context)
         info = runner.dryrun(app, self.scheduler, log_dir=f"{spec.run_dir}/torchx")
+        if self.scheduler in KUBERNETES_SCHEDULERS:
+            runner.grace_pods(info, spec.stop_grace)
         return Request(self.name, spec.name, info, f"{info}\n", spec, context)
 
     def submit(self, request: Request) -> Handle:

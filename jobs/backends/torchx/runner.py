@@ -70,6 +70,24 @@ def dryrun(app: AppDef, scheduler: str, *, log_dir: str) -> AppDryRunInfo:
                               f".torchxconfig, section [{scheduler}])") from None
 
 
+def grace_pods(info: AppDryRunInfo, seconds: int) -> None:
+    """Give every pod in a Kubernetes scheduler's request (a Volcano job's tasks, an
+    AppWrapper's items) ``seconds`` between its stop signal and the kill, the job's
+    ``stop_grace``: TorchX's Role has no such field, and Kubernetes' default is 30 s."""
+    from kubernetes.client import V1Pod  # only a Kubernetes scheduler's request has pods
+
+    def walk(node: object) -> None:
+        if isinstance(node, V1Pod) and node.spec is not None:
+            node.spec.termination_grace_period_seconds = seconds
+        elif isinstance(node, dict):
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+    walk(getattr(info.request, "resource", None))
+
+
 def _runner(held: Runner | None) -> ContextManager[Runner]:
     """``held`` (a ``Session``'s runner, left open), else a runner of its own for one call."""
     return contextlib.nullcontext(held) if held is not None else get_runner()
