@@ -44,13 +44,19 @@ class Progress:
     culprit: str = ""  # why the workers last failed: a restart's, a hang's or the job's cause
     updated: float | None = None  # when the newest figure was written (seconds since the epoch)
     source: str = ""  # the run directory, or "logs"
+    # a job array's tasks, each with its own (the array itself has no step of its own)
+    tasks: Mapping[str, Progress] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "eval": dict(self.eval)}
+        return {**dataclasses.asdict(self), "eval": dict(self.eval),
+                "tasks": {task: told.as_json() for task, told in self.tasks.items()}}
 
     def now(self, now: float, running: bool) -> Progress:
         """As of ``now``: the ETA less the time since it was written while the job runs;
         none once it has ended."""
+        if self.tasks:
+            self = dataclasses.replace(self, tasks={
+                task: told.now(now, running) for task, told in self.tasks.items()})
         if not running:
             return dataclasses.replace(self, eta=None)
         if self.eta is None or self.updated is None:
@@ -87,6 +93,8 @@ class Progress:
         if self.restarts or self.culprit:
             out.append(f"restarts: {self.restarts}"
                        + (f"; the last failure: {self.culprit}" if self.culprit else ""))
+        for task, told in self.tasks.items():
+            out.append(f"{task}: " + ("; ".join(told.lines(now)) or "no progress yet"))
         return out
 
 

@@ -9,6 +9,7 @@ the logs, like ``srun``, until the job has ended and returns its exit code.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Iterator
@@ -20,13 +21,32 @@ from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import DNS_1035, DNS_LABEL_MAX, SpecError, UserError
 from torchjob.slurm import cluster, status
 from torchjob.slurm.executor import CANCEL_SIGNAL, ScriptExecutor, sbatch_message
-from torchjob.slurm.sbatch import directives, render_sbatch
+from torchjob.slurm.sbatch import SWEEP_POINT_LINE, directives, render_sbatch
 from torchjob.slurm.cluster import SlurmError
 from torchjob.slurm.logs import Follower, first_failures, job_logs, log_files
 
 JOB_ID = re.compile(r"\d+(_\d+)?")
 POLL_S = 0.5  # how often `run` and `logs --follow` read the logs and ask squeue
 SUBMITIT_FOLDER = "submitit"  # under the run directory: submitit's copy of the script
+
+
+def point_dir(status: JobStatus, task: str | None = None) -> str:
+    """Where ``task`` (default: the one of ``status``) writes its progress: for a task of a
+    sweep, its point's run directory, ``WorkDir/LABEL``, from the first line of its output
+    (sbatch.SWEEP_POINT_LINE); else the run directory (Slurm's WorkDir)."""
+    task = task or status.handle.id
+    if "_" not in task or not status.run_dir:
+        return status.run_dir
+    try:
+        with open(Path(status.run_dir) / f"slurm-{task}.out", "rb") as out:
+            head = out.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return status.run_dir
+    found = re.search(rf"^{re.escape(SWEEP_POINT_LINE)}\d+: (.+)$", head, re.MULTILINE)
+    label = found[1].strip() if found else ""
+    if not label or "/" in label or label in (".", ".."):
+        return status.run_dir
+    return str(Path(status.run_dir) / label)
 
 
 class SlurmBackend(Backend):
@@ -131,9 +151,15 @@ class SlurmBackend(Backend):
         return status.current(handle)
 
     def progress(self, status: JobStatus) -> Progress | None:
-        """An array's tasks each have theirs (``torchjob status slurm:ID_I``): none for the
-        array as a whole."""
-        return None if len(status.raw) > 1 else super().progress(status)
+        """A job's, or a task's from its sweep point's run directory; an array's is its
+        tasks' (``tasks``), each as ``torchjob status slurm:ID_I`` shows it."""
+        if len(status.raw) <= 1:
+            return super().progress(dataclasses.replace(status, run_dir=point_dir(status)))
+        tasks = {task: super(SlurmBackend, self).progress(dataclasses.replace(
+            status, handle=Handle("slurm", task), raw={task: record},
+            run_dir=point_dir(status, task)))
+            for task, record in status.raw.items()}
+        return Progress(tasks={task: told or Progress() for task, told in tasks.items()})
 
     def logs(self, handle: Handle, *, follow: bool = False,
              log_dir: str | None = None) -> Iterator[str]:

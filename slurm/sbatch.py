@@ -206,6 +206,11 @@ def store_block(spec: JobSpec, *, python: str, workdir: str) -> str:
         "store=$!"])
 
 
+# the line each task of a sweep's array writes first to its output: its point's run directory,
+# RUN_DIR/LABEL, is where torchjob status finds the task's progress (slurm.backend)
+SWEEP_POINT_LINE = "torchjob: sweep point "
+
+
 def point_block(points: list[JobSpec]) -> str:
     """The shell that picks a sweep point by ``SLURM_ARRAY_TASK_ID``: its run directory (named
     after the point: ``RUN_DIR/lr=1e-3``) for the agent, and its trainer arguments."""
@@ -219,7 +224,7 @@ def point_block(points: list[JobSpec]) -> str:
     lines += ['  *) echo "torchjob: this script is a job array of sweep points 0-' f'{last}; '
               'SLURM_ARRAY_TASK_ID is \'${SLURM_ARRAY_TASK_ID:-}\'" >&2; exit 2 ;;',
               "esac",
-              'echo "torchjob: sweep point $SLURM_ARRAY_TASK_ID: $label"']
+              f'echo "{SWEEP_POINT_LINE}$SLURM_ARRAY_TASK_ID: $label"']
     return "\n".join(lines)
 
 

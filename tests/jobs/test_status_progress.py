@@ -172,6 +172,27 @@ def test_in_words_and_as_json() -> None:
         dict.fromkeys(("step", "total_steps", "eta", "progress_source"))
 
 
+def test_an_arrays_tasks_each_have_theirs(tmp_path: Path) -> None:
+    """A Slurm array (a sweep): each task's progress from its point's run directory, named by
+    the first line of its output; the array's is its tasks'."""
+    from torchjob.slurm.backend import point_dir
+    from torchjob.slurm.sbatch import SWEEP_POINT_LINE
+    (tmp_path / "slurm-7_0.out").write_text(f"torchjob: digits job 7_0\n{SWEEP_POINT_LINE}0: lr=1\n")
+    (tmp_path / "slurm-7_1.out").write_text(f"{SWEEP_POINT_LINE}1: ../../etc\n")
+    status = JobStatus(Handle("slurm", "7"), State.RUNNING, run_dir=str(tmp_path),
+                       raw={"7_0": {}, "7_1": {}, "7_2": {}})
+    assert point_dir(status, "7_0") == str(tmp_path / "lr=1")
+    assert point_dir(status, "7_1") == point_dir(status, "7_2") == str(tmp_path)  # not a label
+    assert point_dir(status) == str(tmp_path)  # the array itself
+    told = Progress(tasks={"7_0": Progress(step=3, total_steps=6, eta=30.0, updated=100.0),
+                           "7_1": Progress()})
+    assert told.now(110.0, running=True).lines(110.0) == [
+        "7_0: progress: step 3/6 (50%), ETA 0:00:20 (updated 10 s ago)",
+        "7_1: no progress yet"]
+    shown = JobStatus(Handle("slurm", "7"), State.RUNNING, progress=told).as_json()
+    assert shown["step"] is None and shown["tasks"]["7_0"]["step"] == 3
+
+
 def test_watch_off_a_terminal_prints_each_change_until_the_end(
         monkeypatch: pytest.MonkeyPatch) -> None:
     handle = Handle("local", "digits-1")

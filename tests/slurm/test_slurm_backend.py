@@ -189,6 +189,14 @@ def test_a_sweep_is_one_job_array(slurm_cluster: SlurmCluster, tmp_path: Path) -
             f"lr={lr}" in lines
     task = backend.status(Handle("slurm", f"{handle.id}_1"))
     assert (task.state, task.exit_code) == (State.SUCCEEDED, 0)
+    # each task's progress is its point's (torchjob status slurm:ID_1), the array's both
+    told = backend.progress(task)
+    assert told is not None and (told.step, told.total_steps) == (5, 5), told
+    assert told.source == str(tmp_path / "lr=3e-3")
+    whole = backend.progress(status)
+    assert whole is not None and whole.step is None, whole
+    assert {task: (t.step, t.source) for task, t in whole.tasks.items()} == {
+        f"{handle.id}_{i}": (5, str(tmp_path / f"lr={lr}")) for i, lr in enumerate(("1e-3", "3e-3"))}
 
 
 @pytest.mark.integration
