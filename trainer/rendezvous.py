@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 NAME = "torchjob"  # the --rdzv-backend value
 CLOSED_SIZE = "0"  # a round's size once the job closed before it formed
+BEGUN, ABANDONED = "1", "abandoned"  # a closed round's begun: every member there, or not
 NODES_WAITING_CACHE_S = 1.0  # as c10d's state cache: the monitor asks every 0.1 s
 POLL_S = (0.05, 0.5)  # a closer's poll of its round, first and longest interval
 _BEATING: set[threading.Event] = set()  # the heartbeats running: stopped at exit
@@ -80,8 +81,9 @@ class KeyedRendezvousHandler(RendezvousHandler):
         member = self._round is not None  # of the last round: the next one may form
         while True:
             joined = self._join(round_, deadline, member)
-            if joined is not None:
+            if isinstance(joined, tuple):
                 break
+            member = member or joined == ABANDONED  # it never ran: the next one may form
             round_ += 1
         self._round, (self._rank, self._size) = round_, joined
         self._waiting = None
@@ -138,9 +140,10 @@ class KeyedRendezvousHandler(RendezvousHandler):
     def _latest(self) -> int:
         return int(self._keys.get("latest")) if self._keys.check(["latest"]) else -1
 
-    def _join(self, round_: int, deadline: float, member: bool) -> tuple[int, int] | None:
-        """Join ``round_``: (rank, size) once it closed with this node in it, None when it
-        closed without (join the next). A ``member`` of the last round opens this one, once
+    def _join(self, round_: int, deadline: float, member: bool) -> tuple[int, int] | str | None:
+        """Join ``round_``: (rank, size) once it closed with this node in it and began; None
+        when it closed without this node, ABANDONED when a member of it never came to begin
+        it (either way: join the next). A ``member`` of the last round opens this one, once
         counted in it."""
         key = f"r{round_}"  # (a closed job closed the rounds not yet formed: CLOSED_SIZE)
         count = self._keys.add(f"{key}/count", 1)
@@ -155,7 +158,29 @@ class KeyedRendezvousHandler(RendezvousHandler):
         size = self._size_of(round_, deadline)
         if size == CLOSED_SIZE.encode():
             raise RendezvousClosedError(f"the rendezvous {self._run_id!r} is closed")
-        return (count - 1, int(size)) if count <= int(size) else None
+        if count > int(size):
+            return None
+        return (count - 1, int(size)) if self._begin(round_, int(size)) else ABANDONED
+
+    def _begin(self, round_: int, size: int) -> bool:
+        """Whether every member of the closed round came to begin it: a node counted in it
+        may have died before it closed (nothing watches a node that waits), and torch's
+        agent would wait for its ranks until the store's timeout, then fail the job. The
+        member that makes the count begins it; one that waited a keep-alive interval times
+        its attempts without that abandons it: its members join the next round."""
+        key = f"r{round_}/begun"
+        if self._keys.add(f"r{round_}/ready", 1) == size:
+            self._keys.compare_set(key, "", BEGUN)
+        try:
+            self._keys.wait([key], timedelta(seconds=self._keep_alive_s * self._max_attempt))
+        except Exception:  # the timeout: whoever sets begun first decides, for every member
+            self._keys.compare_set(key, "", ABANDONED)
+        begun = self._keys.get(key)
+        if begun != BEGUN.encode():
+            log.warning("round %d of rendezvous %r was abandoned: %d of its %d node(s) came "
+                        "to begin it; joining the next round", round_, self._run_id,
+                        self._keys.add(f"r{round_}/ready", 0), size)
+        return begun == BEGUN.encode()
 
     def _size_of(self, round_: int, deadline: float) -> bytes:
         """The round's size, waiting for it to close until ``deadline``."""
@@ -175,7 +200,8 @@ class KeyedRendezvousHandler(RendezvousHandler):
         """As a node at or past ``min_nodes``: close the round at ``last_call_timeout`` after
         this node joined (once the round may form), unless another node closed it first."""
         key, pause = f"r{round_}", POLL_S[0]
-        opened = joined if round_ == 0 or self._keys.check([f"{key}/open"]) else None
+        opened = joined if round_ == 0 or self._keys.check([f"{key}/open"]) or \
+            self._abandoned(round_ - 1) else None
         alive: tuple[float, list[bytes]] | None = None  # the last round's heartbeats, seen
         while time.monotonic() < deadline:
             if self._keys.check([f"{key}/size"]):
@@ -196,12 +222,19 @@ class KeyedRendezvousHandler(RendezvousHandler):
             time.sleep(pause)
             pause = min(POLL_S[1], pause * 1.5)
 
+    def _abandoned(self, round_: int) -> bool:
+        return self._keys.check([f"r{round_}/begun"]) and \
+            self._keys.get(f"r{round_}/begun") == ABANDONED.encode()
+
     def _heartbeats(self, round_: int) -> list[bytes]:
         """The heartbeat counters of ``round_``'s members (unchanged over a keep-alive interval
-        times its attempts: every member is gone)."""
+        times its attempts: every member is gone); b"" for one that never beat (it died
+        before, or has not yet begun: read one by one, never waited for)."""
         size = int(self._keys.get(f"r{round_}/size"))
         keys = [f"r{round_}/alive/{rank}" for rank in range(size)]
-        return self._keys.multi_get(keys) if keys else []
+        if not keys or self._keys.check(keys):
+            return self._keys.multi_get(keys) if keys else []
+        return [self._keys.get(k) if self._keys.check([k]) else b"" for k in keys]
 
     def _close(self, round_: int, size: int) -> None:
         current = self._keys.compare_set(f"r{round_}/size", "", str(size))

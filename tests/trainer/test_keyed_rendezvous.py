@@ -114,6 +114,26 @@ def test_a_new_node_forms_the_next_round_once_every_member_is_gone(
     assert new.round == 1
 
 
+def test_a_round_whose_member_died_before_it_closed_is_abandoned_for_the_next(
+        server: TCPStore, pool: ThreadPoolExecutor) -> None:
+    """A node joined (counted) and died before the round closed: the round closes with it, its
+    living members wait a keep-alive interval times its attempts for it to begin, abandon it,
+    and form the next round without it (torch's agent would have waited for the dead node's
+    ranks until the store's timeout and failed the job)."""
+    quick = {"keep_alive_interval": 0.3, "keep_alive_max_attempt": 2, "last_call_timeout": 1}
+    ghost = TCPStore("127.0.0.1", server.port, is_master=False)
+    assert ghost.add("torchjob.rdzv.job/r0/count", 1) == 1  # joined, then died: nothing more
+    ghost.set("torchjob.rdzv.job/r0/node/0", "ghost:1")
+    living = [node(server, 2, 4, **quick) for _ in range(2)]
+    got = joined([pool.submit(n.next_rendezvous) for n in living])
+    assert sorted(got) == [(0, 2), (1, 2)]
+    assert {n.round for n in living} == {1}
+    assert server.get("torchjob.rdzv.job/r0/size") == b"3"
+    assert server.get("torchjob.rdzv.job/r0/begun") == b"abandoned"
+    assert server.get("torchjob.rdzv.job/r1/begun") == b"1"
+    assert "ghost:1" not in living[0].nodes()
+
+
 def test_closing_ends_the_waiting_nodes_and_later_joins(server: TCPStore,
                                                         pool: ThreadPoolExecutor) -> None:
     members = [node(server, 1, 2, last_call_timeout=1) for _ in range(2)]
