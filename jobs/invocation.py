@@ -11,6 +11,7 @@ import re
 import shlex
 import socket
 import sys
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from secrets import token_hex
@@ -101,7 +102,7 @@ def is_script(target: str) -> bool:
         return True
     try:
         compile(text, target, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # nested past the parser
         return False
     return True
 
@@ -110,6 +111,7 @@ def job_name(target: str, module: bool = False) -> str:
     """A job name (a DNS-1035 label) from a script's or module's name: train_gpt.py is
     train-gpt, mypkg.train is train."""
     stem = target.rpartition(".")[2] if module else Path(target).stem
+    stem = unicodedata.normalize("NFKD", stem).encode("ascii", "ignore").decode()  # ü: u
     name = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")[:40].strip("-")
     return name if re.match(r"[a-z]", name) else f"job-{name}".strip("-")
 

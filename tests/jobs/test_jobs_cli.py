@@ -231,8 +231,8 @@ def test_command_line_job_errors(tmp_path: Path, args: list[str], fragments: lis
 def test_job_names_from_scripts() -> None:
     from torchjob.jobs.invocation import job_name
     assert [job_name(t) for t in ("train.py", "src/Train_GPT-2.py", "9lives.py", "_.py",
-                                  "x" * 80 + ".py", "bin/train")] == \
-        ["train", "train-gpt-2", "job-9lives", "job", "x" * 40, "train"]
+                                  "x" * 80 + ".py", "bin/train", "entraîner_ünï.py")] == \
+        ["train", "train-gpt-2", "job-9lives", "job", "x" * 40, "train", "entrainer-uni"]
     assert job_name("a.b.c", module=True) == "c"
 
 
