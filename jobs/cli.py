@@ -89,10 +89,10 @@ def watch(args: argparse.Namespace) -> int:
         else:
             text = "\n".join(status_lines(status, time.time()))
         told = status.progress or Progress()
+        # what a change is, off a terminal
         key = repr((status.state, status.exit_code, status.detail, told.step, told.eval,
                     told.restarts, told.culprit, [(task, t.step, t.eval, t.restarts)
                                                   for task, t in told.tasks.items()]))
-        # (what a change is, off a terminal)
         if terminal:  # up to the first line drawn, clear below, draw again
             sys.stdout.write((f"\x1b[{shown}F\x1b[J" if shown else "") + text + "\n")
             shown = text.count("\n") + 1

@@ -54,14 +54,13 @@ class Progress:
     def now(self, now: float, running: bool) -> Progress:
         """As of ``now``: the ETA less the time since it was written while the job runs;
         none once it has ended."""
-        if self.tasks:
-            self = dataclasses.replace(self, tasks={
-                task: told.now(now, running) for task, told in self.tasks.items()})
+        tasks = {task: told.now(now, running) for task, told in self.tasks.items()}
         if not running:
-            return dataclasses.replace(self, eta=None)
+            return dataclasses.replace(self, eta=None, tasks=tasks)
         if self.eta is None or self.updated is None:
-            return self
-        return dataclasses.replace(self, eta=max(0.0, self.eta - max(0.0, now - self.updated)))
+            return dataclasses.replace(self, tasks=tasks) if tasks else self
+        return dataclasses.replace(self, eta=max(0.0, self.eta - max(0.0, now - self.updated)),
+                                   tasks=tasks)
 
     def lines(self, now: float) -> list[str]:
         """Its words for ``torchjob status``: a line of where the job is, a line of figures,

@@ -30,11 +30,11 @@ POLL_S = 0.5  # how often `run` and `logs --follow` read the logs and ask squeue
 SUBMITIT_FOLDER = "submitit"  # under the run directory: submitit's copy of the script
 
 
-def point_dir(status: JobStatus, task: str | None = None) -> str:
-    """Where ``task`` (default: the one of ``status``) writes its progress: for a task of a
-    sweep, its point's run directory, ``WorkDir/LABEL``, from the first line of its output
+def point_dir(status: JobStatus) -> str:
+    """Where the job or task of ``status`` writes its progress: for a task of a sweep, its
+    point's run directory, ``WorkDir/LABEL``, from the first line of its output
     (sbatch.SWEEP_POINT_LINE); else the run directory (Slurm's WorkDir)."""
-    task = task or status.handle.id
+    task = status.handle.id
     if "_" not in task or not status.run_dir:
         return status.run_dir
     try:
@@ -153,13 +153,12 @@ class SlurmBackend(Backend):
     def progress(self, status: JobStatus) -> Progress | None:
         """A job's, or a task's from its sweep point's run directory; an array's is its
         tasks' (``tasks``), each as ``torchjob status slurm:ID_I`` shows it."""
-        if len(status.raw) <= 1:
-            return super().progress(dataclasses.replace(status, run_dir=point_dir(status)))
-        tasks = {task: super(SlurmBackend, self).progress(dataclasses.replace(
-            status, handle=Handle("slurm", task), raw={task: record},
-            run_dir=point_dir(status, task)))
-            for task, record in status.raw.items()}
-        return Progress(tasks={task: told or Progress() for task, told in tasks.items()})
+        if len(status.raw) > 1:
+            tasks = {task: self.progress(dataclasses.replace(
+                status, handle=Handle("slurm", task), raw={task: record}))
+                for task, record in status.raw.items()}
+            return Progress(tasks={task: told or Progress() for task, told in tasks.items()})
+        return super().progress(dataclasses.replace(status, run_dir=point_dir(status)))
 
     def logs(self, handle: Handle, *, follow: bool = False,
              log_dir: str | None = None) -> Iterator[str]:

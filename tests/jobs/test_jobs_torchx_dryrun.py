@@ -43,8 +43,8 @@ def test_torchjobs_kubernetes_requests_give_every_pod_the_stop_grace(tmp_path: P
                                             "[kubernetes_mcad]\nnamespace = default\n")
     for scheduler in ("kubernetes", "kubernetes_mcad"):
         out = torchjob("render", "--to", f"torchx:{scheduler}",
-                       f"{ROOT}/jobs/examples/default.yaml", "--set", "nnodes=3", "--set", "stop_grace=77", cwd=tmp_path,
-                       env=env_for_tests())
+                       f"{ROOT}/jobs/examples/default.yaml", "--set", "nnodes=3",
+                       "--set", "stop_grace=77", cwd=tmp_path, env=env_for_tests())
         assert out.returncode == 0, out.stderr[-3000:]
         graces = re.findall(r"terminationGracePeriodSeconds: (\d+)", out.stdout)
         assert graces == ["77"] * 3, (scheduler, out.stdout)  # a pod per node

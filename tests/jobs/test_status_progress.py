@@ -177,13 +177,15 @@ def test_an_arrays_tasks_each_have_theirs(tmp_path: Path) -> None:
     the first line of its output; the array's is its tasks'."""
     from torchjob.slurm.backend import point_dir
     from torchjob.slurm.sbatch import SWEEP_POINT_LINE
-    (tmp_path / "slurm-7_0.out").write_text(f"torchjob: digits job 7_0\n{SWEEP_POINT_LINE}0: lr=1\n")
+    (tmp_path / "slurm-7_0.out").write_text(
+        f"torchjob: digits job 7_0\n{SWEEP_POINT_LINE}0: lr=1\n")
     (tmp_path / "slurm-7_1.out").write_text(f"{SWEEP_POINT_LINE}1: ../../etc\n")
-    status = JobStatus(Handle("slurm", "7"), State.RUNNING, run_dir=str(tmp_path),
-                       raw={"7_0": {}, "7_1": {}, "7_2": {}})
-    assert point_dir(status, "7_0") == str(tmp_path / "lr=1")
-    assert point_dir(status, "7_1") == point_dir(status, "7_2") == str(tmp_path)  # not a label
-    assert point_dir(status) == str(tmp_path)  # the array itself
+
+    def of(task: str) -> str:
+        return point_dir(JobStatus(Handle("slurm", task), State.RUNNING, run_dir=str(tmp_path)))
+    assert of("7_0") == str(tmp_path / "lr=1")
+    assert of("7_1") == of("7_2") == str(tmp_path)  # not a label; no output yet
+    assert of("7") == str(tmp_path)  # the array itself
     told = Progress(tasks={"7_0": Progress(step=3, total_steps=6, eta=30.0, updated=100.0),
                            "7_1": Progress()})
     assert told.now(110.0, running=True).lines(110.0) == [

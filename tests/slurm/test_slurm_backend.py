@@ -196,7 +196,8 @@ def test_a_sweep_is_one_job_array(slurm_cluster: SlurmCluster, tmp_path: Path) -
     whole = backend.progress(status)
     assert whole is not None and whole.step is None, whole
     assert {task: (t.step, t.source) for task, t in whole.tasks.items()} == {
-        f"{handle.id}_{i}": (5, str(tmp_path / f"lr={lr}")) for i, lr in enumerate(("1e-3", "3e-3"))}
+        f"{handle.id}_{i}": (5, str(tmp_path / f"lr={lr}"))
+        for i, lr in enumerate(("1e-3", "3e-3"))}
 
 
 @pytest.mark.integration
