@@ -20,7 +20,7 @@ from importlib import metadata
 from typing import IO, Any, Callable, TypeVar
 
 from torchjob.jobs.preflight import check_checkpoints, check_dirs
-from torchjob.jobs.progress import Progress, from_logs, from_run_dir
+from torchjob.jobs.progress import Progress, from_run_dir, from_stamped_logs
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.stops import stop_signals
 from torchjob.jobs.sweep import Sweep
@@ -288,9 +288,14 @@ class Backend(abc.ABC):
             if told is not None or self.sees_run_dir:
                 return told
         try:
-            return from_logs(self.logs(status.handle))
+            return from_stamped_logs(self.stamped_logs(status.handle))
         except (UserError, OSError):  # no logs yet (pods being created), or none kept
             return None
+
+    def stamped_logs(self, handle: Handle) -> Iterator[tuple[float | None, str]]:
+        """Every line as ``logs`` gives it, with when it was written where the backend's log
+        says (Kubernetes' kubelet), else None: a progress line's ETA ages from then."""
+        return ((None, line) for line in self.logs(handle))
 
     def cancel(self, handle: Handle) -> str:
         """Stop the job (its workers checkpoint where the backend allows); what was done."""

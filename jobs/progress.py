@@ -222,17 +222,20 @@ class FromLogs:
         self.culprit = ""
         self.hang = False  # the last failure line was a hang's: its restart line says less
         self.seen = False
+        self.updated: float | None = None  # when the last figure's line was written, if told
+        self.figures_at: float | None = None  # when the last progress line was
 
-    def see(self, line: str) -> None:
+    def see(self, line: str, at: float | None = None) -> None:
+        """One line; ``at``: when it was written, where the log says (Kubernetes' stamps)."""
         text = line
         if (prefixed := LOG_PREFIX_RE.search(line[:200])) is not None:
             self.attempt = max(self.attempt, int(prefixed["attempt"]))
             text = line[prefixed.end():]
         if (found := parse_progress(text)) is not None:
-            self.figures = found
+            self.figures, self.updated, self.figures_at = found, at, at
         elif (scored := parse_eval(text)) is not None:
             self.eval_step = _whole(scored.pop("step", self.figures.get("step")))
-            self.eval = scored
+            self.eval, self.updated = scored, at if at is not None else self.updated
         elif (closing := CLOSING_RE.search(text)) is not None:
             if not closing["heard"]:
                 self.culprit, self.hang = closing["what"], False
@@ -253,17 +256,26 @@ class FromLogs:
         if not (self.seen or self.attempt):
             return None
         f = self.figures
+        eta = f.get("eta_s")  # as of its line: made as of ``updated``, as from_run_dir's
+        if eta is not None and self.updated is not None and self.figures_at is not None:
+            eta = max(0.0, eta - max(0.0, self.updated - self.figures_at))
         return Progress(
             step=_whole(f.get("step")), total_steps=_whole(f.get("total_steps")),
             epoch=_whole(f.get("epoch")), samples_per_s=f.get("samples_per_s"),
             tokens_per_s=f.get("tokens_per_s"), loss=f.get("loss"), eval=self.eval,
-            eval_step=self.eval_step, eta=f.get("eta_s"), restarts=self.attempt,
-            culprit=self.culprit, source="logs")
+            eval_step=self.eval_step, eta=eta, restarts=self.attempt, culprit=self.culprit,
+            updated=self.updated, source="logs")
 
 
 def from_logs(lines: Iterable[str]) -> Progress | None:
     """Progress from every line of a job's logs (``FromLogs``)."""
+    return from_stamped_logs((None, line) for line in lines)
+
+
+def from_stamped_logs(lines: Iterable[tuple[float | None, str]]) -> Progress | None:
+    """Progress from every line of a job's logs, each with when it was written where the
+    log tells (else None): the ETA is then as of its line, and ages."""
     reader = FromLogs()
-    for line in lines:
-        reader.see(line)
+    for at, line in lines:
+        reader.see(line, at)
     return reader.progress()

@@ -88,6 +88,9 @@ class K8sBackend(Backend):
              log_dir: str | None = None) -> Iterator[str]:
         return Cluster().logs(self._ref(handle), follow=follow)
 
+    def stamped_logs(self, handle: Handle) -> Iterator[tuple[float | None, str]]:
+        return Cluster().stamped_logs(self._ref(handle))
+
     def cancel(self, handle: Handle) -> str:
         ref = self._ref(handle)
         gone = Cluster().cancel(ref)

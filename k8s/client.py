@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from torchjob.jobs.backend import missing_extra
 from torchjob.jobs.values import UserError
-from torchjob.k8s.follow import Run, follow_runs, labelled, node_rank, split_lines
+from torchjob.k8s.follow import Run, follow_runs, labelled, node_rank, split_lines, unstamped
 from torchjob.k8s.pod import MANAGED_BY, MANAGED_LABEL, NAME_LABEL
 from torchjob.k8s.trainjob import OWN_RUNTIME_KIND, OWN_RUNTIME_SUFFIX
 
@@ -198,12 +198,18 @@ class Cluster:
         ``follow``, as they are written, until the job has ended (``follow.py``)."""
         master = self.has_master(ref)  # a job that is not there is an error, not an empty log
         if not follow:
-            return self._read_all(ref, master)
+            return (line for _, line in self._read_all(ref, master))
         return follow_runs(lambda: (self.ended(ref),
                                     [run for run in self.runs(ref, master) if run]),
                            lambda run: self._stream(ref, run))
 
-    def _read_all(self, ref: JobRef, has_master: bool) -> Iterator[str]:
+    def stamped_logs(self, ref: JobRef) -> Iterator[tuple[float | None, str]]:
+        """Every line of every pod of the job, labelled, with when the kubelet says it was
+        written (``timestamps=true``): what ages a progress line's ETA."""
+        return self._read_all(ref, self.has_master(ref), timestamps=True)
+
+    def _read_all(self, ref: JobRef, has_master: bool,
+                  timestamps: bool = False) -> Iterator[tuple[float | None, str]]:
         runs = self.runs(ref, has_master)
         if not runs:
             raise K8sError(f"{ref.kind} {ref.namespace}/{ref.name} has no pods (yet): see "
@@ -217,9 +223,10 @@ class Cluster:
             # raw bytes: kubernetes-client 36 turns a preloaded log into "b'...'"
             raw = self._call(f"read the log of {run.pod}", self.core.read_namespaced_pod_log,
                              run.pod, ref.namespace, container=CONTAINER[ref.kind],
-                             _preload_content=False)
+                             timestamps=timestamps, _preload_content=False)
             for line in split_lines([raw.data]):
-                yield labelled(run.node, line)
+                when, text = unstamped(line) if timestamps else (None, line)
+                yield when, labelled(run.node, text)
 
     def _stream(self, ref: JobRef, run: Run) -> Iterator[bytes] | None:
         """The run's log as it is written, ending with the run; None while it cannot be read

@@ -9,10 +9,12 @@ stream have ended, or ``DRAIN_S`` after the job (docs/internals.md).
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Union
 
 from torchjob.trainer.contract import LOG_PREFIX_RE, NODE_PREFIX
@@ -47,6 +49,25 @@ def labelled(node: int, line: str) -> str:
     """``line`` of a pod of node rank ``node`` as printed: a worker's with its own prefix,
     any other with ``[node N] ``."""
     return line if LOG_PREFIX_RE.match(line) else NODE_PREFIX.format(node=node) + line
+
+
+# the kubelet's stamp before each line of a log read with ``timestamps=true`` (RFC 3339, with
+# up to nine digits of a second, or none: Go's RFC3339Nano)
+STAMP_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ?")
+
+
+def unstamped(line: str) -> tuple[float | None, str]:
+    """A line read with ``timestamps=true``: when it was written (seconds since the epoch)
+    and its text; (None, line) where no stamp leads it."""
+    found = STAMP_RE.match(line)
+    if found is None:
+        return None, line
+    whole, fraction, zone = found.groups()
+    try:
+        when = datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone)).timestamp()
+    except ValueError:  # 2026-13-45T...: not a stamp after all
+        return None, line
+    return when + float(f"0.{fraction or 0}"), line[found.end():]
 
 
 def split_lines(chunks: Iterable[bytes]) -> Iterator[str]:

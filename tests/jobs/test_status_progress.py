@@ -15,7 +15,7 @@ import pytest
 
 from torchjob.jobs import cli
 from torchjob.jobs.backend import Handle, JobStatus, State
-from torchjob.jobs.progress import Progress, from_logs, from_run_dir
+from torchjob.jobs.progress import Progress, from_logs, from_run_dir, from_stamped_logs
 from torchjob.trainer import ledger
 from torchjob.trainer.contract import closing_line, log_prefix
 from torchjob.trainer.hang import Seen
@@ -69,6 +69,18 @@ def test_from_logs_the_last_figures_restarts_and_the_hangs_culprit() -> None:
                       "[node 0] " + closing_line("node 0 rank 1 raised ValueError: x", 2, 1)]
     assert from_logs(closed).culprit == "node 0 rank 1 raised ValueError: x"  # type: ignore
     assert from_logs(["hello", "world"]) is None
+
+
+def test_stamped_logs_age_the_eta_from_when_its_line_was_written() -> None:
+    """Lines with when they were written (Kubernetes' stamps): the newest figure's time is
+    ``updated``; the ETA, said on its progress line, is made as of it, and ages from it."""
+    lines = [(1000.0, "[node 0] " + WORKER + progress_line(10, 40, {"eta_s": 100})),
+             (1030.0, "[node 0] " + WORKER + "eval at step 10: loss 0.8000 accuracy 0.5000"),
+             (None, "[node 0] W1127 torchjob: the agent says hello")]
+    told = from_stamped_logs(lines)
+    assert told is not None and (told.updated, told.eta) == (1030.0, 70.0), told
+    assert told.now(1050.0, running=True).eta == 50.0
+    assert "(updated 20 s ago)" in told.now(1050.0, running=True).lines(1050.0)[0]
 
 
 def metrics(run_dir: Path, *records: dict) -> None:

@@ -2,8 +2,8 @@
 
 It speaks real HTTP/1.1 with the paths and JSON shapes of the API the client uses (namespaced
 custom objects, Deployments and Services: create with a uid, read, delete; pods by label
-selector, with a status as the kubelet reports it; pod logs, and
-with ``?follow=true`` a log streamed in chunked transfer encoding until its container run
+selector, with a status as the kubelet reports it; pod logs (``?timestamps=true``: each line
+stamped with when it was written), and with ``?follow=true`` a log streamed in chunked transfer encoding until its container run
 ends, as the real server does), keeps objects in memory, and can be told to answer 403 to
 everything. It is not Kubernetes: no admission, no controllers, no kubelet. Tests play those:
 they add pods (``add_pod``), write their logs (``append_log``), start, restart and remove them,
@@ -61,6 +61,9 @@ class Emulator:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (plural, ns, name)
         self.pods: dict[str, list[dict[str, Any]]] = {}  # namespace -> pods
         self.runs: dict[str, list[str]] = {}  # pod uid -> the log of each run of its container
+        # pod uid -> each run's writes: (where the log ended after it, when), for timestamps=true
+        self.writes: dict[str, list[list[tuple[int, float]]]] = {}
+        self.clock = time.time  # when a write happens: a test may set it to one in the past
         self.log_reads: list[tuple[str, bool, int]] = []  # (pod, follow, HTTP status)
         self.pod_lists = 0  # how often pods were listed
         self.chunk_size = 1 << 16  # a followed log is sent in chunks of at most this many bytes
@@ -185,7 +188,10 @@ class Emulator:
                 return http.status(code, "NotFound" if code == 404 else "BadRequest", found)
             uid, run = found.split("/")
             if not follow:
-                return http.reply(200, self.runs[uid][int(run)], text=True)
+                text = self.runs[uid][int(run)]
+                if _flag(query, "timestamps"):
+                    text = self.stamped(text, self.writes[uid][int(run)])
+                return http.reply(200, text, text=True)
             return uid, int(run)
         return http.status(404, "NotFound")
 
@@ -234,6 +240,26 @@ class Emulator:
                 http.close_connection = True
                 return
 
+    @staticmethod
+    def stamped(text: str, writes: list[tuple[int, float]]) -> str:
+        """The log as the kubelet gives it with ``timestamps=true``: each line led by the time
+        of the write that began it (RFC 3339 with nanoseconds) and a space."""
+        out, start = [], 0
+        for line in text.splitlines(keepends=True):
+            when = next((at for end, at in writes if end > start), time.time())
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when))
+            out.append(f"{stamp}.{int(when % 1 * 1e9):09d}Z {line}")
+            start += len(line)
+        return "".join(out)
+
+    def write(self, uid: str, text: str, *, new_run: bool = False) -> None:
+        """The container's run (a new one with ``new_run``) writes ``text`` now."""
+        if new_run:
+            self.runs.setdefault(uid, []).append("")
+            self.writes.setdefault(uid, []).append([])
+        self.runs[uid][-1] += text
+        self.writes[uid][-1].append((len(self.runs[uid][-1]), self.clock()))
+
     def running(self, uid: str, run: int) -> bool:
         pod = next((p for pods in self.pods.values() for p in pods
                     if p["metadata"]["uid"] == uid), None)
@@ -276,7 +302,7 @@ class Emulator:
                "status": {"phase": "Pending", "containerStatuses": [status]}}
         with self.changed:
             self.pods.setdefault(namespace, []).append(pod)
-            self.runs[uid] = [log]
+            self.write(uid, log, new_run=True)
             if not waiting:
                 self.start(namespace, name)
             self.changed.notify_all()
@@ -298,7 +324,7 @@ class Emulator:
         with self.changed:
             pod = self.pod(namespace, name)
             assert pod is not None, name
-            self.runs[pod["metadata"]["uid"]][-1] += text
+            self.write(pod["metadata"]["uid"], text)
             self.changed.notify_all()
 
     def restart(self, namespace: str, name: str, log: str = "", exit_code: int = 1) -> None:
@@ -310,7 +336,7 @@ class Emulator:
             status = pod["status"]["containerStatuses"][0]
             status["lastState"] = {"terminated": self._terminated(status, exit_code)}
             status["restartCount"] += 1
-            self.runs[pod["metadata"]["uid"]].append(log)
+            self.write(pod["metadata"]["uid"], log, new_run=True)
             self.start(namespace, name)
 
     def terminate(self, namespace: str, name: str, log: str = "", exit_code: int = 143) -> None:
@@ -319,7 +345,7 @@ class Emulator:
         with self.changed:
             pod = self.pod(namespace, name)
             assert pod is not None, name
-            self.runs[pod["metadata"]["uid"]][-1] += log
+            self.write(pod["metadata"]["uid"], log)
             status = pod["status"]["containerStatuses"][0]
             status.update(ready=False, state={"terminated": self._terminated(status, exit_code)})
             pod["status"]["phase"] = "Failed"

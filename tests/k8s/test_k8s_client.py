@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -60,7 +62,8 @@ def test_submit_status_logs_cancel(emulator: Emulator) -> None:
 def test_status_reads_the_progress_from_the_pods_logs(emulator: Emulator) -> None:
     """No run directory here: the trainer's progress and eval lines (their one format,
     trainer.report) and the agents' lines in the pods' logs give the step, the ETA, the
-    restarts (the workers' attempt) and the last failure."""
+    restarts (the workers' attempt) and the last failure. The kubelet's stamps say when the
+    lines were written (20 s ago here): the ETA is aged from then."""
     env = {**os.environ, "KUBECONFIG": emulator.config}  # type: ignore[attr-defined]
     assert torchjob("submit", "--to", "k8s", "jobs/examples/default.yaml", env=env).returncode == 0
     emulator.objects[(PODS, "default", "digits")]["status"] = {"conditions": [
@@ -72,21 +75,28 @@ def test_status_reads_the_progress_from_the_pods_logs(emulator: Emulator) -> Non
               log_prefix(0, 0, 1) + rank0 + "eval at step 22: loss 0.4000 accuracy 0.9100",
               log_prefix(0, 0, 1) + rank0 + progress_line(30, 88, {
                   "loss": 0.25, "lr": 0.001, "epoch": 1, "samples_per_s": 950.0, "eta_s": 61})]
+    written = time.time() - 20
+    emulator.clock = lambda: written
     for kind, lines in (("master", master), ("worker", [log_prefix(1, 2, 1) + "hello"])):
         emulator.add_pod("default", f"digits-{kind}-0", {
             "training.kubeflow.org/job-name": "digits",
             "training.kubeflow.org/replica-type": kind,
             "training.kubeflow.org/replica-index": "0"}, "\n".join(lines) + "\n")
     shown = torchjob("status", "k8s:default/digits", env=env)
-    assert shown.stdout.splitlines()[-3:] == [
-        "  progress: step 30/88 (34%), epoch 1, 950 samples/s, ETA 0:01:01",
+    *_, where, figures, restarts = shown.stdout.splitlines()
+    aged = re.fullmatch(r"  progress: step 30/88 \(34%\), epoch 1, 950 samples/s, "
+                        r"ETA 0:00:(\d\d) \(updated (\d+) s ago\)", where)
+    assert aged and int(aged[1]) <= 41 and int(aged[2]) >= 20, shown.stdout
+    assert (figures, restarts) == (
         "  loss 0.25; eval at step 22: loss 0.4, accuracy 0.91",
-        "  restarts: 1; the last failure: node 0 rank 1 was killed by SIGKILL"], shown.stdout
+        "  restarts: 1; the last failure: node 0 rank 1 was killed by SIGKILL"), shown.stdout
     told = json.loads(torchjob("status", "--json", "k8s:default/digits", env=env).stdout)
-    assert {k: told[k] for k in ("state", "step", "total_steps", "eta", "restarts",
+    assert {k: told[k] for k in ("state", "step", "total_steps", "restarts",
                                  "progress_source")} == {
-        "state": "RUNNING", "step": 30, "total_steps": 88, "eta": 61.0, "restarts": 1,
+        "state": "RUNNING", "step": 30, "total_steps": 88, "restarts": 1,
         "progress_source": "logs"}, told
+    assert abs(told["updated"] - written) < 1e-3, told  # the kubelet's stamp, to its nanosecond
+    assert 61 - (time.time() - written) <= told["eta"] <= 41, told  # aged since its line
 
 
 def test_an_elastic_job_is_submitted_and_cancelled_with_its_rendezvous_store(

@@ -18,7 +18,7 @@ from hypothesis import given, strategies as st
 
 from torchjob.k8s.backend import STATES
 from torchjob.k8s.client import ENDED, readable_run
-from torchjob.k8s.follow import labelled, node_rank, split_lines
+from torchjob.k8s.follow import labelled, node_rank, split_lines, unstamped
 from tests.k8s.emulator import Emulator
 from tests.procs import ROOT, TORCHJOB, env_for_tests
 from torchjob.trainer.contract import log_prefix
@@ -296,3 +296,16 @@ def test_worker_lines_come_through_with_their_own_prefix(emulator: Emulator,
     assert once.exit_code() == 0, once.saw()
     assert once.stdout == ["[node 0] torchjob: agent up", "[node 0 rank 1 attempt 2] step 3",
                            "[node 1 rank 2 attempt 2] step 3"], once.saw()
+
+
+def test_a_kubelet_stamp_is_read_off_its_line() -> None:
+    """``timestamps=true``: RFC 3339 with 0-9 digits of a second (Go's RFC3339Nano), Z or an
+    offset; a line without one, or with a date that is none, is left whole."""
+    at = 1795799604.0  # 2026-11-27T17:13:24Z
+    assert unstamped("2026-11-27T17:13:24.123456789Z [node 0] x") == (at + 0.123456789,
+                                                                       "[node 0] x")
+    assert unstamped("2026-11-27T17:13:24Z hello") == (at, "hello")
+    assert unstamped("2026-11-27T18:13:24+01:00 y") == (at, "y")
+    assert unstamped("2026-11-27T17:13:24.5Z ") == (at + 0.5, "")
+    for whole in ("hello", "2026-13-27T17:13:24Z z", "17:13:24 [rank 0/4] step 1/2"):
+        assert unstamped(whole) == (None, whole)
