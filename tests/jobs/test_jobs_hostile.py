@@ -34,7 +34,12 @@ from torchjob.jobs.values import MAX_TOTAL_BYTES, MAX_VALUE_BYTES
 from tests.jobs.arrival import MARKER, arrival
 from tests.jobs.test_jobs_fuzz import shaped
 from torchjob.jobs.spec import JobSpec
+from torchjob.k8s.validate import cel
 from torchjob.trainer.contract import RUN_DIR_ENV, RUN_DIR_OPTION
+
+# celpy raises the recursion limit when its environment is built: build it before hypothesis
+# runs, which otherwise warns that the limit changed inside a test and will not be reset
+cel.environment()
 
 # Every registered backend family with the variants tested here (a new family fails
 # test_every_registered_backend_is_covered until it is added).
