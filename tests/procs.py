@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -79,10 +81,30 @@ def lingering(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
 
 
+# The ports free_port hands out: below the kernel's ephemeral range (32768-60999 here), from
+# which any process's outgoing connection or listener on port 0 (srun's message sockets) may
+# take a port between the pick and its use by the test's processes (a conformance cell's
+# agents once met a concurrent job's srun there), and below the Slurm backend's store ports
+# (12000 + job id % 20000, slurm/job.sh)
+PORTS = range(2000, 12000)
+_given: set[int] = set()  # never the same port twice in one session (the matrix's cells run at once)
+_giving = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now, that no other caller of this session was given."""
+    with _giving:
+        for port in random.sample(PORTS, len(PORTS)):
+            if port in _given:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("", port))
+                except OSError:
+                    continue
+            _given.add(port)
+            return port
+    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
 
 
 def children(pid: int) -> list[int]:
