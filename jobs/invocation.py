@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import random
 import re
 import shlex
 import socket
 import sys
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from pathlib import Path
 from secrets import token_hex
 from typing import Any
@@ -28,8 +29,31 @@ from torchjob.jobs.sweep import Sweep, parse_sweep, sweep_specs
 from torchjob.jobs.values import SpecError, UserError
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now (for a rendezvous on this machine)."""
+# Where a rendezvous on this machine is served: below the kernel's ephemeral range, from which
+# any outgoing connection or listener on port 0 (srun's message sockets, say) may be given the
+# port between this pick and the store's bind (which then fails, and torch's agent falls back to
+# being a client of whatever holds it); and below the Slurm backend's store ports (job.sh).
+LOW_PORTS = range(2000, 12000)
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_port(host: str = "127.0.0.1", taken: Container[int] = ()) -> int:
+    """A TCP port free right now, not in ``taken`` (for a rendezvous on this machine): one of
+    ``LOW_PORTS`` below the ephemeral range, else (none free there) one the kernel picks."""
+    try:
+        ephemeral = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768  # Linux's default
+    low = range(LOW_PORTS.start, min(LOW_PORTS.stop, ephemeral))
+    for port in random.sample(low, len(low)):
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from torchjob.jobs.invocation import free_port as pick_port
 from torchjob.trainer.agent import SERVER_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,30 +80,17 @@ def lingering(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
 
 
-# The ports free_port hands out: below the kernel's ephemeral range (32768-60999 here), from
-# which any process's outgoing connection or listener on port 0 (srun's message sockets) may
-# take a port between the pick and its use by the test's processes (a conformance cell's
-# agents once met a concurrent job's srun there), and below the Slurm backend's store ports
-# (12000 + job id % 20000, slurm/job.sh)
-PORTS = range(2000, 12000)
-_given: set[int] = set()  # never the same port twice in one session (the matrix's cells run at once)
+_given: set[int] = set()  # never the same port twice a session: the matrix's cells run at once
 _giving = threading.Lock()
 
 
 def free_port() -> int:
-    """A port nothing listens on now, that no other caller of this session was given."""
+    """A port nothing listens on now, below the kernel's ephemeral range (the product's own
+    pick, jobs.invocation.free_port), that no other caller of this session was given."""
     with _giving:
-        for port in random.sample(PORTS, len(PORTS)):
-            if port in _given:
-                continue
-            with socket.socket() as s:
-                try:
-                    s.bind(("", port))
-                except OSError:
-                    continue
-            _given.add(port)
-            return port
-    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
+        port = pick_port("", taken=_given)
+        _given.add(port)
+        return port
 
 
 def children(pid: int) -> list[int]:

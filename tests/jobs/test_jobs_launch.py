@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 
 from torchjob.jobs.backends.local.nodes import run_local
 from torchjob.jobs.backends.local.render import LocalPlan
-from torchjob.jobs.invocation import free_port as find_free_port
+from torchjob.jobs.invocation import EPHEMERAL_RANGE, LOW_PORTS, free_port as find_free_port
 from torchjob.jobs.launcher import Stops
 from tests.procs import ROOT, TORCHJOB
 
@@ -164,5 +165,14 @@ def test_failure_exits_1_and_names_the_node(tmp_path: Path) -> None:
 
 
 def test_find_free_port() -> None:
+    """Below the kernel's ephemeral range (no outgoing connection is given it before the
+    store binds it), free, and not one already taken."""
+    ephemeral = int(EPHEMERAL_RANGE.read_text().split()[0])
     port = find_free_port()
-    assert 1024 <= port <= 65535
+    assert LOW_PORTS.start <= port < min(LOW_PORTS.stop, ephemeral)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # free
+        sock.listen()
+        assert find_free_port() != port  # one that something listens on is not given
+    taken = set(LOW_PORTS) - {port}
+    assert find_free_port(taken=taken) == port
