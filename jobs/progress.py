@@ -59,8 +59,7 @@ class Progress:
             return dataclasses.replace(self, eta=None, tasks=tasks)
         if self.eta is None or self.updated is None:
             return dataclasses.replace(self, tasks=tasks) if tasks else self
-        return dataclasses.replace(self, eta=max(0.0, self.eta - max(0.0, now - self.updated)),
-                                   tasks=tasks)
+        return dataclasses.replace(self, eta=aged(self.eta, self.updated, now), tasks=tasks)
 
     def lines(self, now: float) -> list[str]:
         """Its words for ``torchjob status``: a line of where the job is, a line of figures,
@@ -95,6 +94,12 @@ class Progress:
         for task, told in self.tasks.items():
             out.append(f"{task}: " + ("; ".join(told.lines(now)) or "no progress yet"))
         return out
+
+
+def aged(eta: float, said_at: float, later: float) -> float:
+    """An ETA said at ``said_at``, as of ``later``: less the time between (never below 0; a
+    ``later`` before ``said_at``, another clock's, takes nothing off)."""
+    return max(0.0, eta - max(0.0, later - said_at))
 
 
 def _number(value: Any) -> float | None:
@@ -194,7 +199,7 @@ def from_run_dir(run_dir: str | os.PathLike[str], since: float | None = None,
     updated = _number(newest.get("time"))
     eta = _number(train.get("eta_s"))  # the trainer's, as of its line: made as of ``updated``
     if eta is not None:
-        eta = max(0.0, eta - max(0.0, (updated or 0.0) - (_number(train.get("time")) or 0.0)))
+        eta = aged(eta, _number(train.get("time")) or 0.0, updated or 0.0)
     elif total and step is not None and pace_s:
         eta = max(0, total - step) / pace_s
     evaluation = {k: float(v) for k, v in scored.items()
@@ -258,7 +263,7 @@ class FromLogs:
         f = self.figures
         eta = f.get("eta_s")  # as of its line: made as of ``updated``, as from_run_dir's
         if eta is not None and self.updated is not None and self.figures_at is not None:
-            eta = max(0.0, eta - max(0.0, self.updated - self.figures_at))
+            eta = aged(eta, self.figures_at, self.updated)
         return Progress(
             step=_whole(f.get("step")), total_steps=_whole(f.get("total_steps")),
             epoch=_whole(f.get("epoch")), samples_per_s=f.get("samples_per_s"),

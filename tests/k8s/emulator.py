@@ -3,8 +3,8 @@
 It speaks real HTTP/1.1 with the paths and JSON shapes of the API the client uses (namespaced
 custom objects, Deployments and Services: create with a uid, read, delete; pods by label
 selector, with a status as the kubelet reports it; pod logs (``?timestamps=true``: each line
-stamped with when it was written), and with ``?follow=true`` a log streamed in chunked transfer encoding until its container run
-ends, as the real server does), keeps objects in memory, and can be told to answer 403 to
+stamped with when it was written), and with ``?follow=true`` a log streamed in chunked
+transfer encoding until its container run ends, as the real server does), keeps objects in memory, and can be told to answer 403 to
 everything. It is not Kubernetes: no admission, no controllers, no kubelet. Tests play those:
 they add pods (``add_pod``), write their logs (``append_log``), start, restart and remove them,
 end jobs (``finish``), and wait for what the client did (``wait``).
