@@ -9,10 +9,12 @@ regenerate them with one flag and review the diff:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -271,14 +273,55 @@ def test_hostile_strings_never_execute_and_round_trip(tmp_path: Path) -> None:
     assert srun[srun.index("torchjob-node") + 1] == str(python)
 
 
+def port_block(text: str) -> str:
+    """The batch shell's lines that choose the rendezvous port: ``port=`` to the line that
+    says which port was taken."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("port="))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith('if [ "$taken"'))
+    return "\n".join(lines[start:end + 1])
+
+
+def chosen_port(block: str, job_id: int) -> tuple[int, str]:
+    done = subprocess.run(["bash", "-c", f"set -euo pipefail; SLURM_JOB_ID={job_id}; "
+                           f"rdzv_host=127.0.0.1\n{block}\necho $port"],
+                          capture_output=True, text=True, check=True, timeout=60)
+    return int(done.stdout), done.stderr
+
+
 def test_port_formula_matches_trainer_env() -> None:
     text = render_sbatch(load(EXAMPLES / "default.yaml"), **FIXED)
-    line = next(line for line in text.splitlines() if line.startswith("port="))
-    for job_id in (0, 1, 19999, 20000, 123456789):
-        got = subprocess.run(["bash", "-c", f"SLURM_JOB_ID={job_id}; {line}; echo $port"],
-                             capture_output=True, text=True, check=True).stdout
-        assert int(got) == slurm_port(job_id)
+    block = port_block(text)
+    for job_id in (1, 19999, 20000, 123456789):
+        assert chosen_port(block, job_id) == (slurm_port(job_id), "")
     assert re.search(r"--rdzv-endpoint \"\$rdzv_host:\$port\"", text)
+
+
+def test_a_port_the_node_already_serves_is_stepped_over() -> None:
+    """A port derived from the job id that something on the first node listens on (a slurmd,
+    another service) would leave the store unbound and the agents talking to that service:
+    the batch shell takes the next port where nothing answers, and says so."""
+    block = port_block(render_sbatch(load(EXAMPLES / "default.yaml"), **FIXED))
+    job_id = 19998  # ports 31998 and 31999 taken: the search wraps round to 12000
+    with contextlib.ExitStack() as stack:
+        for port in (slurm_port(job_id), slurm_port(job_id) + 1):
+            listener = stack.enter_context(socket.socket())
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past a TIME_WAIT
+            try:
+                listener.bind(("127.0.0.1", port))
+            except OSError as err:
+                pytest.fail(f"port {port}, which this test needs, is in use here: {err}")
+            listener.listen()
+        port, said = chosen_port(block, job_id)
+    free = next(p for p in range(12000, 32000) if not serves(p))  # 12000, unless a job's there
+    assert port == free, said
+    assert said == (f"torchjob: {2 + free - 12000} port(s) from {slurm_port(job_id)} on "
+                    f"127.0.0.1 were in use: the rendezvous is on port {free}\n")
+
+
+def serves(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 # -- a sweep's array task picks its point ----------------------------------------------------

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -52,8 +53,8 @@ def submit(tmp_path: Path, name: str, yaml: str) -> tuple[Path, Path]:
     return script, run_dir
 
 
-def sbatch_wait(script: Path, timeout: float) -> subprocess.Popen[str]:
-    return subprocess.Popen(["sbatch", "--parsable", "--wait", str(script)], text=True,
+def sbatch_wait(script: Path, timeout: float, *options: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(["sbatch", "--parsable", "--wait", *options, str(script)], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, env=env_for_tests())
 
@@ -111,15 +112,28 @@ def train_steps(run_dir: Path) -> list[int]:
 def test_default_job_on_two_nodes_by_two(slurm_cluster: SlurmCluster, tmp_path: Path,
                                          local_two_by_two: dict[str, float]) -> None:
     """The default job through the rendered script ends exactly where ``torchjob run`` of the
-    same job (2 nodes x 2, same seed and global batch) ends."""
+    same job (2 nodes x 2, same seed and global batch) ends; with its rendezvous port, the one
+    its job id gives, already served on its first node (as a slurmd's may be), it takes the
+    next one."""
     script, run_dir = submit(tmp_path, "sbatch-test-default", TWO_BY_TWO % "epochs: 12")
-    proc = sbatch_wait(script, 300)
+    proc = sbatch_wait(script, 300, "--hold")
     job_id = job_id_of(proc)
-    code, output = finish(proc, job_id, run_dir, 300)
+    with socket.socket() as taken:  # n1 is this host
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past a TIME_WAIT
+        try:
+            taken.bind(("0.0.0.0", slurm_port(int(job_id))))
+        except OSError as err:
+            subprocess.run(["scancel", job_id], check=False)
+            pytest.fail(f"job {job_id}'s port {slurm_port(int(job_id))} is in use here: {err}")
+        taken.listen()
+        subprocess.run(["scontrol", "release", job_id], check=True)
+        code, output = finish(proc, job_id, run_dir, 300)
     assert code == 0, f"{output}\n{logs(run_dir)[-3000:]}"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["accuracy"] >= 0.95, summary
-    assert f"rendezvous n1:{12000 + int(job_id) % 20000}" in logs(run_dir)
+    port = re.search(r"rendezvous n1:(\d+)", logs(run_dir))
+    assert port is not None and int(port[1]) != slurm_port(int(job_id)), logs(run_dir)[:2000]
+    assert (f"on n1 were in use: the rendezvous is on port {port[1]}") in logs(run_dir)
     assert_same_result(summary, local_two_by_two)
     assert not (run_dir / ".torchjob-nodes").exists()  # each node's status, read and removed
 
