@@ -76,7 +76,10 @@ def main() -> None:
         order = torch.tensor(list(sampler), dtype=torch.long)
         for start in range(0, per_epoch * cfg.batch_size, cfg.batch_size):
             idx = order[start:start + cfg.batch_size]
-            x, y = x_all[idx].to(device, non_blocking=True), y_all[idx].to(device)
+            x, y = x_all[idx], y_all[idx]
+            if cuda:  # pinned, without waiting: as the trainer (train.on_device)
+                x, y = x.pin_memory(), y.pin_memory()
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with autocast:
                 loss = F.cross_entropy(model(x), y)
             loss.backward()

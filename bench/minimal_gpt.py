@@ -64,7 +64,10 @@ def main() -> None:
     tokens, t0 = 0, time.perf_counter()
     for step in range(1, args.steps + 1):
         idx = order[(step - 1) * args.batch_size:step * args.batch_size]
-        x, y = x_all[idx].to(device, non_blocking=True), y_all[idx].to(device)
+        x, y = x_all[idx], y_all[idx]
+        if cuda:  # pinned, without waiting: as the trainer (train.on_device)
+            x, y = x.pin_memory(), y.pin_memory()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast:
             loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
         loss.backward()

@@ -12,12 +12,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.procs import with_sitecustomize
+from tests.procs import after_import, with_sitecustomize
 
 LOG_ENV = "TORCHJOB_CUDA_FORK_LOG"
 
 RECORDER = '''\
-import importlib.abc, importlib.machinery, json, os, sys, traceback
+import json, os, traceback
 
 _LOG = os.environ["TORCHJOB_CUDA_FORK_LOG"]
 _QUERIED = []  # this process's CUDA calls so far (a forked child inherits its parent's)
@@ -80,29 +80,13 @@ def _instrument(module):
             _wrap(module, name, f"torch.accelerator.{name}")
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name not in ("torch.cuda", "torch.accelerator"):
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        execute = spec.loader.exec_module
-        def exec_module(module):
-            execute(module)
-            _instrument(module)
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def _forked():
     _write("fork", inherited=list(_QUERIED))
 
 
-sys.meta_path.insert(0, _Finder())
 os.register_at_fork(after_in_child=_forked)
 _write("start")
-'''
+''' + after_import(("torch.cuda", "torch.accelerator"), "_instrument")
 
 
 def recording_env(folder: Path) -> dict[str, str]:

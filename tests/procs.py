@@ -67,6 +67,32 @@ def with_sitecustomize(folder: Path, code: str) -> str:
     return os.pathsep.join([str(hook), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
+def after_import(names: tuple[str, ...], call: str) -> str:
+    """``sitecustomize`` code that runs ``call(module)`` (a function defined before it) as each
+    module of ``names`` has just been executed, on its first import in the process."""
+    return f'''
+import importlib.abc as _abc, importlib.machinery as _machinery, sys as _sys
+
+
+class _Finder(_abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in {names!r}:
+            return None
+        spec = _machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+        def exec_module(module):
+            execute(module)
+            {call}(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+_sys.meta_path.insert(0, _Finder())
+'''
+
+
 def linger_at_exit(folder: Path, seconds: float) -> dict[str, str]:
     """Environment for Python processes that, as their interpreter begins to exit, each write
     a file named by their pid into ``folder`` and then wait ``seconds``: a window in which to

@@ -3,7 +3,8 @@ exit 143 (Slurm's --signal, Kubernetes' pod deletion and torchrun all send one o
 
 Every rank votes once per optimizer step, so all stop after the same step: under DDP the
 ballot rides in the gradient all-reduce (``ride``), else it is a one-element all-reduce in the
-background of the next step (docs/internals.md).
+background of the next step; either is read one step late, without waiting for the device's
+queued work (docs/internals.md).
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ class StopRequest:
         self._flag = torch.zeros(1, dtype=torch.int32)
         self._riding = False  # the ballot rides in DDP's gradient all-reduce (``ride``)
         self._ballot: torch.Tensor | None = None  # its result: the step's sum of flags
-        self._held: torch.Tensor | None = None  # CUDA: the last step's, read one step late
+        # the last step's result, read at this step (``_late``): its copy to the host and,
+        # on a GPU, the event after it, so that reading it never waits for this step's work
+        self._host: torch.Tensor | None = None
+        self._copied: torch.cuda.Event | None = None
+        self._pending = False
         # DDP's gradient buckets reduced this step (every gradient is a view into one of them,
         # gradient_as_bucket_view): what the trainer scales to clip (trainer.parallel.clip_gradients)
         self.buckets: list[torch.Tensor] = []
@@ -104,17 +109,41 @@ class StopRequest:
             return self.signum is not None
         if self._riding:
             ballot, self._ballot = self._ballot, None
-            if ballot is not None and ballot.is_cuda:
-                ballot, self._held = self._held, ballot
-            return ballot is not None and bool(ballot.item() > 0)
+            return self._late(ballot) > 0
         stop = False
         if self._vote is not None:
-            self._vote.wait()
-            stop = bool(self._flag.item())
+            self._vote.wait()  # on a GPU: the stream waits, not this thread
+            stop = self._late(self._flag) > 0
         self._flag = torch.tensor([1 if self.signum is not None else 0], dtype=torch.int32,
                                   device=self._device)
         self._vote = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True)
         return stop
+
+    def _late(self, result: torch.Tensor | None) -> float:
+        """The vote's ``result`` (one element) as it was one call ago: this call's is only
+        copied to the host. On a GPU, reading a device tensor (``.item()``) would wait for
+        all the work queued so far, this whole step, and the GPU would idle while this thread
+        prepares the next step; the copy's event waits only for the last step's vote. Every
+        rank reads the same vote at the same step (0 the first time, or after a step with
+        none)."""
+        said = 0.0
+        if self._pending and self._host is not None:
+            if self._copied is not None:
+                self._copied.synchronize()
+            said = float(self._host.item())
+        self._pending = result is not None
+        if result is None:
+            return said
+        if not result.is_cuda:
+            self._host = result.detach().clone()
+            return said
+        if self._host is None or self._host.dtype != result.dtype:
+            self._host = torch.empty(result.shape, dtype=result.dtype, pin_memory=True)
+            self._copied = torch.cuda.Event()
+        self._host.copy_(result, non_blocking=True)
+        assert self._copied is not None
+        self._copied.record()
+        return said
 
     def settle(self) -> None:
         """Finish the outstanding vote so no collective is left in flight (before teardown)."""

@@ -240,7 +240,7 @@ class Loop:
             if self.step >= self.total:  # a stop by max_steps mid-epoch keeps its position
                 return False
             last = (micro + 1) % cfg.grad_accum == 0
-            x, y = x.to(self.group.device, non_blocking=True), y.to(self.group.device)
+            x, y = on_device(x, self.group.device), on_device(y, self.group.device)
             with gradient_sync(model, last), self.autocast:
                 loss = self.task.objective.loss(model(x), y) / cfg.grad_accum
             if last:
@@ -364,7 +364,7 @@ def evaluate(model: nn.Module, task: Task, cfg: TrainConfig, group: Group,
     sums: torch.Tensor | None = None
     for x, y, w in eval_batches(task.eval, batch_size=max(cfg.batch_size, 256),
                                 world_size=group.world_size, rank=group.rank):
-        x, y, w = x.to(group.device), y.to(group.device), w.to(group.device)
+        x, y, w = (on_device(t, group.device) for t in (x, y, w))
         with autocast:
             logits = net(x).float()
         batch = task.objective.eval_sums(logits, y, w)
@@ -375,6 +375,16 @@ def evaluate(model: nn.Module, task: Task, cfg: TrainConfig, group: Group,
     if dist.is_initialized():
         dist.all_reduce(sums)
     return task.objective.scores(sums.tolist())
+
+
+def on_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``batch`` on the training device. To a GPU it goes from pinned memory without waiting:
+    a copy from pageable memory (a batch indexed out of a tensor) may wait for the stream's
+    queued work, and a blocking one (``.to(device)``) does, so the GPU would idle while the
+    loop prepares the step."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)
 
 
 def same_data(identity: str, group: Group) -> None:

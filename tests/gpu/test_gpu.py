@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import cuda_syncs
 from tests.gpu.conftest import DEVICE
 from tests.integration.test_gpt import MARGIN, baseline
 from tests.procs import (PYTHON, ROOT, TORCHJOB, alive, assert_bitwise_equal, env_for_tests,
@@ -173,3 +174,27 @@ def test_user_code_over_nccl(tmp_path: Path, how: str) -> None:
     out = run_ok(run_argv("script.yaml", tmp_path, *sets))
     assert json.loads((tmp_path / "result.json").read_text())["world_size"] == 1
     assert ("NCCL INFO" in out) == CUDA, out[-3000:]
+
+
+def test_a_training_step_never_waits_for_the_gpu(tmp_path: Path) -> None:
+    """No line of the training loop makes the host wait for the GPU's queued work at every
+    step (torch's sync debug mode, in the worker): the gpt example's 60 steps, logged once at
+    the end, may wait at the warm-up's end, the log line and the last step, not 60 times at
+    one place. Each such wait leaves the GPU idle while the loop prepares the next step (the
+    stop vote's ``.item()`` and a blocking copy of the batch did this before)."""
+    record = tmp_path / "record"
+    proc = subprocess.run(
+        run_argv("gpt.yaml", tmp_path / "run", "trainer.args.gpt_layers=2",
+                 "trainer.args.max_steps=60", "trainer.args.batch_size=32",
+                 "trainer.args.log_every=1000", "trainer.args.eval_every_steps=0",
+                 "trainer.args.checkpoint_every=0"),
+        cwd=ROOT, env=env_for_tests(**cuda_syncs.recording_env(record)), capture_output=True,
+        text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    records = cuda_syncs.read(record)
+    assert [r["cuda"] for r in records if r["event"] == "armed"] == [CUDA], records[:5]
+    waits = cuda_syncs.per_place(records, outside=("evaluate", "finish"))
+    assert all(count <= 5 for count in waits.values()), (
+        "lines that wait for the GPU (count of 60 steps):\n"
+        + "\n".join(f"{count:4d} {where}" for where, count in waits.most_common()))
+    assert CUDA or not waits, waits
