@@ -5,24 +5,13 @@ buckets do not hold the gradients."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from torchjob.trainer.preempt import StopRequest
 from torchjob.trainer.parallel import clip_gradients
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def grads_after(model: nn.Module, reference: nn.Module, max_norm: float,
