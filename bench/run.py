@@ -205,15 +205,15 @@ ends bitwise equal) and the minimal loop does not. `--compile true` was measured
 these rounds, on the same GPU: the trainer 503k tokens/s, the minimal loop compiled 604k (on
 CPU the compiled trainer is at or above the compiled loop); not yet explained, so no row here.
 
-**These rows predate a fix they should move (not yet measured on a GPU).** The trainer's stop
-vote read its device tensor with `.item()` at every step, which waits for all the work queued
-on the stream, and the loop copied each batch's labels with a blocking `.to(device)`: the GPU
-sat idle at every step while the loop did its own bookkeeping and fetched the next batch, a
-cost the minimal loops pay only for the copy, and one that grows as a step shrinks (the ~3 ms
-digits step, a compiled step). Since then the vote is read a step late from pinned memory
-behind an event, batches go to the GPU pinned and without waiting (the minimal loops too, so
-the baseline did not get weaker), and `tests/gpu` checks with torch's sync debug mode that no
-line of the loop waits for the GPU at every step.
+**Since these rows** (not re-measured on a GPU): no step of the trainer waits for the GPU
+any more. The rows are at world size 1, where the only such wait was the blocking copy of each
+batch's labels, which the minimal loop made too; both now copy pinned batches without waiting,
+so the comparison is as it was. With two ranks or more, the stop vote also read its device
+tensor with `.item()` at every step, which waits for all the work queued on the stream (the
+whole step), while the minimal DDP loop votes on nothing; it is now read a step late from
+pinned memory behind an event. No run here had several GPUs, so that gain is unmeasured.
+`tests/gpu` checks both with torch's sync debug mode. The `--compile` gap above is still
+unexplained.
 """
 
 

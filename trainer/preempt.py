@@ -114,8 +114,10 @@ class StopRequest:
         if self._vote is not None:
             self._vote.wait()  # on a GPU: the stream waits, not this thread
             stop = self._late(self._flag) > 0
-        self._flag = torch.tensor([1 if self.signum is not None else 0], dtype=torch.int32,
-                                  device=self._device)
+        # made on the device (torch.tensor(..., device=) would copy from the host, and
+        # wait for the stream)
+        self._flag = torch.full((1,), 1 if self.signum is not None else 0, dtype=torch.int32,
+                                device=self._device)
         self._vote = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True)
         return stop
 

@@ -158,6 +158,54 @@ def test_async_checkpoint_of_device_state_restores_exactly(tmp_path: Path) -> No
     assert "restored exactly" in out
 
 
+STOP_VOTE = """
+import signal, sys, torch
+import torch.distributed as dist
+from torchjob.trainer.preempt import StopRequest
+device = torch.device(sys.argv[2])
+cuda = device.type == "cuda"
+dist.init_process_group("nccl" if cuda else "gloo", store=dist.FileStore(sys.argv[1], 1),
+                        rank=0, world_size=1, device_id=device if cuda else None)
+for riding in (True, False):  # DDP's ballot; a vote of its own (FSDP2)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(512, 512).to(device)
+    if riding:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if cuda else None, gradient_as_bucket_view=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    x = torch.randn(64, 512, device=device)
+    stop, said = StopRequest(0), []
+    stop.ride(model, device)
+    for step in range(1, 9):
+        if step == 3 and cuda:  # DDP's first steps settle its buckets, which may wait
+            torch.cuda.set_sync_debug_mode("error")  # any wait for the stream raises
+        if step == 5:
+            stop._handle(signal.SIGTERM, None)
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        said.append(stop.agreed())
+    if cuda:
+        torch.cuda.set_sync_debug_mode("default")
+    stop.settle()
+    stop.restore()
+    late = 1 if riding else 2  # the ballot: at its own step; a vote: in the next one's background
+    assert said == [False] * (4 + late) + [True] * (4 - late), (riding, said)
+dist.destroy_process_group()
+print("voted without waiting")
+"""
+
+
+def test_the_stop_vote_never_waits_for_the_gpu(tmp_path: Path) -> None:
+    """With several ranks every step votes on stopping (trainer.preempt); reading the vote must
+    not wait for the GPU's queued work (it read it with ``.item()`` before). One GPU: a process
+    group of one rank over NCCL, with DDP's ballot and with a vote of its own, torch's sync
+    debug mode set to raise; the stop is agreed one step late, and two for a vote of its own."""
+    out = run_ok([PYTHON, "-c", textwrap.dedent(STOP_VOTE), str(tmp_path / "store"),
+                  "cuda:0" if CUDA else "cpu"])
+    assert "voted without waiting" in out
+
+
 def test_fsdp_at_world_size_1_says_it_trains_unsharded(tmp_path: Path) -> None:
     out = run_ok(run_argv("default.yaml", tmp_path, "trainer.args.parallel=fsdp",
                           "trainer.args.epochs=4"))
@@ -181,7 +229,8 @@ def test_a_training_step_never_waits_for_the_gpu(tmp_path: Path) -> None:
     step (torch's sync debug mode, in the worker): the gpt example's 60 steps, logged once at
     the end, may wait at the warm-up's end, the log line and the last step, not 60 times at
     one place. Each such wait leaves the GPU idle while the loop prepares the next step (the
-    stop vote's ``.item()`` and a blocking copy of the batch did this before)."""
+    blocking copy of each batch's labels did this before). One process: no stop vote here
+    (test_the_stop_vote_never_waits_for_the_gpu)."""
     record = tmp_path / "record"
     proc = subprocess.run(
         run_argv("gpt.yaml", tmp_path / "run", "trainer.args.gpt_layers=2",
