@@ -79,6 +79,9 @@ class TrainConfig:
     exporters: str = opt("", "your own metrics exporters, comma-separated 'pkg.module:Class' "
                          "(torchjob.trainer.exporters.Exporter): rank 0 gives each the "
                          "records of metrics.jsonl")
+    profile: str = opt("", "profile optimizer steps FIRST:LAST with torch.profiler (e.g. "
+                       "10:15): a Chrome trace per rank in RUN_DIR/profile/, rank 0's busiest "
+                       "operators in the log ('': off)")
     log_samples: bool = opt(False, "record the dataset indices each rank trains on, per "
                             "micro-batch, in RUN_DIR/samples/ (to check a resume)")
     num_workers: int = opt(0, "DataLoader worker processes per rank")
@@ -118,10 +121,23 @@ class TrainConfig:
             if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", item):
                 raise ConfigError(f"--exporters: {item!r} is not 'pkg.module:Class' (a module "
                                   "path, a colon, a class or factory in it)")
+        self.profile_steps  # noqa: B018  (raises on a malformed --profile)
         if self.gpt_width % self.gpt_heads:
             raise ConfigError(f"--gpt-heads {self.gpt_heads} must divide --gpt-width "
                               f"{self.gpt_width} (each head gets width / heads): pick a "
                               "divisor of the width, or a width that is a multiple of it")
+
+    @property
+    def profile_steps(self) -> tuple[int, int] | None:
+        """``--profile FIRST:LAST`` as (FIRST, LAST), 1 <= FIRST <= LAST; None when off."""
+        if not self.profile:
+            return None
+        match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", self.profile)
+        if match is None or not 1 <= int(match[1]) <= int(match[2]):
+            raise ConfigError(f"--profile must be FIRST:LAST optimizer steps, 1 <= FIRST <= "
+                              f"LAST (e.g. 10:15, a few steps after the warm-up); got "
+                              f"{self.profile!r}")
+        return int(match[1]), int(match[2])
 
     @property
     def checkpoint_path(self) -> str:

@@ -34,6 +34,7 @@ from torchjob.trainer.env import DistEnv, EnvError
 from torchjob.trainer.fingerprint import DATA
 from torchjob.trainer.parallel import (autocast_context, clip_gradients, gradient_sync,
                                        same_statistics, settle_buckets, use_bf16, wrap)
+from torchjob.trainer.profiling import StepProfiler
 from torchjob.trainer.preempt import StopRequest
 from torchjob.trainer.report import Reporter
 from torchjob.trainer.samples import SampleLog
@@ -212,6 +213,9 @@ class Loop:
         self.step, self.loss_sum, self.here = pos.step, torch.zeros((), device=group.device), pos
         self.work: list[float] = []
         self.logged = 0  # self.work[:logged] is in the step-time records already
+        steps = cfg.profile_steps  # --profile: torch.profiler over these steps
+        self.profiler = StepProfiler(steps, cfg.run_dir, group.rank, group.device, rep.say,
+                                     start_step=pos.step, end_step=total) if steps else None
         self.evaluated = -1  # the step of the last evaluation
         self.scores: dict[str, float] = {}  # and its scores
         rep.say(f"training {total} steps ({batches.steps_per_epoch}/epoch, global batch "
@@ -296,6 +300,8 @@ class Loop:
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             same_statistics(self.model)
             self.ckpt.save(self.here, self.model, self.optimizer)
+        if self.profiler:
+            self.profiler.after(step)
 
     def score(self, epoch: int, when: str) -> None:
         """Evaluate now (outside the throughput clock) and report it."""
@@ -306,6 +312,8 @@ class Loop:
 
     def stopped(self) -> None:
         """Every rank agreed to stop: the checkpoint of this step, then the last line."""
+        if self.profiler:
+            self.profiler.close()
         self.stop.settle()
         same_statistics(self.model)
         self.ckpt.save(self.here, self.model, self.optimizer, block=True)
@@ -317,6 +325,8 @@ class Loop:
     def finish(self) -> int:
         """The final checkpoint, the final scores and the run's summary."""
         model, task, clock = self.model, self.task, self.clock
+        if self.profiler:
+            self.profiler.close()
         self.stop.settle()
         same_statistics(model)
         self.ckpt.save(self.here, model, self.optimizer, block=True)

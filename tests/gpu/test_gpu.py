@@ -54,6 +54,17 @@ def test_default_job_on_one_gpu(tmp_path: Path) -> None:
     assert ("max_memory_allocated" in result) == CUDA, result
 
 
+def test_profile_traces_the_gpu_kernels(tmp_path: Path) -> None:
+    """``--profile``: the trace holds the GPU's kernels beside the host's operators, and the
+    log's table is sorted by GPU time."""
+    out = run_ok(run_argv("default.yaml", tmp_path, "trainer.args.epochs=1",
+                          "trainer.args.profile=3:5"))
+    assert ("Self CUDA" in out) == CUDA and "profile of steps 3-5" in out, out[-3000:]
+    events = json.loads((tmp_path / "profile" / "rank0.json").read_text())["traceEvents"]
+    kinds = {e.get("cat") for e in events}
+    assert "cpu_op" in kinds and ("kernel" in kinds) == CUDA, kinds
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_gpt_example_learns(tmp_path: Path, compiled: bool) -> None:
     """The gpt example's model, 150 steps of 32 windows (tests/integration/test_gpt.py's

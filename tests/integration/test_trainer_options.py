@@ -106,3 +106,18 @@ def test_sync_bn_on_cpu_is_a_clear_config_error(tmp_path: Path) -> None:
                           env=env_for_tests(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "--sync-bn needs GPU devices" in proc.stderr
+
+
+def test_profile_writes_a_trace_per_rank_and_logs_the_busiest_operators(tmp_path: Path) -> None:
+    """``--profile 3:5``: steps 3 to 5 under torch.profiler, each marked in every rank's
+    Chrome trace; rank 0 logs its operator table (tests/trainer/test_profiling.py: the rest)."""
+    proc = run_ok(torchrun(tmp_path, "--max-steps", "8", "--profile", "3:5",
+                           "--checkpoint-every", "0"))
+    assert "profile of steps 3-5" in proc.stderr and "Self CPU" in proc.stderr, \
+        proc.stderr[-3000:]
+    for rank in (0, 1):
+        events = json.loads((tmp_path / "profile" / f"rank{rank}.json").read_text())
+        names = {e.get("name", "") for e in events["traceEvents"]}
+        assert {"ProfilerStep#3", "ProfilerStep#4"} <= names, sorted(names)[:20]
+        assert sum(n == "Optimizer.step#AdamW.step" for n in
+                   (e.get("name") for e in events["traceEvents"])) == 3
