@@ -3,7 +3,8 @@ data, optimizer and precision (trainer.gpt's GPT and windows of the standard lib
 fused AdamW; DDP with gradients in its buckets; gradient clipping at 1.0, as the trainer by
 default). On CPU: gloo and fp32. On CUDA: nccl, cuda:LOCAL_RANK, bf16 autocast (the trainer's
 ``--precision auto``), and DDP only with several processes, as the trainer wraps its model.
-``--compile``: torch.compile of the model, as the trainer's ``--compile true``. Run under
+``--compile``: torch.compile of the model, as the trainer's ``--compile true``; ``--profile``:
+steps under torch.profiler, as the trainer's ``--profile``. Run under
 torchrun; prints tokens/s from rank 0, measured after ``--warmup`` steps, as the trainer's
 summary measures them, with the parameter count and the peak memory (CUDA) in its JSON line."""
 
@@ -22,7 +23,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
+from torchjob.trainer.config import TrainConfig
 from torchjob.trainer.gpt import GPT, stdlib_corpus, windows
+from torchjob.trainer.profiling import StepProfiler
 
 
 def main() -> None:
@@ -37,6 +40,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--profile", default="", help="steps FIRST:LAST under torch.profiler, as "
+                    "the trainer's --profile: a trace in --profile-dir/profile/")
+    ap.add_argument("--profile-dir", default=".")
     args = ap.parse_args()
     cuda = args.device == "cuda"
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
@@ -61,6 +67,9 @@ def main() -> None:
     sampler: DistributedSampler[Any] = DistributedSampler(data, num_replicas=world, rank=rank,
                                                           seed=0)
     order = torch.tensor(list(sampler))
+    span = TrainConfig(profile=args.profile).profile_steps
+    profiler = StepProfiler(span, args.profile_dir, rank, device, print, end_step=args.steps) \
+        if span else None
     tokens, t0 = 0, time.perf_counter()
     for step in range(1, args.steps + 1):
         idx = order[(step - 1) * args.batch_size:step * args.batch_size]
@@ -80,6 +89,8 @@ def main() -> None:
             t0, tokens = time.perf_counter(), 0
         elif step > args.warmup:
             tokens += args.batch_size * args.context * world
+        if profiler:
+            profiler.after(step)
     if cuda:
         torch.cuda.synchronize()
     rate = tokens / (time.perf_counter() - t0)
