@@ -45,6 +45,7 @@ cd @workdir@
 hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 rdzv_host=${hosts%%$'\n'*}
 port=$((12000 + SLURM_JOB_ID % 20000))
+wanted=$port
 # unless something there listens on it already (a service of the node, such as a slurmd):
 # the store could not bind it, and the agents would talk to that service instead; then the
 # next port of 12000..31999 where nothing answers (a refused or unanswered connection: free)
@@ -53,7 +54,7 @@ taken=0
 while [ "$taken" -lt 100 ] && timeout 2 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$rdzv_host" "$port" 2>/dev/null; do
   taken=$((taken + 1)); port=$(( (port - 12000 + 1) % 20000 + 12000 ))
 done
-if [ "$taken" -gt 0 ]; then echo "torchjob: $taken port(s) from $((12000 + SLURM_JOB_ID % 20000)) on $rdzv_host were in use: the rendezvous is on port $port" >&2; fi
+if [ "$taken" -gt 0 ]; then echo "torchjob: $taken port(s) from $wanted on $rdzv_host were in use: the rendezvous is on port $port" >&2; fi
 attempt=${SLURM_RESTART_COUNT:-0}
 job=$SLURM_JOB_ID
 if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}; fi

@@ -4,8 +4,8 @@ PYTHONPATH, of each call that makes the host wait for all the work queued on a G
 sync debug mode (``torch.cuda.set_sync_debug_mode("warn")``) is switched on in each process
 after its first optimizer step (set-up is not a step), and each of its warnings is written
 down with the Python frames that made it. A training step that does this waits for itself:
-the GPU idles while the loop prepares the next step. Without CUDA nothing is switched on and nothing is recorded but
-that first step (``armed``)."""
+the GPU idles while the loop prepares the next step. Without CUDA nothing is switched on and
+nothing is recorded but that first step (``armed``)."""
 
 from __future__ import annotations
 
