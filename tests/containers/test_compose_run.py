@@ -211,33 +211,6 @@ def test_elastic_node_stopped_and_started_again(container_image: str, tmp_path: 
     assert_nothing_left(project)
 
 
-def test_sigterm_stops_the_containers_with_a_checkpoint_and_exit_143(container_image: str,
-                                                                      tmp_path: Path) -> None:
-    """Ctrl-C/SIGTERM to torchjob: the workers checkpoint, the exit code is 143, and compose
-    down leaves nothing; running again resumes from that checkpoint."""
-    logfile = tmp_path / "run.log"
-    run_dir = tmp_path / "runs" / "digits"
-    argv = run_args("default.yaml", "nnodes=2", "trainer.args.epochs=40",
-                    "trainer.args.batch_size=8", "trainer.args.log_every=10",
-                    "trainer.args.progress=lines")
-    with open(logfile, "w+") as log:
-        proc = start(argv, tmp_path, log)
-        try:
-            project = project_of(logfile)
-            wait_for(lambda: last_step(run_dir) >= 30 or proc.poll() is not None, 300,
-                     "training")
-            proc.terminate()
-            code = proc.wait(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    out = logfile.read_text()
-    assert code == 143, out[-4000:]
-    assert "checkpoint written" in out
-    assert sorted(run_dir.glob("checkpoints/step_*")), "no checkpoint on the host"
-    assert_nothing_left(project)
-
-
 def test_killed_node_is_started_again_and_the_run_ends_bitwise_equal(
         container_image: str, tmp_path: Path) -> None:
     """nnodes 2 (fixed): node1's agent dies (SIGKILL from the host, as the OOM killer would):
@@ -366,9 +339,12 @@ def test_the_readme_docker_session(container_image: str, tmp_path: Path) -> None
 # -- no single point of failure: the node the rendezvous endpoint used to point at may go too --
 
 TRIALS = int(os.environ.get("TORCHJOB_TRIALS", "1"))  # by hand: TORCHJOB_TRIALS=5
+# node0, where the endpoint used to point; node1 is lost (stopped) and comes back in
+# test_elastic_node_stopped_and_started_again. By hand: TORCHJOB_VICTIMS=node0,node1
+VICTIMS = os.environ.get("TORCHJOB_VICTIMS", "node0").split(",")
 
 
-@pytest.mark.parametrize("victim", ["node0", "node1"])
+@pytest.mark.parametrize("victim", VICTIMS)
 def test_an_elastic_job_survives_losing_any_node(request: pytest.FixtureRequest,
                                                  tmp_path: Path, victim: str) -> None:
     """nnodes 1:2, the rendezvous store in its own service: podman kill of ``victim`` (node0,
