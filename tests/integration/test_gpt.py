@@ -60,9 +60,9 @@ def check_learned(run_dir: Path) -> dict:
 
 def test_gpt_job_learns_with_ddp(tmp_path: Path) -> None:
     """precision auto (fp32 on a CPU). bf16 autocast on a CPU is tested on the digits task
-    (test_trainer_options.py): here, on a CPU without bf16 instructions, it made this run
-    five times slower (146 s against about 30 s); on a GPU, tests/gpu trains this job in
-    bf16."""
+    (test_trainer_options.py): here, on a CPU without bf16 instructions, it made this run 6.8
+    times slower (142 s against 21 s, one after the other on one machine); on a GPU,
+    tests/gpu trains this job in bf16."""
     proc = torchjob_run(tmp_path, **SMALL)
     check_learned(tmp_path)
     assert "[rank 0/2] eval after epoch 1: loss " in proc.stderr + proc.stdout

@@ -288,8 +288,11 @@ def lose_node(job_id: str, node: str) -> list[int]:
     return pids
 
 
-ELASTIC = ("nnodes: '1:2'\nnproc_per_node: 2\nmax_restarts: 2\nrdzv: {join_timeout: 60}\n"
-           "trainer: {args: {batch_size: 16, %s}}\n")
+def lost_node_job(nnodes: str, join_timeout: int) -> str:
+    """The node-loss tests' job: 2 processes per node, ``nnodes`` (fixed or MIN:MAX)."""
+    return (f"nnodes: '{nnodes}'\nnproc_per_node: 2\nmax_restarts: 2\n"
+            f"rdzv: {{join_timeout: {join_timeout}}}\n"
+            "trainer: {args: {batch_size: 16, epochs: 12, log_every: 1, checkpoint_every: 20}}\n")
 
 
 def lose_mid_run(script: Path, run_dir: Path, choose: Callable[[str], str]
@@ -315,9 +318,7 @@ def test_a_lost_node(slurm_cluster: SlurmCluster, tmp_path: Path, nnodes: str) -
     """Kill the step's processes on the node that does not serve the store mid-run. Fixed
     (2): the agent on the other waits rdzv.join_timeout (30 s here) for it, gives up, and the
     job fails naming the lost node (never hangs)."""
-    yaml = ELASTIC.replace("'1:2'", f"'{nnodes}'").replace("join_timeout: 60",
-                                                           "join_timeout: 30") % \
-        "epochs: 12, log_every: 1, checkpoint_every: 20"
+    yaml = lost_node_job(nnodes, join_timeout=30)
     script, run_dir = submit(tmp_path, f"sbatch-test-lost-{nnodes.replace(':', '-')}", yaml)
     job_id, lost, code, output = lose_mid_run(
         script, run_dir, lambda job_id: {"n1": "n2", "n2": "n1"}[store_node(job_id)])
@@ -431,7 +432,7 @@ def test_an_elastic_job_survives_losing_any_node(slurm_cluster: SlurmCluster, tm
     the store (no training task does). Lose every process of the training step on ``lost``
     mid-run, n1 (where the endpoint points) or n2: the store keeps serving, the other node
     finishes at world size 2, the job exits 0. TORCHJOB_TRIALS times (5 by hand)."""
-    yaml = ELASTIC % "epochs: 12, log_every: 1, checkpoint_every: 20"
+    yaml = lost_node_job("1:2", join_timeout=60)
     failures = []
     for trial in range(TRIALS):
         began = time.monotonic()
