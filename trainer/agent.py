@@ -31,8 +31,8 @@ from torchjob.trainer.contract import (AGENT_ENV_OPTIONS, CHECKPOINT_BUDGET_ENV,
                                        EXIT_STORE_LOST, HANG_TIMEOUT_ENV, HANG_TIMEOUT_OPTION,
                                        HANG_TIMEOUT_S, MAX_STALLED_OPTION, MIN_HANG_TIMEOUT_S,
                                        NCCL_HEARTBEAT_ENV, PROGRESS_DIR_ENV, RUN_DIR_ENV,
-                                       STOP_SIGNALS, closing_line, job_exit_code,
-                                       nccl_heartbeat_s, seconds_from)
+                                       SERVER_NAME, STOP_SIGNALS, WORKER_NAME, closing_line,
+                                       job_exit_code, nccl_heartbeat_s, seconds_from)
 from torchjob.trainer.dirs import unusable
 from torchjob.trainer.orphans import die_with_parent
 from torchjob.trainer.runlock import RunDirBusy, RunLock
@@ -46,20 +46,17 @@ COUNT_OPTIONS = {MAX_STALLED_OPTION: "max_stalled_restarts"}
 # trainer.forkserver_guard first: the server dies with this agent (trainer.orphans);
 # torch.optim imports torch._dynamo on first use
 PRELOAD = ["torchjob.trainer.forkserver_guard", "torchjob.trainer.train", "torch._dynamo"]
-# what ps and top call the fork server and the workers forked from it (/proc/PID/comm: the
-# server is a fork of the agent, with its command line, and each worker a fork of the server)
-SERVER_NAME, WORKER_NAME = "torchjob-server", "torchjob-worker"
 
 
 def worker(*argv: str) -> None:
     """One training process, forked from the preloaded server; exits with the trainer's code, or
     143 for a stop signal after the last step (docs/internals.md).
     """
+    for sig in STOP_SIGNALS:  # heard again (start_forkserver), before the name says "worker"
+        signal.signal(sig, signal.SIG_DFL)  # (the agent kills one still named as the server)
     die_with_parent()  # the fork server, which dies with this agent (torchjob.trainer.orphans)
     name_process(WORKER_NAME)
     progress.start()  # the heartbeat, from the first moment (torchjob.trainer.progress)
-    for sig in STOP_SIGNALS:  # heard again (start_forkserver)
-        signal.signal(sig, signal.SIG_DFL)
     from torchjob.trainer.train import main
 
     try:
@@ -73,8 +70,12 @@ def worker(*argv: str) -> None:
 
 
 def exit_at_once(signum: int, frame: FrameType | None) -> NoReturn:
-    """SIGTERM while torch is being imported: nothing has started, so exit (128 + signal)."""
-    sys.exit(128 + signum)
+    """SIGTERM while torch is being imported: nothing has started, so exit (128 + signal) at
+    once. Not by raising SystemExit: raised at whatever line the imports had reached, it can be
+    caught there (numpy's import catches it), and the agent then went on with modules half
+    imported, which its fork server and workers inherited: the stop was lost, and the run
+    failed at its end, in a worker's import of matplotlib."""
+    os._exit(128 + signum)
 
 
 def stop_as_torch_does(signum: int, frame: FrameType | None) -> NoReturn:
@@ -146,9 +147,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         print(f"torchjob: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
-    progress_dir = None
-    if seconds:  # node-local, one file per worker (torchjob.trainer.progress)
-        progress_dir = env[PROGRESS_DIR_ENV] = tempfile.mkdtemp(prefix="torchjob-progress-")
     os.environ.update(env)  # the workers inherit it (through the forkserver too)
 
     from torch.distributed.launcher import api as launcher_api
@@ -157,25 +155,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     from torchjob.trainer.torchrun_agent import Agent, attempt_base
 
     signal.signal(signal.SIGTERM, stop_as_torch_does)  # torch's handler once workers start
-
+    # a stop raises from here on: what this agent makes, it makes inside the try that removes it
+    progress_dir = own_log_dir = lock = None
     try:
-        attempt_base(os.environ)
-    except ValueError as exc:
-        print(f"torchjob: {exc}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG)
-    # launch_agent makes the agent: ours, with our settings
-    launcher_api.LocalElasticAgent = functools.partial(  # type: ignore[misc, assignment]
-        Agent, hang_timeout=seconds, progress_dir=progress_dir, **settings)
-    parser = get_args_parser()
-    # the script's own options are its own: torchrun's parser would take a script's --d or
-    # --log for an ambiguous abbreviation of its --duplicate-*-filters or --log-dir and stop
-    # the job (argparse sorts every word before REMAINDER takes the script's), as bare
-    # torchrun does; the agent's command spells every option of torchrun's in full
-    parser.allow_abbrev = False
-    args = parser.parse_args(argv)
-    own_log_dir = tee_to_us(args)
-    lock = lock_run_dir(args, env)
-    try:
+        if seconds:  # node-local, one file per worker (torchjob.trainer.progress)
+            progress_dir = tempfile.mkdtemp(prefix="torchjob-progress-")
+            os.environ[PROGRESS_DIR_ENV] = env[PROGRESS_DIR_ENV] = progress_dir
+        try:
+            attempt_base(os.environ)
+        except ValueError as exc:
+            print(f"torchjob: {exc}", file=sys.stderr)
+            sys.exit(EXIT_CONFIG)
+        # launch_agent makes the agent: ours, with our settings
+        launcher_api.LocalElasticAgent = functools.partial(  # type: ignore[misc, assignment]
+            Agent, hang_timeout=seconds, progress_dir=progress_dir, **settings)
+        parser = get_args_parser()
+        # the script's own options are its own: torchrun's parser would take a script's --d
+        # or --log for an ambiguous abbreviation of its --duplicate-*-filters or --log-dir and
+        # stop the job (argparse sorts every word before REMAINDER takes the script's), as
+        # bare torchrun does; the agent's command spells every option of torchrun's in full
+        parser.allow_abbrev = False
+        args = parser.parse_args(argv)
+        own_log_dir = tee_to_us(args)
+        lock = lock_run_dir(args, env)
         run_agent(args)
     finally:
         if lock is not None:
@@ -268,15 +270,16 @@ def start_forkserver() -> None:
     before anything here queries CUDA, and deaf to stop signals, which its workers hear again
     (``worker``; docs/internals.md)."""
     multiprocessing.set_forkserver_preload(PRELOAD)
-    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    # blocked, not ignored, meanwhile: a stop that comes now waits, and is heard here the
+    # moment the server is forked (an ignored one was lost: the run went on to the end)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     spawn = multiprocessing.util.spawnv_passfds
     multiprocessing.util.spawnv_passfds = _fork_server  # type: ignore[assignment]
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
         multiprocessing.util.spawnv_passfds = spawn
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def name_process(name: str) -> None:
@@ -300,6 +303,9 @@ def _fork_server(path: str, args: Sequence[str], passfds: Sequence[int]) -> int:
         return pid
     status = 1
     try:
+        for sig in STOP_SIGNALS:  # deaf to them, then no longer blocked (start_forkserver)
+            signal.signal(sig, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         name_process(SERVER_NAME)  # ps and top would show the agent's command line twice
         keep = sorted({0, 1, 2, *passfds})
         for low, high in zip(keep, [*keep[1:], os.sysconf("SC_OPEN_MAX")]):

@@ -25,6 +25,9 @@ EXIT_STOPPED = 143  # 128 + SIGTERM: stopped or preempted after a checkpoint; ru
 EXIT_STORE_LOST = 200
 # What asks a worker to checkpoint and stop (Slurm's --signal and cancel, pod deletion, torchrun)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+# what ps and top call the agent's fork server and the workers forked from it (/proc/PID/comm:
+# the server is a fork of the agent, with its command line, and each worker a fork of the server)
+SERVER_NAME, WORKER_NAME = "torchjob-server", "torchjob-worker"
 # what stops a torchjob command in a terminal (`torchjob run`, a launcher): Ctrl-C, and SIGTERM
 # (what ``torchjob cancel`` sends a launcher); the first stops the job, a second more firmly
 COMMAND_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -3,6 +3,7 @@ stopped process too), and SIGKILL. The hang watchdog's tools (trainer.hang)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import signal
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
+from torchjob.trainer.contract import SERVER_NAME
 from torchjob.trainer.culprit import STOPPED
 
 PY_SPY_TIMEOUT_S = 20.0  # per process
@@ -23,6 +25,48 @@ def process_state(pid: int) -> str:
     except OSError:
         return ""
     return stat[stat.rindex(")") + 2:].split(" ", 1)[0]
+
+
+def process_name(pid: int) -> str:
+    """What ps calls ``pid`` (/proc/PID/comm); "" when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+    """The direct children of ``pid`` from /proc: (pid, name), the name as ps shows it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+        if int(rest.split(" ", 2)[1]) == pid:
+            found.append((int(entry.name), name))
+    return found
+
+
+def kill_deaf(pids: Iterable[int]) -> None:
+    """SIGKILL the workers a SIGTERM would not end: the stopped ones (``kill_stopped``) and
+    those not yet the trainer, still named after the fork server, whose stop signals they
+    ignore (torchjob.trainer.agent: each worker hears them again before it takes its name)."""
+    pids = list(pids)
+    kill_stopped(pids)
+    kill([pid for pid in pids if process_name(pid) == SERVER_NAME])
+
+
+def half_started(agent: int) -> list[int]:
+    """The workers of a start that a stop cut short, in no context of torch's yet (``agent``'s
+    exit, which joins its children, waited on one until its rendezvous timed out): those
+    forked for it (whose parent is its fork server) and its own children (a script's), but
+    the server."""
+    forked = [proc.pid for proc in multiprocessing.active_children() if proc.pid is not None]
+    return forked + [pid for pid, name in children(agent) if name != SERVER_NAME]
 
 
 def wchan(pid: int) -> str:

@@ -32,7 +32,7 @@ from torchjob.trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FIN
 from torchjob.trainer.failures import RESTARTING, Failure, Verdict, judge, last_line
 from torchjob.trainer.culprit import Finding, ranks
 from torchjob.trainer.hang import Seen, Watchdog, stuck_line
-from torchjob.trainer.stacks import kill, kill_stopped
+from torchjob.trainer.stacks import half_started, kill, kill_deaf
 from torchjob.trainer.membership import MembershipWatch
 from torchjob.trainer.pace import Pace
 
@@ -74,8 +74,7 @@ def _cause(verdict: Verdict) -> str:
 
 
 def attempt_base(environ: Mapping[str, str]) -> int:
-    """``TORCHJOB_ATTEMPT_BASE`` (0 when unset); a ValueError that names it when it is not a
-    whole number >= 0."""
+    """``TORCHJOB_ATTEMPT_BASE`` (0 when unset); a ValueError that names it unless >= 0."""
     raw = environ.get(ATTEMPT_BASE_ENV, "").strip() or "0"
     if not raw.isdigit():
         raise ValueError(f"{ATTEMPT_BASE_ENV}={raw!r} is not a whole number >= 0 (the attempt "
@@ -295,9 +294,9 @@ class Agent(LocalElasticAgent):
             else None
 
     def _shutdown(self, *args: Any, **kwargs: Any) -> None:
-        # torch sends SIGTERM and waits up to 30 s: a stopped worker would take all of it
+        # torch sends SIGTERM and waits up to 30 s: one deaf to it would take all of it
         if self._pcontext is not None:
-            kill_stopped(self._pcontext.pids().values())
+            kill_deaf(self._pcontext.pids().values())
         super()._shutdown(*args, **kwargs)
         self._leave_together()
 
@@ -309,11 +308,10 @@ class Agent(LocalElasticAgent):
         nodes = group.group_world_size or 1
         if store is None or nodes == 1 or group.state != agent_api.WorkerState.SUCCEEDED:
             return
-        # the rendezvous' close is each node's last use of the store: done here, before the
-        # node hosting the store may leave (torch's launch_agent closes it only after the
-        # agent's run, which a node without the store then did against a closed one: "failed
-        # to shutdown the rendezvous" and TCPStore's stack trace); its own call then does
-        # nothing (MembershipWatch.shutdown)
+        # the rendezvous' close is each node's last use of the store: here, before the node
+        # hosting it may leave (torch closes it after the agent's run, which a node without
+        # the store did against a closed one: "failed to shutdown the rendezvous" and a
+        # stack trace); torch's own call then does nothing (MembershipWatch.shutdown)
         try:
             group.spec.rdzv_handler.shutdown()
             if store.add(LEFT_KEY, 1) >= nodes:
@@ -398,7 +396,11 @@ class Agent(LocalElasticAgent):
                           checkpoint=ledger.checkpoint_mark(self._checkpoint_dir))
         if self._watchdog is not None:
             self._watchdog.clear()
-        pids = super()._start_workers(worker_group)
+        try:
+            pids = super()._start_workers(worker_group)
+        except SignalException:  # in no context of torch's yet, one held the exit for 300 s
+            kill(half_started(os.getpid()))
+            raise
         if self._watchdog is not None:
             self._watchdog.reset(((w.local_rank, w.global_rank, pids[w.local_rank])
                                   for w in worker_group.workers), node=node or 0,

@@ -15,7 +15,7 @@ import pytest
 from tests.procs import (PYTHON, children, descendants, env_for_tests, free_port, last_step,
                          require_setup, wait_for)
 from torchjob.trainer.agent import own_options
-from torchjob.trainer.contract import job_exit_code
+from torchjob.trainer.contract import STOP_SIGNALS, job_exit_code
 
 
 @pytest.mark.parametrize("codes, expected", [({2}, 2), ({2, 1}, 2), ({143}, 143),
@@ -202,6 +202,118 @@ def test_sigterm_before_the_workers_start_ends_the_agent_even_as_pid_1(tmp_path:
             pytest.fail("the agent still waits in the rendezvous after SIGTERM:\n"
                         + log.read_text()[-2000:])
         assert code == 143, log.read_text()[-2000:]
+    finally:
+        end_all([proc])
+
+
+# a stop in the agent's first seconds, at the three moments where one was lost (found by a
+# Slurm cancel right after submit, which ended SUCCEEDED or after 300 s instead of 143)
+
+CAUGHT_IN_IMPORT = """
+import os, signal
+from torchjob.trainer.agent import exit_at_once
+signal.signal(signal.SIGTERM, exit_at_once)  # as the agent's __main__, before importing torch
+try:  # an import that catches everything (numpy's does)
+    os.kill(os.getpid(), signal.SIGTERM)
+    sum(range(10**6))
+except BaseException:
+    pass
+print("went on")
+"""
+
+
+def test_a_stop_during_the_agents_imports_ends_it_even_where_an_import_catches_it() -> None:
+    """Raised as SystemExit, the stop was caught inside numpy's import: the agent went on with
+    modules half imported, and its workers failed at the run's end."""
+    proc = subprocess.run([PYTHON, "-c", CAUGHT_IN_IMPORT], capture_output=True, text=True,
+                          env=env_for_tests(), timeout=60)
+    assert (proc.returncode, proc.stdout) == (143, ""), proc.stdout + proc.stderr
+
+
+STOPPED_AS_THE_SERVER_STARTS = """
+import json, os, signal
+import multiprocessing.forkserver as forkserver
+from torchjob.trainer import agent
+heard = []
+signal.signal(signal.SIGTERM, lambda signum, frame: heard.append(signum))
+agent.PRELOAD = []  # the server alone, not the trainer's imports
+start = forkserver.ensure_running
+def stopped_meanwhile():
+    os.kill(os.getpid(), signal.SIGTERM)
+    start()
+forkserver.ensure_running = stopped_meanwhile
+agent.start_forkserver()
+print(json.dumps({"heard": heard, "server": forkserver._forkserver._forkserver_pid}))
+"""
+
+
+def signal_set(pid: int, field: str) -> set[int]:
+    """The signals in ``field`` (SigIgn, SigBlk, ...) of /proc/PID/status."""
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if x.startswith(field + ":"))
+    mask = int(line.split()[1], 16)
+    return {sig for sig in range(1, 65) if mask >> (sig - 1) & 1}
+
+
+def test_a_stop_while_the_fork_server_starts_is_heard_and_the_server_stays_deaf() -> None:
+    """Ignored while the server was forked, a stop then was lost and the run went on to its
+    end; blocked instead, it is heard once the server runs, and the server (and the workers it
+    forks, until they set their own handlers) ignore stops without blocking them."""
+    proc = subprocess.Popen([PYTHON, "-c", STOPPED_AS_THE_SERVER_STARTS + "input()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env_for_tests())
+    try:
+        assert proc.stdout is not None
+        seen = json.loads(proc.stdout.readline())
+        assert seen["heard"] == [signal.SIGTERM], seen
+        stops = {int(s) for s in STOP_SIGNALS}
+        wait_for(lambda: stops <= signal_set(seen["server"], "SigIgn"), 30,
+                 "the server to ignore stops (first thing, while they are blocked)")
+        assert not stops & signal_set(seen["server"], "SigBlk"), "the server blocks stops"
+        assert not stops & signal_set(proc.pid, "SigBlk"), "the agent still blocks stops"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def in_session(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (the agent's: its server and workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] not in "ZX":
+            found.append(int(entry.name))
+    return found
+
+
+def first_fork(agent_pid: int) -> bool:
+    """A worker forked yet: a child of one of the agent's children (its fork server)."""
+    return any(children(kid) for kid in children(agent_pid))
+
+
+@pytest.mark.integration
+def test_a_stop_as_the_workers_start_ends_the_agent_at_once_with_nothing_left(
+        tmp_path: Path) -> None:
+    """SIGTERM the moment the first worker is forked, while torch is still starting them: the
+    workers it had started were in no context of torch's, and the agent's exit waited on one
+    until that worker's rendezvous timed out (300 s)."""
+    proc = subprocess.Popen(agent(tmp_path, "--epochs", "30"), env=env_for_tests(),
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not first_fork(proc.pid):  # no sleep: the moment is a few milliseconds long
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                f"no worker forked (agent exit {proc.poll()})"
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the agent still runs 60 s after SIGTERM: {descendants(proc.pid)}")
+        assert proc.returncode == 143, err[-2000:]
+        wait_for(lambda: not in_session(proc.pid), 30, "no process left of the agent's session")
     finally:
         end_all([proc])
 
