@@ -16,7 +16,8 @@ from typing import Any, Callable
 import torch
 
 from torchjob.jobs.invocation import free_port as pick_port
-from torchjob.trainer.agent import SERVER_NAME
+from torchjob.trainer import stacks
+from torchjob.trainer.contract import SERVER_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -121,17 +122,7 @@ def free_port() -> int:
 
 def children(pid: int) -> list[int]:
     """Direct children of ``pid``, read from /proc."""
-    kids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == pid:
-                kids.append(int(entry.name))
-    return kids
+    return [kid for kid, _ in stacks.children(pid)]
 
 
 def descendants(pid: int) -> list[int]:
@@ -167,10 +158,7 @@ def parent(pid: int) -> int:
 
 def is_fork_server(pid: int) -> bool:
     """``torchjob.trainer.agent``'s fork server: a fork of the agent named ``SERVER_NAME``."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() == SERVER_NAME
-    except OSError:
-        return False
+    return stacks.process_name(pid) == SERVER_NAME
 
 
 def trainer_workers(root_pid: int) -> list[int]:

@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         if seconds:  # node-local, one file per worker (torchjob.trainer.progress)
             progress_dir = tempfile.mkdtemp(prefix="torchjob-progress-")
-            os.environ[PROGRESS_DIR_ENV] = env[PROGRESS_DIR_ENV] = progress_dir
+            os.environ[PROGRESS_DIR_ENV] = progress_dir
         try:
             attempt_base(os.environ)
         except ValueError as exc:
