@@ -6,7 +6,6 @@ whole matrix with TORCHJOB_WRITE_CONFORMANCE=1)."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import threading
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance.matrix import COLUMNS, DECLARED, Cell, Column, Outcome
+from tests.conformance.matrix import COLUMNS, DECLARED, Cell, Column, Outcome, cell_dir
 from tests.conformance.scenarios import SCENARIOS, trainer_flags
 from tests.conformance.table import table
 from tests.procs import PYTHON, ROOT, env_for_tests, final_params
@@ -77,7 +76,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def run_cell(scenario: str, column: Column, root: Path, reference: Reference) -> Outcome:
-    workdir = root / re.sub(r"[^a-z0-9.]+", "-", f"{column.backend}-{scenario}")
+    workdir = cell_dir(root, column.backend, scenario)
     workdir.mkdir()
     cell = Cell(scenario, column, workdir, reference.params)
     started = time.monotonic()

@@ -195,6 +195,11 @@ class Declared:
 DECLARED: dict[tuple[str, str], Declared] = {}
 
 
+def cell_dir(root: Path, backend: str, scenario: str) -> Path:
+    """Where a cell runs: its own directory under the matrix's ``root``."""
+    return root / re.sub(r"[^a-z0-9.]+", "-", f"{backend}-{scenario}")
+
+
 @dataclass
 class Cell:
     """One scenario on one backend, in a directory of its own (the cwd of its runs)."""
@@ -208,6 +213,11 @@ class Cell:
     @property
     def run_dir(self) -> Path:
         return self.workdir / "runs" / "job"
+
+    def sibling(self, scenario: str) -> Path:
+        """The directory of the same backend's cell of ``scenario`` (run before this one when
+        it comes first in SCENARIOS and was selected)."""
+        return cell_dir(self.workdir.parent, self.column.backend, scenario)
 
     @property
     def gate(self) -> Path:

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -173,15 +174,33 @@ def stop_and_resume(cell: Cell) -> None:
 
 def changed_config(cell: Cell) -> None:
     """A changed config over an old run directory is refused (exit 2, naming --fresh);
-    ``--fresh`` then starts over, the old checkpoints moved aside."""
-    code, out = cell.run(DEFAULT, *TRAINER_SETS)
-    expect(code == 0, f"the first run: exit code {code}, not 0", out)
+    ``--fresh`` then starts over, the old checkpoints moved aside. The old run directory is a
+    copy of the success cell's (the same job and flags, so a run of its own would only repeat
+    that run), or, where that cell did not run or did not finish, made by a run here."""
+    finished = cell.sibling("success") / "runs" / "job"
+    if finished_run(finished):
+        cell.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        # cp -a: owners kept (a container's runs write there as the image's user)
+        copied = subprocess.run(["cp", "-a", str(finished), str(cell.run_dir)],
+                                capture_output=True, text=True, check=False)
+        assert copied.returncode == 0, copied.stderr
+    else:
+        code, out = cell.run(DEFAULT, *TRAINER_SETS)
+        expect(code == 0, f"the first run: exit code {code}, not 0", out)
     code, out = cell.run(DEFAULT, *TRAINER_SETS, "trainer.args.lr=0.002")
     expect(code == 2 and "--fresh" in out, f"changed config: exit code {code}, not 2", out)
     code, out = cell.run(DEFAULT, *TRAINER_SETS, "trainer.args.lr=0.002", options=("--fresh",))
     expect(code == 0 and "resumed from" not in out, f"--fresh: exit code {code}", out)
     aside = list(cell.run_dir.glob("checkpoints.old-*/step_*"))
     expect(bool(aside), "--fresh: the old checkpoints were not moved aside", out)
+
+
+def finished_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run that ended SUCCEEDED (its summary.json says so)."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("state") == "SUCCEEDED"
+    except (OSError, ValueError):
+        return False
 
 
 def third_party_script(cell: Cell) -> None:
