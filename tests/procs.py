@@ -217,8 +217,30 @@ def require_setup(argv: list[str], *, timeout: float, what: str,
     """Run a set-up script (cluster, image) and return its output. When it fails, the test is
     skipped with the reason, so a user sees what did not run; under CI (``CI=true``) it fails
     instead, since a skip there would hide a broken set-up."""
+    import fcntl
+
     import pytest
 
+    # one set-up at a time on this machine (pytest-xdist's workers each ask for it; apt-get
+    # and an image build cannot run twice at once): the second waits, then finds it done
+    with open(SETUP_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        code, output = run_setup(argv, timeout, env)
+    if code != 0:
+        why = "cannot run here" if code == 2 else f"exit code {code}"
+        tail = "\n".join(output.rstrip().splitlines()[-40:])
+        reason = f"{what} failed ({why}):\n{tail}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return output
+
+
+SETUP_LOCK = "/tmp/torchjob-tests-setup.lock"
+
+
+def run_setup(argv: list[str], timeout: float,
+              env: dict[str, str] | None) -> tuple[int | None, str]:
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL, env=env, check=False)
@@ -229,11 +251,4 @@ def require_setup(argv: list[str], *, timeout: float, what: str,
         output = "".join(s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
                          for s in (exc.stdout, exc.stderr))
         output += f"\n(timed out after {timeout:g} s)"
-    if code != 0:
-        why = "cannot run here" if code == 2 else f"exit code {code}"
-        tail = "\n".join(output.rstrip().splitlines()[-40:])
-        reason = f"{what} failed ({why}):\n{tail}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    return output
+    return code, output

@@ -19,6 +19,7 @@ import pytest
 from tests.conformance.matrix import COLUMNS, DECLARED, Cell, Column, Outcome, cell_dir
 from tests.conformance.scenarios import SCENARIOS, trainer_flags
 from tests.conformance.table import table
+from tests.summaries import add_summary
 from tests.procs import PYTHON, ROOT, env_for_tests, final_params
 from tests.containers.conftest import container_image  # noqa: F401 (docker, k8s pods' image)
 from tests.slurm.conftest import slurm_cluster  # noqa: F401 (the slurm columns' engine)
@@ -57,7 +58,7 @@ def outcomes(request: pytest.FixtureRequest,
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(column, backends))
     text = table(found, time.monotonic() - started, workers)
-    TABLES.append(text)
+    add_summary(request.config, "conformance matrix", text)
     if os.environ.get(TABLE_ENV) == "1":
         complete = set(found) == {(s, c.backend) for s in SCENARIOS for c in COLUMNS}
         assert complete, f"{TABLE_ENV}=1 writes the table of the whole matrix only"
@@ -65,14 +66,6 @@ def outcomes(request: pytest.FixtureRequest,
         TABLE.write_text(text)
     yield found
 
-
-TABLES: list[str] = []  # this session's table, for the terminal summary
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for text in TABLES:
-        terminalreporter.write_sep("=", "conformance matrix")
-        terminalreporter.write_line(text)
 
 
 def run_cell(scenario: str, column: Column, root: Path, reference: Reference) -> Outcome:
