@@ -67,7 +67,6 @@ def outcomes(request: pytest.FixtureRequest,
     yield found
 
 
-
 def run_cell(scenario: str, column: Column, root: Path, reference: Reference) -> Outcome:
     workdir = cell_dir(root, column.backend, scenario)
     workdir.mkdir()

@@ -18,6 +18,7 @@ from tests.conformance.gate import GATE_ENV, GATE_STEP, RAISE_ENV
 from tests.conformance.matrix import EVENT_TIMEOUT_S, HANDLE, Cell, Run
 from tests.procs import ROOT, assert_bitwise_equal, final_params, torchjob
 from torchjob.jobs.progress import from_logs
+from torchjob.jobs.report import read_json
 from tests.recorded import wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -178,7 +179,7 @@ def changed_config(cell: Cell) -> None:
     copy of the success cell's (the same job and flags, so a run of its own would only repeat
     that run), or, where that cell did not run or did not finish, made by a run here."""
     finished = cell.sibling("success") / "runs" / "job"
-    if finished_run(finished):
+    if read_json(finished / "summary.json").get("state") == "SUCCEEDED":
         cell.run_dir.parent.mkdir(parents=True, exist_ok=True)
         # cp -a: owners kept (a container's runs write there as the image's user)
         copied = subprocess.run(["cp", "-a", str(finished), str(cell.run_dir)],
@@ -193,14 +194,6 @@ def changed_config(cell: Cell) -> None:
     expect(code == 0 and "resumed from" not in out, f"--fresh: exit code {code}", out)
     aside = list(cell.run_dir.glob("checkpoints.old-*/step_*"))
     expect(bool(aside), "--fresh: the old checkpoints were not moved aside", out)
-
-
-def finished_run(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run that ended SUCCEEDED (its summary.json says so)."""
-    try:
-        return json.loads((run_dir / "summary.json").read_text()).get("state") == "SUCCEEDED"
-    except (OSError, ValueError):
-        return False
 
 
 def third_party_script(cell: Cell) -> None:
