@@ -29,13 +29,14 @@ class RankView:
     silent_s: float
     silent: bool
     wchan: str = ""
+    outside: bool = False  # its frame read from outside now, not its last heartbeat's
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankView:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
     def how(self) -> str:
         if self.state in STOPPED:
@@ -46,8 +47,12 @@ class RankView:
         state = running.get(self.state, f"state {self.state}")
         return state + (f" in {self.wchan}" if self.wchan and self.state != "R" else "")
 
+    def where(self) -> str:
+        """at its frame; "last seen at" one its heartbeat told before it went silent."""
+        return f"{'last seen ' * (self.silent and not self.outside)}at {self.frame}"
+
     def named(self) -> str:
-        at = f"; {'last seen ' * self.silent}at {self.frame}" if self.frame else ""
+        at = f"; {self.where()}" if self.frame else ""
         return f"rank {self.rank} on node {self.node} ({self.how()}{at})"
 
 

@@ -41,28 +41,39 @@ def kind(filename: str, torch: str | None) -> str:
     return "stdlib" if path.startswith(STDLIB) else "user"
 
 
-def describe(frame: FrameType) -> str:
-    name = frame.f_code.co_filename
-    if name.startswith(os.getcwd() + os.sep):
-        name = os.path.relpath(name)
-    return f"{name}:{frame.f_lineno} in {frame.f_code.co_name}"
+Frame = tuple[str, int, str]  # (filename, line, function): read inside or from outside
+
+
+def describe(frame: Frame, cwd: str) -> str:
+    name, line, function = frame
+    if name.startswith(cwd + os.sep):
+        name = os.path.relpath(name, cwd)
+    return f"{name}:{line} in {function}"
 
 
 def where(top: FrameType | None) -> tuple[bool, str]:
-    """(waits inside torch.distributed: the innermost frame that is not the standard
-    library's is torch.distributed's; the innermost user frame, else an installed package's,
-    else the kit's, else any)."""
-    torch, chain = torch_dir(), []  # type: str | None, list[tuple[str, FrameType]]
+    """``pick`` of this process's stack from its frame ``top``."""
+    chain: list[Frame] = []
     frame = top
     while frame is not None and len(chain) < 200:
-        chain.append((kind(frame.f_code.co_filename, torch), frame))
+        chain.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
         frame = frame.f_back
-    inner = next((k for k, _ in chain if k != "stdlib"), "")
+    return pick(chain, os.getcwd())
+
+
+def pick(chain: Sequence[Frame], cwd: str) -> tuple[bool, str]:
+    """Of a stack, innermost frame first (``cwd``: its process's directory): (waits inside
+    torch.distributed: the innermost frame that is not the standard library's is
+    torch.distributed's; the innermost user frame, else an installed package's, else the
+    kit's, else any)."""
+    torch = torch_dir()
+    kinds = [(kind(frame[0], torch), frame) for frame in chain[:200]]
+    inner = next((k for k, _ in kinds if k != "stdlib"), "")
     for wanted in ("user", "lib", "kit"):
-        found = next((f for k, f in chain if k == wanted), None)
+        found = next((f for k, f in kinds if k == wanted), None)
         if found is not None:
-            return inner == "dist", describe(found)
-    return inner == "dist", describe(chain[0][1]) if chain else ""
+            return inner == "dist", describe(found, cwd)
+    return inner == "dist", describe(kinds[0][1], cwd) if kinds else ""
 
 
 class _Then(importlib.abc.Loader):

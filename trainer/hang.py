@@ -16,13 +16,14 @@ from typing import Any, Callable, Iterable
 
 from torchjob.trainer.culprit import STOPPED, Finding, RankView, find, hung, ranks
 from torchjob.trainer.progress import BEAT_S, NO_STEP, Record
-from torchjob.trainer.stacks import process_state, stack_of, wchan
+from torchjob.trainer.stacks import frame_of, process_state, stack_of, wchan
 
 READ_EVERY_S = 1.0  # how often the agent reads the progress files
 BEAT_LOST_S = 5 * BEAT_S  # no heartbeat for this long: the process is stopped or frozen
 # Every node writes its stacks this long before the timeout: the node that acts on the hang
 # kills its workers at the timeout, and the peers on other nodes exit as soon as they lose them
 DUMP_LEAD_S = 2 * READ_EVERY_S
+LOOKS = 3  # tries at a silent rank's frame from outside (py-spy) per silent stretch
 NODE_KEY, FINDING_KEY = "torchjob.hang.node{}", "torchjob.hang.finding"  # the round's store
 
 
@@ -39,6 +40,8 @@ class Seen:
     step_at: float = 0.0
     beat_at: float = 0.0
     state: str = "?"  # /proc state letter; "" when the process is gone
+    outside: str = ""  # while silent: its frame read from outside (stacks.frame_of)
+    looks: int = 0  # tries at that since it went silent
 
     def __post_init__(self) -> None:
         self.step_at = self.beat_at = self.started
@@ -64,7 +67,7 @@ class Seen:
                 old.step, old.seq, old.optimizer_steps):
             self.step_at = now
         if record.beats != old.beats:
-            self.beat_at = now
+            self.beat_at, self.outside, self.looks = now, "", 0
         self.record = record
 
     def silent(self, now: float) -> bool:
@@ -74,10 +77,19 @@ class Seen:
     def view(self, now: float, node: int) -> RankView:
         r = self.record or Record()
         idle = now - (self.step_at if self.counted else self.beat_at)
+        silent = self.silent(now)
+        outside = silent and bool(self.outside)  # else its last heartbeat's frame
         return RankView(self.rank, node, r.step, r.seq, self.counted, r.in_collective,
-                        self.state, r.frame, round(idle, 1), round(now - self.beat_at, 1),
-                        self.silent(now),
-                        wchan(self.pid) if self.state not in ("R", "") else "")
+                        self.state, self.outside if outside else r.frame, round(idle, 1),
+                        round(now - self.beat_at, 1), silent,
+                        wchan(self.pid) if self.state not in ("R", "") else "", outside)
+
+    def look(self, now: float) -> None:
+        """While silent (its heartbeat cannot tell where it is): its frame from outside, a
+        few tries at most."""
+        if self.silent(now) and not self.outside and self.looks < LOOKS:
+            self.looks += 1
+            self.outside = frame_of(self.pid)
 
     def last(self) -> str:
         """Its last step: the one it reported, else the optimizer steps counted."""
@@ -104,7 +116,7 @@ def stuck_line(w: Seen, finding: Finding, now: float, node: int) -> str:
     view = next((v for v in finding.culprits if v.rank == w.rank), None)
     if view is None:
         return f"{w.describe(now, node)}; {finding.why}"
-    at = f", {'last seen ' * view.silent}at {view.frame}" if view.frame else ""
+    at = f", {view.where()}" if view.frame else ""
     waiting = f"; waiting for it: rank(s) {ranks(finding.waiting)}" if finding.waiting else ""
     return f"{w.last()}, {view.how()}{at}; {finding.reason}{waiting}"
 
@@ -174,6 +186,9 @@ class Watchdog:
         if not any(v.idle_s >= lead for v in views):
             self.quiet_since, self.dumped, self.finding, self.near = 0.0, False, None, False
             return None
+        for w in self.seen:
+            w.look(now)
+        views = self.views(now)
         self.quiet_since = self.quiet_since or now
         self.near = hung(views, lead)  # this node's own ranks near the timeout
         self.finding = self.finding or self._exchange(views, now)

@@ -3,6 +3,7 @@ stopped process too), and SIGKILL. The hang watchdog's tools (trainer.hang)."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import shutil
@@ -14,8 +15,10 @@ from typing import Iterable
 
 from torchjob.trainer.contract import SERVER_NAME
 from torchjob.trainer.culprit import STOPPED
+from torchjob.trainer.frames import pick
 
 PY_SPY_TIMEOUT_S = 20.0  # per process
+FRAME_TIMEOUT_S = 5.0  # one look at a silent rank's frame, from the agent's watch loop
 
 
 def process_state(pid: int) -> str:
@@ -116,6 +119,28 @@ def stack_of(pid: int) -> str:
         except (OSError, subprocess.TimeoutExpired) as exc:
             problem = f"py-spy failed: {exc}"
     return f"{problem}\n{proc_view(pid)}"
+
+
+def frame_of(pid: int) -> str:
+    """Where ``pid``'s main thread is now, read from outside (py-spy) as ``frames.pick``
+    words it: for a rank whose heartbeat cannot tell (stopped, or frozen holding the GIL).
+    "" when it cannot be read."""
+    program = py_spy()
+    if program is None:
+        return ""
+    try:
+        done = subprocess.run([program, "dump", "--pid", str(pid), "--nonblocking", "--json",
+                               "--full-filenames"], capture_output=True, text=True,
+                              timeout=FRAME_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        threads = json.loads(done.stdout) if done.returncode == 0 else []
+        main = next((t for t in threads if t.get("os_thread_id") == pid), None) or next(
+            (t for t in threads if t.get("thread_name") == "MainThread"), None)
+        if main is None:
+            return ""
+        chain = [(str(f["filename"]), int(f["line"]), str(f["name"])) for f in main["frames"]]
+        return pick(chain, os.readlink(f"/proc/{pid}/cwd"))[1]
+    except (OSError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired):
+        return ""
 
 
 def proc_view(pid: int) -> str:

@@ -14,8 +14,9 @@ from pathlib import Path
 from tests.procs import env_for_tests, torchjob
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "hang_shapes.py"
-SHAPES = {"stop": ("its process is stopped (state T)", ""), "loop": ("running", "spin_here"),
-          "sleep": ("sleeping", "sleep_here"), "io": ("sleeping", "read_here")}
+SHAPES = {"stop": ("its process is stopped (state T)", "stop_here"),
+          "loop": ("running", "spin_here"), "sleep": ("sleeping", "sleep_here"),
+          "io": ("sleeping", "read_here")}
 HANG_TIMEOUT_S = 10  # twice the heartbeat loss: a start-up that holds the GIL a while is no hang
 
 
@@ -45,6 +46,7 @@ def trial(cwd: Path, to: str, shape: str, *, nodes: int = 2, nproc: int = 2,
     assert len(lines) == 1, said
     assert f"torchjob: hang on node {node}: rank {culprit} on node {node} ({how}" in lines[0], said
     assert f"hang_shapes.py:" in lines[0] and f"in {function}" in lines[0], said
+    assert "last seen" not in lines[0], said  # a stopped rank: read from outside, where it is
     others = ", ".join(str(r) for r in range(nodes * nproc) if r != culprit)
     assert f"waiting for it: rank(s) {others}" in lines[0], said
     run_dir = cwd / "runs" / name

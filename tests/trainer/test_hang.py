@@ -245,6 +245,36 @@ def test_a_stopped_process_gets_a_stack_and_is_killed() -> None:
         proc.wait()
 
 
+def test_a_stopped_rank_is_placed_where_it_stopped_not_where_its_heartbeat_last_was(
+        tmp_path: Path) -> None:
+    """A rank that stops between two heartbeats: its last one told a frame of its start-up;
+    the watchdog reads where it stopped from outside (py-spy) and says it is there now."""
+    script = tmp_path / "stops.py"
+    script.write_text("import os, signal\ndef stop_here():\n    print('up', flush=True)\n"
+                      "    os.kill(os.getpid(), signal.SIGSTOP)\nstop_here()\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            cwd=tmp_path)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+        for _ in range(1000):
+            if process_state(proc.pid) == "T":
+                break
+            subprocess.run(["true"])  # yield a moment without sleeping on a clock
+        worker = Seen(0, 3, proc.pid, 0.0, state="T")
+        worker.read(Record(beats=1, pid=proc.pid, frame="startup.py:1 in boot"), 0.0)
+        assert "last seen at startup.py:1 in boot" in worker.view(1.0, 0).named()
+        worker.look(1.0)
+        named = worker.view(1.0, 0).named()
+        assert named == "rank 3 on node 0 (its process is stopped (state T); at stops.py:4 " \
+            "in stop_here)", (named, stack_of(proc.pid))
+        worker.read(Record(beats=2, pid=proc.pid, frame="startup.py:2 in boot"), 2.0)
+        worker.state = "S"  # it beats again: its heartbeat tells again
+        assert worker.view(2.0, 0).frame == "startup.py:2 in boot"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.parametrize("raw, expected", [("20", 20.0), ("0", 0.0), ("5", 5.0)])
 def test_hang_timeout_option(raw: str, expected: float) -> None:
     assert hang_timeout({"TORCHJOB_HANG_TIMEOUT": raw}) == expected
