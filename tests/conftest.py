@@ -32,7 +32,7 @@ ON_THE_CLUSTER = ("tests/slurm/", "tests/conformance/")
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """With pytest-xdist's workers (``TORCHJOB_TEST_WORKERS=N scripts/bootstrap test``): each
+    """With pytest-xdist's workers (``scripts/bootstrap test``: two): each
     test file goes to one worker as a whole (its module fixtures made once), and every test on
     the Slurm dev cluster to one worker, one after another."""
     from xdist.scheduler import LoadScopeScheduling
