@@ -84,12 +84,14 @@ class Seen:
                         round(now - self.beat_at, 1), silent,
                         wchan(self.pid) if self.state not in ("R", "") else "", outside)
 
-    def look(self, now: float) -> None:
+    def look(self, now: float) -> bool:
         """While silent (its heartbeat cannot tell where it is): its frame from outside, a
-        few tries at most."""
+        few tries at most. Whether it found one now."""
         if self.silent(now) and not self.outside and self.looks < LOOKS:
             self.looks += 1
             self.outside = frame_of(self.pid)
+            return bool(self.outside)
+        return False
 
     def last(self) -> str:
         """Its last step: the one it reported, else the optimizer steps counted."""
@@ -186,9 +188,8 @@ class Watchdog:
         if not any(v.idle_s >= lead for v in views):
             self.quiet_since, self.dumped, self.finding, self.near = 0.0, False, None, False
             return None
-        for w in self.seen:
-            w.look(now)
-        views = self.views(now)
+        if [w for w in self.seen if w.look(now)]:  # every one looked at, then read again
+            views = self.views(now)
         self.quiet_since = self.quiet_since or now
         self.near = hung(views, lead)  # this node's own ranks near the timeout
         self.finding = self.finding or self._exchange(views, now)
