@@ -14,8 +14,8 @@ STOPPED = ("T", "t")  # /proc/PID/stat states: stopped by a signal, stopped by a
 @dataclass(frozen=True)
 class RankView:
     """One rank as its agent saw it: seconds without progress (``idle_s``: since its last step,
-    collective or optimizer step; before its first, since its last heartbeat) and without a
-    heartbeat (``silent_s``)."""
+    collective or optimizer step; before its first, since its last heartbeat), without a
+    heartbeat (``silent_s``) and inside the collective it is in (``waited_s``; 0 outside one)."""
 
     rank: int
     node: int
@@ -30,6 +30,7 @@ class RankView:
     silent: bool
     wchan: str = ""
     outside: bool = False  # its frame read from outside now, not its last heartbeat's
+    waited_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,13 +80,16 @@ class Finding:
 
 
 def hung(views: Iterable[RankView], timeout: float) -> bool:
-    """A hang: a rank silent for ``timeout``, a rank that reports steps idle that long, or a
-    rank without progress that long while some rank waits for another."""
+    """A hang: a rank silent for ``timeout``, a rank that reports steps idle that long, a rank
+    without progress that long while some rank waits for another, or (in start-up too) a rank
+    inside one collective that long while another has not entered it."""
     views = list(views)
     seqs = {v.seq for v in views}
     waits = any(v.in_collective for v in views) or len(seqs) > 1
+    apart = len(seqs) > 1 or not all(v.in_collective for v in views)
     return any(v.silent and v.idle_s >= timeout or v.step >= 0 and v.idle_s >= timeout
-               or waits and v.idle_s >= timeout for v in views)
+               or waits and v.idle_s >= timeout or apart and v.waited_s >= timeout
+               for v in views)
 
 
 def ranks(views: Iterable[RankView]) -> str:

@@ -30,7 +30,8 @@ NODE_KEY, FINDING_KEY = "torchjob.hang.node{}", "torchjob.hang.finding"  # the r
 @dataclass
 class Seen:
     """One local worker as this agent last saw it (times on the agent's monotonic clock):
-    ``step_at`` is its last progress (a step, a collective or an optimizer step)."""
+    ``step_at`` is its last progress (a step, a collective or an optimizer step) or its start,
+    ``entered_at`` the first read that saw it inside the collective it is in."""
 
     local_rank: int
     rank: int
@@ -39,6 +40,7 @@ class Seen:
     record: Record | None = None  # None: its file not seen yet (not judged)
     step_at: float = 0.0
     beat_at: float = 0.0
+    entered_at: float = 0.0
     state: str = "?"  # /proc state letter; "" when the process is gone
     outside: str = ""  # while silent: its frame read from outside (stacks.frame_of)
     looks: int = 0  # tries at that since it went silent
@@ -68,6 +70,8 @@ class Seen:
             self.step_at = now
         if record.beats != old.beats:
             self.beat_at, self.outside, self.looks = now, "", 0
+        if record.in_collective and (not old.in_collective or record.seq != old.seq):
+            self.entered_at = now
         self.record = record
 
     def silent(self, now: float) -> bool:
@@ -82,16 +86,15 @@ class Seen:
         return RankView(self.rank, node, r.step, r.seq, self.counted, r.in_collective,
                         self.state, self.outside if outside else r.frame, round(idle, 1),
                         round(now - self.beat_at, 1), silent,
-                        wchan(self.pid) if self.state not in ("R", "") else "", outside)
+                        wchan(self.pid) if self.state not in ("R", "") else "", outside,
+                        round(now - self.entered_at, 1) if r.in_collective else 0.0)
 
-    def look(self, now: float) -> bool:
+    def look(self, now: float) -> None:
         """While silent (its heartbeat cannot tell where it is): its frame from outside, a
-        few tries at most. Whether it found one now."""
+        few tries at most."""
         if self.silent(now) and not self.outside and self.looks < LOOKS:
             self.looks += 1
             self.outside = frame_of(self.pid)
-            return bool(self.outside)
-        return False
 
     def last(self) -> str:
         """Its last step: the one it reported, else the optimizer steps counted."""
@@ -184,13 +187,15 @@ class Watchdog:
         now = self.observe()
         if self.read_at == before:  # nothing new read
             return None
-        views, lead = self.views(now), self.timeout - DUMP_LEAD_S
-        if not any(v.idle_s >= lead for v in views):
+        lead = self.timeout - DUMP_LEAD_S
+        if not any(now - w.step_at >= lead for w in self.seen if w.alive and w.record):
             self.quiet_since, self.dumped, self.finding, self.near = 0.0, False, None, False
-            return None
-        if [w for w in self.seen if w.look(now)]:  # every one looked at, then read again
-            views = self.views(now)
-        self.quiet_since = self.quiet_since or now
+            return None  # every rank progressed (or started) within the lead
+        for w in self.seen:
+            w.look(now)  # a silent one's frame from outside
+        views = self.views(now)
+        if any(v.idle_s >= lead or v.waited_s >= lead for v in views):
+            self.quiet_since = self.quiet_since or now
         self.near = hung(views, lead)  # this node's own ranks near the timeout
         self.finding = self.finding or self._exchange(views, now)
         if self.finding is None and hung(views, self.timeout) and (
@@ -247,12 +252,9 @@ class Watchdog:
 
     def first_dump(self) -> bool:
         """True once per stalled stretch, when this node's ranks near the timeout or a finding
-        names one of them: the caller writes the stacks then."""
-        if self.dumped or not self.quiet_since:
-            return False
-        named = self.finding is not None and any(
-            v.node == self.node for v in self.finding.culprits)
-        if not (named or self.near):
+        is known (this node's ranks are culprits or wait for one): the caller writes the stacks
+        then."""
+        if self.dumped or not (self.near or self.finding is not None):
             return False
         self.dumped = True
         return True

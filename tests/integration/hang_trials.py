@@ -1,8 +1,9 @@
 """One hang trial of a user's unmodified script (scripts/hang_shapes.py) on any backend: the
-culprit rank is drawn at random, enters the hang shape at step 5 on the first attempt while
-the others wait for it in an all-reduce, and must be the rank named, with its node and top
-frame, by the agent's line, the ledger, summary.json and the stack files; the job restarts
-and finishes. Used by the local, docker and Slurm tests."""
+culprit rank is drawn at random, enters the hang shape on the first attempt where its shape
+says (mid-run at step 5, before the first collective of all, before init_process_group) while
+the others wait for it there, and must be the rank named, with its node and top frame, by the
+agent's line, the ledger, summary.json and the stack files; the job restarts and finishes.
+Used by the local, docker and Slurm tests."""
 
 from __future__ import annotations
 
@@ -14,16 +15,18 @@ from pathlib import Path
 from tests.procs import env_for_tests, torchjob
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "hang_shapes.py"
-SHAPES = {"stop": ("its process is stopped (state T)", "stop_here"),
-          "loop": ("running", "spin_here"), "sleep": ("sleeping", "sleep_here"),
-          "io": ("sleeping", "read_here")}
+# shape: how the culprit's process is, its frame, where it hangs (hang_shapes.py's AT)
+SHAPES = {"stop": ("its process is stopped (state T)", "stop_here", "5"),
+          "loop": ("running", "spin_here", "5"), "sleep": ("sleeping", "sleep_here", "1"),
+          "io": ("sleeping", "read_here", "init")}
 HANG_TIMEOUT_S = 10  # twice the heartbeat loss: a start-up that holds the GIL a while is no hang
 
 
 def job_yaml(name: str, shape: str, culprit: int, nodes: int, nproc: int) -> str:
     return (f"name: {name}\nnnodes: {nodes}\nnproc_per_node: {nproc}\nmax_restarts: 1\n"
             f"hang_timeout: {HANG_TIMEOUT_S}\ncheckpoint_budget: {HANG_TIMEOUT_S - 1}\n"
-            f"trainer:\n  script: hang_shapes.py\n  args: ['{shape}', '{culprit}']\n")
+            f"trainer:\n  script: hang_shapes.py\n  args: ['{shape}', '{culprit}', "
+            f"'{SHAPES[shape][2]}']\n")
 
 
 def trial(cwd: Path, to: str, shape: str, *, nodes: int = 2, nproc: int = 2,
@@ -41,7 +44,7 @@ def trial(cwd: Path, to: str, shape: str, *, nodes: int = 2, nproc: int = 2,
     code, out = done.returncode, done.stdout + done.stderr
     said = f"(culprit rank {culprit} on node {node}, shape {shape})\n{out[-6000:]}"
     assert code == 0, said
-    how, function = SHAPES[shape]
+    how, function, _ = SHAPES[shape]
     lines = [line for line in out.splitlines() if "torchjob: hang on node" in line]
     assert len(lines) == 1, said
     assert f"torchjob: hang on node {node}: rank {culprit} on node {node} ({how}" in lines[0], said

@@ -86,14 +86,38 @@ def test_a_deadlock_names_no_culprit() -> None:
 
 def test_before_its_first_progress_a_rank_is_judged_by_its_heartbeat_alone() -> None:
     """Start-up (imports, data, compilation) is no hang while the process beats: a rank's
-    clock starts at its first step, optimizer step or finished collective."""
+    clock starts at its first step, optimizer step or finished collective. Its wait inside a
+    collective is timed from the first read that saw it there."""
     w = Seen(0, 0, os.getpid(), 0.0)
     w.state = "S"
     w.read(Record(beats=1, pid=w.pid, seq=1, in_collective=True), 0.5)  # in its first one
     w.read(Record(beats=99, pid=w.pid, seq=1, in_collective=True), 99.5)
     assert not w.counted and w.view(100.0, 0).idle_s == 0.5
+    assert w.view(100.0, 0).waited_s == 99.5
     w.read(Record(beats=100, pid=w.pid, seq=2, in_collective=True), 100.0)
-    assert w.counted and w.view(130.0, 0).idle_s == 30.0
+    assert w.counted and w.view(130.0, 0).idle_s == 30.0 and w.view(130.0, 0).waited_s == 30.0
+    w.read(Record(beats=101, pid=w.pid, seq=2, in_collective=False), 131.0)
+    assert w.view(140.0, 0).waited_s == 0.0
+
+
+def test_in_start_up_a_rank_waited_for_that_long_is_a_hang_but_shared_work_is_not() -> None:
+    """Before any rank progressed: a rank inside its first collective for the timeout while
+    another has not entered it (outside any, or behind in sequence) is a hang, and that other
+    is named; every rank inside torch.distributed that long (a long checkpoint load, or a
+    deadlock that the collective's own timeout ends) is not, nor any long start-up outside."""
+    def start(rank: int, seq: int, coll: bool, waited: float) -> RankView:
+        return replace(view(rank, seq=seq, coll=coll, idle=0.5, counted=False,
+                            frame="train.py:4 in load"), waited_s=waited)
+
+    waiting = start(0, 1, True, T)
+    assert hung([waiting, start(1, 0, False, 0.0)], T)
+    assert not hung([replace(waiting, waited_s=T - 1), start(1, 0, False, 0.0)], T)
+    assert [v.rank for v in find([waiting, start(1, 0, False, 0.0)], T).culprits] == [1]
+    before_init = [start(0, -1, True, T), start(1, -1, False, 0.0)]  # 0 waits in init
+    assert hung(before_init, T)
+    assert "outside any collective while the others wait in one" in find(before_init, T).why
+    assert not hung([start(0, 1, True, T), start(1, 1, True, T)], T)
+    assert not hung([start(0, 0, False, 0.0), start(1, 0, False, 0.0)], T)
 
 
 def test_progress_reports_reach_the_watchdog(tmp_path: Path,
@@ -191,9 +215,12 @@ def test_where_tells_torch_distributed_from_user_code() -> None:
     assert not inside and at.endswith("in test_where_tells_torch_distributed_from_user_code")
 
 
-def test_two_nodes_agree_through_the_store_on_the_culprit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("when", ["mid-run", "start-up"])
+def test_two_nodes_agree_through_the_store_on_the_culprit(tmp_path: Path, when: str) -> None:
     """Node 1's rank stalls in its own code, node 0's rank waits in the collective: node 0
-    names it from what both told the store; node 1 acts, node 0 leaves it the first move."""
+    names it from what both told the store; node 1 acts, node 0 leaves it the first move. In
+    start-up too: node 0's rank waits in its first collective, node 1's never reaches it (no
+    rank has progressed: the culprit's node tells once it is quiet that long since it began)."""
     store = HashStore()
     now = [0.0]
     dogs = []
@@ -211,15 +238,23 @@ def test_two_nodes_agree_through_the_store_on_the_culprit(tmp_path: Path) -> Non
 
     for t in range(0, 40):
         now[0] = float(t)
-        tell(0, 10 + min(t, 5), True, "")  # waits from t=5 in collective 15
-        tell(1, 10 + min(t, 4), False, "user.py:3 in stuck_here")  # stuck after 14
+        if when == "mid-run":
+            tell(0, 10 + min(t, 5), True, "")  # waits from t=5 in collective 15
+            tell(1, 10 + min(t, 4), False, "user.py:3 in stuck_here")  # stuck after 14
+        else:
+            tell(0, 1, True, "")  # in its first collective from its first read (t=1)
+            tell(1, 0, False, "user.py:3 in stuck_here")  # never reaches it
         acts = [dog.poll() for dog in dogs]
         if any(acts):
             break
     assert acts[0] is None and acts[1] is not None, (t, acts)
     assert [w.rank for w in acts[1].stuck] == [1]
-    assert t == 25  # node 1 stalled from 4, node 0 waits from 5: its timeout
+    # mid-run: node 1 stalled from 4, node 0 waits from 5: its timeout; start-up: node 0's
+    # rank seen inside from t=1
+    assert t == {"mid-run": 25, "start-up": 21}[when]
     assert "rank 1 on node 1 (" in acts[1].finding.why and "stuck_here" in acts[1].finding.why
+    assert "1 collective(s) behind the others" in acts[1].finding.why
+    assert [d.first_dump() for d in dogs] == [True, True]  # both nodes write their stacks
 
 
 def test_a_stopped_process_gets_a_stack_and_is_killed() -> None:

@@ -1,8 +1,9 @@
 """A user's training script that knows nothing of torchjob (no progress calls): gloo, an
 optimizer, an all-reduce per step. On the first attempt, rank CULPRIT enters a hang SHAPE at
-step 5 while the others wait for it in the all-reduce:
-``hang_shapes.py SHAPE CULPRIT`` with SHAPE stop (SIGSTOP: state T), loop (a Python busy
-loop), sleep (time.sleep) or io (a read of a pipe nobody writes)."""
+step AT (before that step's all-reduce; 1: before the first collective of all) or at init
+(before init_process_group) while the others wait for it in the all-reduce or in
+init_process_group: ``hang_shapes.py SHAPE CULPRIT AT`` with SHAPE stop (SIGSTOP: state T),
+loop (a Python busy loop), sleep (time.sleep) or io (a read of a pipe nobody writes)."""
 
 import os
 import signal
@@ -35,17 +36,23 @@ def read_here() -> None:
 SHAPES = {"stop": stop_here, "loop": spin_here, "sleep": sleep_here, "io": read_here}
 
 
+def hang(shape: str, rank: int) -> None:
+    print(f"rank {rank} hangs: {shape}", flush=True)
+    SHAPES[shape]()
+
+
 def main() -> None:
-    shape, culprit = sys.argv[1], int(sys.argv[2])
+    shape, culprit, at = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if at == "init" and int(os.environ["RANK"]) == culprit and first:
+        hang(shape, culprit)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     for step in range(1, 21):
-        if step == 5 and rank == culprit and first:
-            print(f"rank {rank} hangs: {shape}", flush=True)
-            SHAPES[shape]()
+        if str(step) == at and rank == culprit and first:
+            hang(shape, rank)
         model(torch.ones(8, 4)).sum().backward()
         for p in model.parameters():
             dist.all_reduce(p.grad)
