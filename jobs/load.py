@@ -15,7 +15,7 @@ import os
 import re
 import stat
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -38,8 +38,37 @@ _INT, _FLOAT, _BOOL = (f"tag:yaml.org,2002:{t}" for t in ("int", "float", "bool"
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 
 
+class Words(list[Any]):
+    """A YAML sequence that also keeps how each of its numbers and booleans was written
+    (``texts``; None for any other item): ``trainer.args`` passes ``010`` or ``1.10`` on as
+    written, not as the number it reads as."""
+
+    texts: list[str | None] = []
+
+
+def _represent_words(dumper: yaml.SafeDumper, words: Words) -> yaml.Node:
+    """Words as they were written (--save-spec): a number's own text, with its tag where
+    another reader would read that text otherwise."""
+    node = dumper.represent_list(words)
+    if len(words.texts) == len(words):
+        node.value = [item if text is None else yaml.ScalarNode(item.tag, text)
+                      for item, text in zip(node.value, words.texts)]
+    return node
+
+
+yaml.SafeDumper.add_representer(Words, _represent_words)
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 core-schema scalars and duplicate keys refused."""
+    """SafeLoader with YAML 1.2 core-schema scalars, duplicate keys refused, and sequences
+    that keep their numbers' text (``Words``)."""
+
+    def construct_words(self, node: yaml.SequenceNode) -> Iterator[Words]:
+        words = Words()
+        words.texts = [item.value if isinstance(item, yaml.ScalarNode) and item.tag in (
+            _INT, _FLOAT, _BOOL) else None for item in node.value]
+        yield words
+        words.extend(self.construct_sequence(node))
 
     yaml_implicit_resolvers = {
         first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT, _BOOL, _TIMESTAMP)]
@@ -79,6 +108,7 @@ _Loader.add_implicit_resolver(_FLOAT, re.compile(
     r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
     r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
 _Loader.add_constructor(_INT, _construct_int)
+_Loader.add_constructor("tag:yaml.org,2002:seq", _Loader.construct_words)
 
 
 def parse_yaml(text: str, source: str) -> Any:

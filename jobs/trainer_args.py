@@ -49,13 +49,16 @@ def trainer_argv(args: Args) -> list[str]:
 
 
 def parse_args(raw: object, path: str) -> Args:
-    """``trainer.args`` from YAML: a mapping of scalars, or a list of words (a scalar item
-    becomes its text, as a mapping's value does: ``1e-3`` -> ``0.001``, ``true`` -> ``true``)."""
+    """``trainer.args`` from YAML: a mapping of scalars (a value becomes its text: ``1e-3`` ->
+    ``--lr 0.001``), or a list of words, each as written (``010``, ``1.10``, ``True``: the
+    loader's ``texts``; else its text as a mapping's value)."""
     if isinstance(raw, list):
+        texts = getattr(raw, "texts", None)
+        texts = texts if texts and len(texts) == len(raw) else [None] * len(raw)
         words = []
         for i, item in enumerate(raw):
             _check_value(item, f"{path}[{i}]", word=True)
-            words.append(scalar_text(item))
+            words.append(scalar_text(item) if texts[i] is None else texts[i])
         return tuple(words)
     if isinstance(raw, dict):
         for key, value in raw.items():

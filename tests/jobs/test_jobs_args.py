@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
-from torchjob.jobs.load import build, loads
+from torchjob.jobs.load import build, loads, parse_yaml
 from torchjob.jobs.spec import JobSpec, TrainerSection
 from torchjob.jobs.sweep import sweep_specs
 from torchjob.jobs.values import SpecError
@@ -21,9 +22,23 @@ def spec(**trainer: object) -> JobSpec:
 
 def test_list_args_from_yaml_and_from_set() -> None:
     text = "name: s\ntrainer:\n  script: t.py\n  args: [10, 1e-3, true, --k=v, 'a.b=c', '']\n"
-    assert loads(text).trainer.args == ("10", "0.001", "true", "--k=v", "a.b=c", "")
-    over = loads(text, ["trainer.args=[3, '--x=a,b', 'a.b=c']"])
-    assert over.trainer.args == ("3", "--x=a,b", "a.b=c")
+    assert loads(text).trainer.args == ("10", "1e-3", "true", "--k=v", "a.b=c", "")
+    over = loads(text, ["trainer.args=[3, '--x=a,b', 'a.b=c', 010, 1.10, False, 0x1F, +5]"])
+    assert over.trainer.args == ("3", "--x=a,b", "a.b=c", "010", "1.10", "False", "0x1F", "+5")
+    # numbers as written, not as read (a version 1.10, a zero-padded 010); a mapping's values
+    # become the option's value as read
+    assert loads("name: s\ntrainer:\n  script: t.py\n  args: [.5, 1_0, -0, 3.0]\n"
+                 ).trainer.args == (".5", "1_0", "-0", "3.0")
+    assert loads("name: s\ntrainer:\n  script: t.py\n  args: {lr: 1e-3}\n").trainer.args \
+        == {"lr": 0.001}
+
+
+def test_a_saved_spec_keeps_the_words_as_written() -> None:
+    """--save-spec writes the data it loaded: its numbers' own text comes back unchanged."""
+    text = "name: s\ntrainer:\n  script: t.py\n  args: [1e-3, 010, 1.10, False, x, '7']\n"
+    saved = yaml.safe_dump(parse_yaml(text, "job.yaml"), sort_keys=False)
+    assert loads(saved).trainer.args == loads(text).trainer.args == (
+        "1e-3", "010", "1.10", "False", "x", "7")
     assert loads("name: s\ntrainer: {script: t.py}", ["trainer.args.steps=3"]).trainer.args \
         == {"steps": 3}
     with pytest.raises(SpecError, match=r"trainer.args: .*\(set it whole, e.g. --set 'trainer"):
