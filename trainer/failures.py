@@ -39,7 +39,7 @@ def is_peer_loss(exc: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class Failure:
-    """One failed worker: where, its exit code and the last line of what it raised."""
+    """One failed worker: where, its exit code and the line of what it raised."""
 
     node: int
     rank: int
@@ -92,15 +92,18 @@ class Failure:
                 else f"{where} exited with code {self.exitcode}")
 
 
-def last_line(message: Any) -> str:
-    """The exception's last line from torch's error-file message (a string, or a dict whose
-    ``message`` is ``Type: text``); '' when there is none."""
+def exception_line(message: Any) -> str:
+    """The exception's line from torch's error-file message (a string, or a dict whose
+    ``message`` is ``Type: text``): its type and the first line of its text, as a multi-line
+    message begins with what failed (torch's C++ errors go on with their stack); '' when there
+    is none."""
     if isinstance(message, dict):
         message = message.get("message", "")
     text = str(message or "").strip()
-    if text.startswith("To enable traceback see:"):  # torch's filler when nothing was recorded
+    if not text or text.startswith("To enable traceback see:"):  # torch's filler: nothing kept
         return ""
-    return text.splitlines()[-1] if text else ""
+    line = text.splitlines()[0].strip()
+    return line[:-1] if line.endswith(":") and " " not in line else line  # "AssertionError:"
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,15 @@ class Verdict:
     def decode(text: str) -> "Verdict":
         head, _, why = text.partition("\n")
         return Verdict(head == "restart", None, why)
+
+
+def within(verdict: Verdict, left: int, limit: int) -> Verdict:
+    """``verdict``, or the job's failure where it restarts with no restart ``left`` (of
+    ``limit``, max_restarts)."""
+    if not verdict.restart or left > 0:
+        return verdict
+    return Verdict(False, verdict.cause, f"{verdict.why.removesuffix(RESTARTING)}: no restarts "
+                   f"left (max_restarts: {limit})")
 
 
 def judge(failures: list[Failure], *, retry_on_error: bool) -> Verdict:

@@ -7,8 +7,10 @@ trainer through this. What it emulates, and the teardown it skips: docs/internal
 
 from __future__ import annotations
 
+import _io
 import atexit
 import builtins
+import gc
 import importlib.machinery
 import io
 import json
@@ -82,8 +84,8 @@ def main(argv: list[str]) -> int:
             return exc.code or 0
         print(exc.code, file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        traceback.print_exc()
+    except KeyboardInterrupt as exc:
+        print_exception(exc.with_traceback(user_frames(exc.__traceback__)))
         return 130
     except BaseException as exc:
         return failed(exc)
@@ -94,17 +96,38 @@ def failed(exc: BaseException) -> int:
     """A worker's exception: recorded for its agent, its traceback printed as the interpreter
     prints it, and the exit code: ``EXIT_RETRY`` when it only says a peer is gone (then one
     line, not the traceback of a collective that lost its peer), else 1."""
-    from torchjob.trainer.failures import is_peer_loss, last_line
+    from torchjob.trainer.failures import exception_line, is_peer_loss
 
+    exc = exc.with_traceback(user_frames(exc.__traceback__))
     record(exc)
     peer = is_peer_loss(exc)
     if peer:
-        text = last_line(f"{type(exc).__name__}: {exc}")
+        text = exception_line(f"{type(exc).__name__}: {exc}")
         print(f"torchjob: lost a peer ({text}): the agent restarts the group", file=sys.stderr)
     else:
-        traceback.print_exception(exc)
+        print_exception(exc)
     sys.stderr.flush()
     return EXIT_RETRY if peer else 1
+
+
+def user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` from the script's first frame on: without this module's and runpy's, as python
+    would show it (a script's SyntaxError: none)."""
+    while tb is not None and any(tb.tb_frame.f_globals is g for g in (globals(), vars(runpy))):
+        tb = tb.tb_next
+    return tb
+
+
+def print_exception(exc: BaseException) -> None:
+    """Through ``sys.excepthook``, as the interpreter reports an uncaught exception: a hook
+    the script set (one that sends crashes to a tracker) sees it."""
+    try:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    except Exception:  # a hook that failed: what the interpreter then prints too
+        print("Error in sys.excepthook:", file=sys.stderr)
+        traceback.print_exc()
+        print("\nOriginal exception was:", file=sys.stderr)
+        traceback.print_exception(exc)
 
 
 def leave(code: int) -> NoReturn:
@@ -113,12 +136,23 @@ def leave(code: int) -> NoReturn:
     if shutdown is not None:
         shutdown()
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    flush_files()
     os._exit(code & 0xFF)
+
+
+def flush_files() -> None:
+    """Flush every file object the script left open, outermost layer first (a text file's
+    buffer, then its bytes'), as the interpreter's teardown would: os._exit drops what a
+    buffer still holds. Flushed, not closed: a daemon thread may still write to one."""
+    # by type (fast, and no object's own __class__ is asked: torch's deprecated aliases warn)
+    files = [o for o in gc.get_objects() if issubclass(type(o), _io._IOBase)]
+    for layer in (io.TextIOBase, io.BufferedIOBase, io.RawIOBase):
+        for file in files:
+            try:
+                if issubclass(type(file), layer) and file.writable() and not file.closed:
+                    file.flush()
+            except (OSError, ValueError):  # closed, detached, or a full disk: as at exit
+                pass
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ from torchjob.trainer import ledger
 from torchjob.trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FINISHED, HANG_ACTION,
                                        HANG_LINE, HEARD_FAIL, HEARD_RESTART, MAX_STALLED_DEFAULT,
                                        RUN_DIR_ENV, log_prefix)
-from torchjob.trainer.failures import RESTARTING, Failure, Verdict, judge, last_line
+from torchjob.trainer.failures import (RESTARTING, Failure, Verdict, exception_line, judge,
+                                       within)
 from torchjob.trainer.culprit import Finding, ranks
 from torchjob.trainer.hang import Seen, Watchdog, stuck_line
 from torchjob.trainer.stacks import half_started, kill, kill_deaf
@@ -151,16 +152,15 @@ class Agent(LocalElasticAgent):
         result, hung = self._watch(worker_group, result)
         if result.state in {agent_api.WorkerState.FAILED, agent_api.WorkerState.UNHEALTHY}:
             node = worker_group.group_rank or 0
-            failures = [Failure(node, rank, f.exitcode, last_line(f.message), f.timestamp,
-                                hung.get(rank, "")) for rank, f in result.failures.items()]
-            verdict = judge(failures, retry_on_error=self.retry_on_error)
-            if verdict.restart and self._remaining_restarts <= 0:
-                verdict = Verdict(False, verdict.cause, f"{_cause(verdict)}: no restarts left "
-                                  f"(max_restarts: {worker_group.spec.max_restarts})")
+            failures = [Failure(node, rank, f.exitcode, exception_line(f.message),
+                                f.timestamp, hung.get(rank, ""))
+                        for rank, f in result.failures.items()]
+            left, limit = self._remaining_restarts, worker_group.spec.max_restarts
+            verdict = within(judge(failures, retry_on_error=self.retry_on_error), left, limit)
             mark = ledger.checkpoint_mark(self._checkpoint_dir)
             if verdict.restart:
                 verdict = self._storm(verdict, mark)
-            verdict = self._shared(verdict)
+            verdict = within(self._shared(verdict), left, limit)  # a lost peer's, a heard one
             log.warning("torchjob: %s", verdict.why)
             if verdict.restart and not verdict.why.startswith(HEARD_RESTART):
                 self._note("restart", verdict, mark)  # the node that told the others writes

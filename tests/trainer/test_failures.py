@@ -12,10 +12,11 @@ import pytest
 
 from tests.procs import PYTHON, ROOT, env_for_tests, free_port
 from torchjob.trainer.contract import EXIT_RETRY
-from torchjob.trainer.failures import Failure, is_peer_loss, judge, last_line
+from torchjob.trainer.failures import Failure, exception_line, is_peer_loss, judge, within
 
 # rank BAD of the first attempt does WHAT at step 20 (raise, kill, flaky: raises on the
-# first attempt only); every rank prints its attempt. (A user exception on one rank and a
+# first attempt only; peer: every rank of every attempt says it lost a peer); every rank
+# prints its attempt. (A user exception on one rank and a
 # script's usage error, on every backend: tests/conformance.)
 SCRIPT = """
 import os, signal, sys
@@ -26,6 +27,8 @@ rank, restart = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 print("attempt", restart, flush=True)
 t = torch.ones(4)
 for step in range(40):
+    if what == "peer" and step == 20:
+        sys.exit(75)  # every rank, every attempt: only "lost a peer" (EXIT_RETRY)
     if rank == bad and step == 20 and restart == 0:
         if what in ("raise", "flaky"):
             raise ValueError(f"bad value at step {step}")
@@ -54,6 +57,17 @@ def test_the_verdict(codes: dict[int, int], restart: bool | None, cause: int) ->
     assert verdict.cause.rank == cause
 
 
+def test_a_restart_with_none_left_fails_the_job() -> None:
+    """Whatever the restart rests on: a kill, or a lost peer that no other node explained."""
+    restart = judge([failure(-9)], retry_on_error=False)
+    assert within(restart, 1, 3) is restart
+    last = within(restart, 0, 3)
+    assert last.restart is False and last.cause == restart.cause
+    assert last.why == "node 0 rank 0 was killed by SIGKILL: no restarts left (max_restarts: 3)"
+    peer = judge([failure(EXIT_RETRY)], retry_on_error=False)
+    assert within(peer, 0, 3) is peer  # no verdict yet: the other nodes are asked first
+
+
 def test_retry_on_error_restarts_a_bug_but_never_a_configuration_error() -> None:
     assert judge([failure(1)], retry_on_error=True).restart is True
     assert judge([failure(2), failure(1, 1)], retry_on_error=True).restart is False
@@ -73,8 +87,12 @@ def test_what_a_lost_peer_looks_like() -> None:
         assert is_peer_loss(exc)
     assert not is_peer_loss(ValueError("Connection closed by peer"))  # a user's own
     assert not is_peer_loss(RuntimeError("shape mismatch"))
-    assert last_line({"message": "ValueError: x\ny", "extraInfo": {}}) == "y"
-    assert last_line("To enable traceback see: https://...") == ""
+    assert exception_line({"message": "ValueError: x\ny", "extraInfo": {}}) == "ValueError: x"
+    assert exception_line("RuntimeError: Error(s) in loading state_dict for Linear:\n\t"
+                          "Unexpected key(s)") == "RuntimeError: Error(s) in loading " \
+        "state_dict for Linear:"
+    assert exception_line({"message": "AssertionError: "}) == "AssertionError"
+    assert exception_line("To enable traceback see: https://...") == ""
 
 
 def agents(tmp_path: Path, what: str, bad: int, *, nodes: int = 1, restarts: int = 3,
@@ -128,3 +146,15 @@ def test_two_nodes_fail_together_on_a_bug_and_restart_together_on_a_kill(
     assert [p.returncode for p in killed] == [0, 0], [p.stdout for p in killed]
     for proc in killed:
         assert "finished" in proc.stdout and "attempt 1" in proc.stdout, proc.stdout
+
+
+@pytest.mark.integration
+def test_ranks_that_only_lost_peers_fail_the_job_with_its_line_when_no_restart_is_left(
+        tmp_path: Path) -> None:
+    """Every rank exits as if it lost a peer, on every attempt: one restart, then the job
+    fails with the line that says so (not one more "restarting the workers")."""
+    [proc] = agents(tmp_path, "peer", 0, restarts=1)
+    assert proc.returncode == 1, proc.stdout
+    assert "attempt 1" in proc.stdout and "attempt 2" not in proc.stdout, proc.stdout
+    assert "lost a peer" in closing(proc) and "no restarts left (max_restarts: 1)" in \
+        closing(proc), proc.stdout
