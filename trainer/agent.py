@@ -152,7 +152,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from torch.distributed.launcher import api as launcher_api
     from torch.distributed.run import get_args_parser
 
+    from torchjob.trainer import loglines
     from torchjob.trainer.torchrun_agent import Agent, attempt_base
+
+    loglines.install()  # whole lines under each rank's prefix
 
     signal.signal(signal.SIGTERM, stop_as_torch_does)  # torch's handler once workers start
     # a stop raises from here on: what this agent makes, it makes inside the try that removes it

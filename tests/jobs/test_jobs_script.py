@@ -209,3 +209,32 @@ def test_a_script_without_py_runs_with_its_words(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((tmp_path / "argv.json").read_text()) == ["--x", "1"]
     assert (tmp_path / "runs" / "train").is_dir()  # named after the script
+
+
+UNENDED = """import os, sys, time
+r = os.environ["RANK"]
+print(f"R{r} in two", end="", flush=True)
+time.sleep(0.5)  # its tail reads the first part alone
+print(f" parts {r}", flush=True)
+print(f"R{r} unended", end="")
+"""
+
+
+@pytest.mark.integration
+def test_every_line_of_a_script_is_whole_under_its_own_rank(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """A line written in two parts is one line; a last line without its newline gets one and
+    never runs into another rank's; ``logs(rank=R)`` finds each."""
+    from torchjob.jobs.api import load, logs, submit, wait
+
+    (tmp_path / "unended.py").write_text(UNENDED)
+    (tmp_path / "job.yaml").write_text("name: unended\nnproc_per_node: 2\n"
+                                       "trainer: {script: unended.py}\n")
+    monkeypatch.chdir(tmp_path)
+    handle = submit(load("job.yaml"), to="local")
+    assert wait(handle, timeout=180).exit_code == 0
+    for rank in (0, 1):
+        said = [line.split("] ", 1)[-1] for line in logs(handle, rank=rank)
+                if line.startswith(f"[node 0 rank {rank} ")]
+        assert said == [f"R{rank} in two parts {rank}", f"R{rank} unended"], list(logs(handle))
