@@ -74,9 +74,9 @@ def kind(value: object) -> str:
     """What a YAML value is, in YAML words: 'a string', 'a list', ..."""
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
              list: "a list", dict: "a mapping", type(None): "empty (null)"}
-    found = next((name for t, name in names.items() if type(value) is t), None)
-    return found or next((name for t, name in names.items() if isinstance(value, t)),
-                         f"a {type(value).__name__}")  # a subclass: the loader's Words
+    # in order, bool before int; a subclass (the loader's Words) by its base
+    return next((name for t, name in names.items() if isinstance(value, t)),
+                f"a {type(value).__name__}")
 
 
 class FrozenMap(dict[K, V]):

@@ -188,7 +188,8 @@ class Watchdog:
         if self.read_at == before:  # nothing new read
             return None
         lead = self.timeout - DUMP_LEAD_S
-        if not any(now - w.step_at >= lead for w in self.seen if w.alive and w.record):
+        if not any(now - w.step_at >= lead for w in self.seen
+                   if w.alive and w.record is not None):
             self.quiet_since, self.dumped, self.finding, self.near = 0.0, False, None, False
             return None  # every rank progressed (or started) within the lead
         for w in self.seen:
