@@ -7,8 +7,8 @@ import math
 import re
 
 from torchjob.jobs.values import (DNS_1123_LABEL, DNS_1123_SUBDOMAIN, DNS_LABEL_MAX,
-                                  DNS_SUBDOMAIN_MAX, Check, at_least, bad, env_name, one_line,
-                                  path_line, pattern, system_dir)
+                                  DNS_SUBDOMAIN_MAX, Check, at_least, bad, env_name, kind,
+                                  one_line, path_line, pattern, system_dir)
 from torchjob.trainer.contract import HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
 
 # Worker processes per node: one per GPU (8 on most nodes) or per CPU core for CPU training
@@ -68,7 +68,9 @@ def script(value: str, path: str) -> None:
                   "write ./" + value)
 
 
-def nproc(value: int, path: str) -> None:
+def nproc(value: int | str, path: str) -> None:
+    if isinstance(value, str):  # a word each node counts (parse_nproc)
+        return
     at_least(1)(value, path)
     if value > MAX_NPROC_PER_NODE:
         raise bad(path, value, f"is more than {MAX_NPROC_PER_NODE} (MAX_NPROC_PER_NODE): a node "
@@ -118,3 +120,60 @@ def exporters(value: tuple[str, ...], path: str) -> None:
 def prometheus_dir(value: str, path: str) -> None:
     if value:
         own_dir(value, path)
+
+
+# ------------------------------------------------------------------ GPUs and processes
+
+# torchrun's --nproc-per-node words: a count each node makes at its start (trainer.agent)
+NPROC_WORDS = {"gpu": "one process per GPU", "cpu": "one process per CPU",
+               "auto": "one process per GPU, or per CPU where the node has no GPU"}
+_NPROC_FIX = f"(write a count, e.g. 2, or one of torchrun's words: {', '.join(NPROC_WORDS)})"
+
+
+def parse_nproc(raw: object, path: str) -> int | str:
+    """``nproc_per_node`` as torchrun's ``--nproc-per-node`` takes it: a count, or a word
+    (``NPROC_WORDS``) that each node turns into its own count when it starts."""
+    if isinstance(raw, str) and raw.strip() in NPROC_WORDS:
+        return raw.strip()
+    if isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdigit():
+        return int(raw.strip())  # as a PyTorchJob writes it: nprocPerNode: "4"
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise bad(path, raw, f"is {kind(raw)}, but a process count is expected {_NPROC_FIX}")
+    return raw
+
+
+def gpu_layout(nproc: int | str, gpus: int, builtin: bool) -> None:
+    """``nproc_per_node`` against ``resources.gpus`` (GPUs per node), as torchrun users expect:
+    one worker process per GPU (``--nproc-per-node gpu``; LOCAL_RANK picks the device). More
+    processes than GPUs put two ranks on one GPU, which NCCL refuses ("Duplicate GPU
+    detected"), as ``cpu`` may; fewer leave GPUs idle, unless each process drives the same
+    number of GPUs itself (a script or module doing model parallelism in-process: gpus a
+    multiple of nproc_per_node). The built-in trainer drives one GPU per process."""
+    if not gpus or nproc in ("gpu", "auto"):  # one per GPU of the node: the GPUs it asks for
+        return
+    fix = f"set nproc_per_node: {gpus} (one process per GPU)"
+    if nproc == "cpu":
+        raise bad("nproc_per_node", nproc, f"starts one process per CPU, but the job asks for "
+                  f"{gpus} GPU(s) per node (resources.gpus): ranks would share a GPU, which "
+                  "NCCL refuses; set nproc_per_node: gpu (one process per GPU)")
+    assert isinstance(nproc, int)
+    if nproc > gpus:
+        raise bad("nproc_per_node", nproc, f"is more than resources.gpus ({gpus}): two ranks "
+                  f"would share a GPU, which NCCL refuses; {fix}, or ask for more GPUs")
+    if builtin and nproc != gpus:
+        raise bad("nproc_per_node", nproc, f"is fewer than resources.gpus ({gpus}): the "
+                  f"built-in trainer drives one GPU per process (cuda:LOCAL_RANK), so "
+                  f"{gpus - nproc} GPU(s) per node would sit idle; {fix}, or ask for fewer GPUs")
+    if gpus % nproc:
+        raise bad("nproc_per_node", nproc, f"does not divide resources.gpus ({gpus}): the "
+                  f"processes of a node cannot drive equal shares of its GPUs; {fix}, or a "
+                  f"divisor of {gpus} when each process drives several GPUs itself")
+
+
+def gpus_asked(nproc: int | str, gpus: int, backend: str) -> None:
+    """On a backend whose nodes get only the GPUs the job asks for (a scheduler's, a
+    container's), ``nproc_per_node: gpu`` needs ``resources.gpus``: none would be there."""
+    if nproc == "gpu" and not gpus:
+        raise bad("nproc_per_node", nproc, f"starts one process per GPU, but the job asks "
+                  f"{backend} for no GPU (resources.gpus: 0), so its nodes would have none: "
+                  "set resources.gpus to the GPUs per node, or nproc_per_node to a count")

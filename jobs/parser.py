@@ -18,7 +18,47 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        unknown = message.removeprefix("unrecognized arguments: ")
+        if unknown != message:  # torchrun's own options, pasted from a torchrun command
+            message = torchrun_only(unknown.split()) or message
         self.exit(EXIT_CONFIG, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+_PLACED = "each backend places the nodes and their rendezvous itself"
+_LINES = ("every worker's lines reach you prefixed [node N rank R attempt A] and stay in the "
+          "run's record (torchjob logs JOB --rank R)")
+# torchrun's options that torchjob takes no word for, and why (torch.distributed.run)
+TORCHRUN_ONLY = {
+    **dict.fromkeys(("--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
+                     "--master-addr", "--master-port", "--node-rank", "--local-addr"),
+                    f"{_PLACED} (spec: rdzv.backend, rdzv.port, rdzv.join_timeout)"),
+    **dict.fromkeys(("--log-dir", "--tee", "-t", "--redirects", "-r", "--local-ranks-filter",
+                     "--logs-specs", "--duplicate-stdout-filters",
+                     "--duplicate-stderr-filters"), _LINES),
+    **dict.fromkeys(("--monitor-interval", "--start-method", "--role", "--run-path",
+                     "--no-python", "--event-log-handler", "--signals-to-handle",
+                     "--numa-binding", "--virtual-local-rank"),
+                    "torchjob's agent on each node sets it (docs/internals.md)"),
+}
+
+
+def torchrun_only(words: list[str]) -> str:
+    """Why the unrecognized ``words`` are not torchjob's, where they are torchrun's options
+    (pasted from a torchrun command); "" when none is."""
+    by_reason: dict[str, list[str]] = {}
+    rest = []
+    for word in words:
+        option = word.partition("=")[0]
+        option = "--" + option[2:].replace("_", "-") if option.startswith("--") else option
+        if option in TORCHRUN_ONLY:
+            by_reason.setdefault(TORCHRUN_ONLY[option], []).append(option)
+        else:
+            rest.append(word)
+    if not by_reason:
+        return ""
+    told = [f"{', '.join(options)} {'is' if len(options) == 1 else 'are'} torchrun's: {why}; "
+            f"drop {'it' if len(options) == 1 else 'them'}" for why, options in by_reason.items()]
+    return "; ".join(told + ([f"unrecognized arguments: {' '.join(rest)}"] if rest else []))
 
 
 def version() -> str:
@@ -79,7 +119,8 @@ def spec_command(sub: SubParsers, name: str, help: str,
     cmd.add_argument("-m", "--module", action="store_true",
                      help="TARGET is a Python module, run as python -m MODULE (torchrun -m)")
     cmd.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
-                     metavar="N", help="worker processes per node (spec: nproc_per_node)")
+                     metavar="N", help="worker processes per node, or as torchrun takes it "
+                     "gpu, cpu or auto, counted on each node (spec: nproc_per_node)")
     cmd.add_argument("--nnodes", metavar="N|MIN:MAX",
                      help="nodes, or a range for an elastic job (spec: nnodes)")
     cmd.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", metavar="N",

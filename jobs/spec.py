@@ -18,8 +18,8 @@ from torchjob.jobs import checks
 from torchjob.jobs.trainer_args import Args, check_args, parse_args
 from torchjob.jobs.values import (DNS_1035, DNS_LABEL_MAX, MODULE, SECRET_KEY, Check, FrozenMap,
                                   Nnodes, Quantity, SpecError, at_least, bad, between, env_check,
-                                  env_map, env_name, gpu_layout, label_key, one_line, pattern,
-                                  positive, slurm_time)
+                                  env_map, env_name, label_key, one_line, pattern, positive,
+                                  slurm_time)
 from torchjob.jobs import timeouts
 from torchjob.trainer.contract import (CHECKPOINT_BUDGET_S, COLLECTIVE_TIMEOUT_S, HANG_TIMEOUT_S,
                                        MAX_STALLED_DEFAULT, STOP_GRACE_S)
@@ -281,7 +281,11 @@ class JobSpec(Section):
                             "localhost/torchjob:latest", check=checks.image)
     nnodes: Nnodes = spec_field("nodes: N, or MIN:MAX for an elastic job", Nnodes(1, 1),
                                 parse=Nnodes.parse)
-    nproc_per_node: int = spec_field("worker processes per node", 1, check=checks.nproc)
+    nproc_per_node: int | str = spec_field(
+        "worker processes per node: a count, or as torchrun takes it, `gpu` (one per GPU), "
+        "`cpu` (one per CPU the node's agent may use) or `auto` (`gpu` where the node has a "
+        "GPU, else `cpu`), which each node counts when it starts", 1, parse=checks.parse_nproc,
+        check=checks.nproc)
     resources: Resources = spec_field("per-node resources", factory=Resources)
     env: Mapping[str, str] = spec_field("environment variables for every worker",
                                         factory=FrozenMap, parse=env_map, check=env_check)
@@ -359,7 +363,7 @@ class JobSpec(Section):
             raise bad("local.nodes", nodes, f"is outside nnodes {self.nnodes}: it must lie "
                       f"between {self.nnodes.min} and {self.nnodes.max}")
         object.__setattr__(self, "local", dataclasses.replace(self.local, nodes=nodes))
-        gpu_layout(self.nproc_per_node, self.resources.gpus, self.trainer.builtin)
+        checks.gpu_layout(self.nproc_per_node, self.resources.gpus, self.trainer.builtin)
         for name in ("tensorboard", "prometheus_dir", "exporters"):
             if getattr(self, name) and not self.trainer.builtin:
                 raise bad(name, getattr(self, name), "is a setting of the built-in trainer "
@@ -378,6 +382,21 @@ class JobSpec(Section):
                 raise bad(f"mounts[{i}].target", mount.target, "is mounted twice")
             targets.add(mount.target)
         timeouts.check(timeouts.resolve(self))
+
+    @property
+    def procs(self) -> int | None:
+        """Worker processes per node, where known before the job runs: the count, or for
+        ``gpu``/``auto`` the GPUs it asks for; None: each node counts its own at start."""
+        n = self.nproc_per_node
+        if isinstance(n, int):
+            return n
+        return self.resources.gpus if n != "cpu" and self.resources.gpus else None
+
+    @property
+    def procs_text(self) -> str:
+        """``nproc_per_node`` for a person: "2 process(es)", "one process per GPU"."""
+        n = self.nproc_per_node
+        return f"{n} process(es)" if isinstance(n, int) else checks.NPROC_WORDS[n]
 
     @property
     def local_nodes(self) -> int:

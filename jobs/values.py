@@ -402,31 +402,6 @@ def slurm_time(raw: object, path: str) -> str | None:
               "'HH:MM:SS', e.g. '12:00:00', quoted)")
 
 
-# ------------------------------------------------------------------ GPUs and processes
-
-def gpu_layout(nproc: int, gpus: int, builtin: bool) -> None:
-    """``nproc_per_node`` against ``resources.gpus`` (GPUs per node), as torchrun users expect:
-    one worker process per GPU (``--nproc-per-node gpu``; LOCAL_RANK picks the device). More
-    processes than GPUs put two ranks on one GPU, which NCCL refuses ("Duplicate GPU
-    detected"); fewer leave GPUs idle, unless each process drives the same number of GPUs
-    itself (a script or module doing model parallelism in-process: gpus a multiple of
-    nproc_per_node). The built-in trainer drives one GPU per process."""
-    if not gpus:
-        return
-    fix = f"set nproc_per_node: {gpus} (one process per GPU)"
-    if nproc > gpus:
-        raise bad("nproc_per_node", nproc, f"is more than resources.gpus ({gpus}): two ranks "
-                  f"would share a GPU, which NCCL refuses; {fix}, or ask for more GPUs")
-    if builtin and nproc != gpus:
-        raise bad("nproc_per_node", nproc, f"is fewer than resources.gpus ({gpus}): the "
-                  f"built-in trainer drives one GPU per process (cuda:LOCAL_RANK), so "
-                  f"{gpus - nproc} GPU(s) per node would sit idle; {fix}, or ask for fewer GPUs")
-    if gpus % nproc:
-        raise bad("nproc_per_node", nproc, f"does not divide resources.gpus ({gpus}): the "
-                  f"processes of a node cannot drive equal shares of its GPUs; {fix}, or a "
-                  f"divisor of {gpus} when each process drives several GPUs itself")
-
-
 # ------------------------------------------------------------------------- secrets
 
 # A literal env value whose NAME ends in one of these words (after the last '_': HF_TOKEN,

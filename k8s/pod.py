@@ -144,7 +144,7 @@ def env(spec: JobSpec) -> list[Obj]:
     """The workers' thread count, as every backend sets it (the pod's CPU request shared by
     its workers, one when unset; a value in ``env`` wins), plain values from ``env``; secrets
     only as ``valueFrom.secretKeyRef``."""
-    plain = {**thread_env(spec.resources.cpu, spec.nproc_per_node),
+    plain = {**thread_env(spec.resources.cpu, spec.procs),
              **spec.env}
     out: list[Obj] = env_values(plain)
     out += [{"name": ref.env, "valueFrom": {"secretKeyRef": {"name": ref.secret,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.checks import gpus_asked
 from torchjob.jobs.values import DNS_LABEL_MAX, SpecError, UserError, bad, secret_like_name
 from torchjob.k8s.pod import TOPOLOGY_ANNOTATION
 from torchjob.k8s.pytorchjob import render_pytorchjob
@@ -90,6 +91,7 @@ def check_env(spec: JobSpec) -> None:
 def check(spec: JobSpec, target: str) -> None:
     """What the cluster would refuse or get wrong, before anything is rendered or sent."""
     check_names(spec, target)
+    gpus_asked(spec.nproc_per_node, spec.resources.gpus, "Kubernetes")
     check_queue(spec)
     check_env(spec)
 

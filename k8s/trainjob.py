@@ -161,7 +161,9 @@ def render_trainjob(spec: JobSpec) -> Obj:
                           "command": command_words(command(spec))})
     node = pod["containers"][0]
     trainer: Obj = {"image": node["image"], "command": node["command"],
-                    "numNodes": spec.nnodes.max, "numProcPerNode": spec.nproc_per_node}
+                    "numNodes": spec.nnodes.max}
+    if spec.procs:  # an integer in v2.3; a node that counts its own (cpu): the runtime's
+        trainer["numProcPerNode"] = spec.procs  # default, and the command's flag says how
     for ours, theirs in (("env", "env"), ("resources", "resourcesPerNode")):
         if ours in node:
             trainer[theirs] = node[ours]

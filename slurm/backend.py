@@ -18,6 +18,7 @@ from pathlib import Path
 from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobStatus, Request)
 from torchjob.jobs.progress import Progress
 from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.checks import gpus_asked
 from torchjob.jobs.values import DNS_1035, DNS_LABEL_MAX, SpecError, UserError
 from torchjob.slurm import cluster, status
 from torchjob.slurm.executor import CANCEL_SIGNAL, ScriptExecutor, sbatch_message
@@ -60,6 +61,7 @@ class SlurmBackend(Backend):
     # -- before anything is queued ---------------------------------------------------------
 
     def fits(self, spec: JobSpec) -> None:
+        gpus_asked(spec.nproc_per_node, spec.resources.gpus, "Slurm")
         try:  # the values each #SBATCH line holds (a workdir of its own is render's)
             directives(spec, workdir="/")
         except ValueError as exc:

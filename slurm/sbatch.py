@@ -81,9 +81,9 @@ def fill(template: str, values: Mapping[str, str]) -> str:
 
 def cpus_per_node(spec: JobSpec) -> int:
     """``--cpus-per-task`` of the one task per node: resources.cpu (rounded up), else one CPU
-    per worker process."""
+    per worker process (one in all where each node counts its own: ``cpu`` then means one)."""
     cpu = spec.resources.cpu
-    return -int(-cpu // 1) if cpu is not None else spec.nproc_per_node
+    return -int(-cpu // 1) if cpu is not None else spec.procs or 1
 
 
 def directives(spec: JobSpec, *, workdir: str, array: int = 0) -> list[str]:
@@ -128,7 +128,7 @@ def directives(spec: JobSpec, *, workdir: str, array: int = 0) -> list[str]:
 
 def environment(spec: JobSpec) -> dict[str, str]:
     """What every process on every node sees: defaults first, the spec's env overrides them."""
-    env = {**thread_env(cpus_per_node(spec), spec.nproc_per_node),
+    env = {**thread_env(cpus_per_node(spec), spec.procs),
            "PYTHONUNBUFFERED": "1"}
     if spec.resources.gpus:  # a hung collective raises instead of blocking until the time limit
         env |= {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN"}

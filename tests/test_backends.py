@@ -16,6 +16,7 @@ import yaml
 from torchjob.jobs import backend as registry
 from torchjob.jobs.backend import Backend, BackendError, Context, Handle
 from torchjob.jobs.load import load
+from torchjob.jobs.values import SpecError
 from tests.k8s.emulator import Emulator
 from tests.procs import torchjob
 
@@ -62,6 +63,31 @@ def test_fits_is_asked_before_every_render(command: list[str], tmp_path: Path) -
     spec.write_text(DEFAULT.read_text() + "env: {X: 'a,b'}\n")
     told = torchjob("validate", "--to", "torchx:slurm", str(spec), cwd=tmp_path)
     assert told.returncode == 2 and "env.X" in told.stderr, told
+
+
+# torchrun's words for processes per node: each node counts its own, so a backend whose
+# nodes get only the GPUs the job asks for refuses ``gpu`` without ``resources.gpus``
+ASKS_FOR_GPUS = {"docker", "slurm", "slurm:sbatch", "k8s", "k8s:trainjob"}
+
+
+@pytest.mark.parametrize("name", RENDERABLE)
+def test_one_process_per_gpu_needs_the_gpus_where_a_scheduler_gives_them(name: str) -> None:
+    backend = registry.get(name)
+    spec = load(DEFAULT, ["nproc_per_node=gpu", "k8s.pvc=claim"])
+    if name in ASKS_FOR_GPUS:
+        with pytest.raises(SpecError, match=r"nproc_per_node: 'gpu' starts one process per "
+                           r"GPU, but the job asks .* for no GPU \(resources.gpus: 0\)"):
+            backend.fits(spec)
+    else:  # the node is this machine: its agent counts the GPUs torch sees
+        backend.fits(spec)
+    for word, gpus in (("gpu", 2), ("auto", 2), ("auto", 0), ("cpu", 0)):
+        spec = load(DEFAULT, [f"nproc_per_node={word}", f"resources.gpus={gpus}",
+                              "k8s.pvc=claim"])
+        backend.fits(spec)
+        text = backend.render(spec, Context(workdir="/w", run_id="r-1", port=29400)).text
+        assert re.search(rf"--nproc-per-node[\s'\"=-]*{word}\b", text), (name, text)
+        if name.startswith("k8s") and gpus:
+            assert "nvidia.com/gpu: '2'" in text, text
 
 
 def test_an_unknown_backend_lists_the_known_ones() -> None:

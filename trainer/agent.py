@@ -16,6 +16,7 @@ import multiprocessing.util
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -179,6 +180,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         # bare torchrun does; the agent's command spells every option of torchrun's in full
         parser.allow_abbrev = False
         args = parser.parse_args(argv)
+        try:
+            args.nproc_per_node = nproc_per_node(args.nproc_per_node)
+        except ValueError as exc:
+            print(closing_line(str(exc), 0, EXIT_CONFIG), file=sys.stderr, flush=True)
+            sys.exit(EXIT_CONFIG)
         own_log_dir = tee_to_us(args)
         lock = lock_run_dir(args, env)
         run_agent(args)
@@ -189,6 +195,47 @@ def main(argv: Sequence[str] | None = None) -> None:
             shutil.rmtree(own_log_dir, ignore_errors=True)
         if progress_dir is not None:
             shutil.rmtree(progress_dir, ignore_errors=True)
+
+
+def nproc_per_node(value: str) -> str:
+    """``--nproc-per-node`` (or ``PET_NPROC_PER_NODE``) as a count, torchrun's words counted
+    here as torch's ``determine_local_world_size`` does, but without CUDA in this process,
+    which forks the workers' server: ``gpu`` the CUDA devices torch sees (``cuda_devices``),
+    ``cpu`` the CPUs this agent may run on (its affinity: what Slurm or docker gave it, where
+    torchrun counts the machine's), ``auto`` the GPUs, else the CPUs."""
+    word = value.strip()
+    if word.isascii() and word.isdigit():
+        return word
+    if word not in ("gpu", "cpu", "auto"):
+        raise ValueError(f"--nproc-per-node {value!r}: write a count of processes per node, "
+                         "or gpu (one per GPU), cpu (one per CPU) or auto")
+    gpus = 0 if word == "cpu" else cuda_devices()
+    if word == "gpu" and not gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise ValueError("--nproc-per-node gpu: torch sees no CUDA GPU on this node"
+                         f"{f' (CUDA_VISIBLE_DEVICES={visible})' if visible is not None else ''}"
+                         ": ask for GPUs (resources.gpus), or give a count of processes")
+    count = gpus or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                     else os.cpu_count() or 1)
+    print(f"torchjob: --nproc-per-node {word}: {count} process(es) on this node "
+          f"(one per {'GPU' if gpus else 'CPU'})", file=sys.stderr, flush=True)
+    return str(count)
+
+
+# run in a fresh interpreter: torch.cuda here would forbid the fork of the workers' server
+COUNT_GPUS = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+
+
+def cuda_devices() -> int:
+    """The CUDA (or ROCm) devices torch sees on this node, counted by a fresh interpreter (a
+    second or two, only for those words; a CPU build of torch answers 0 the same way)."""
+    done = subprocess.run([sys.executable, "-c", COUNT_GPUS], capture_output=True, text=True,
+                          check=False)
+    words = done.stdout.split()
+    if done.returncode != 0 or not words or not words[-1].isdigit():
+        lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+        raise ValueError(f"--nproc-per-node: cannot count this node's GPUs: {lines[-1]}")
+    return int(words[-1])
 
 
 def tee_to_us(args: Any) -> str | None:

@@ -183,14 +183,15 @@ def parse_log_prefix(line: str) -> tuple[int, int, int, str] | None:
             line[match.end():])
 
 
-def thread_env(node_cpus: float | None, nproc_per_node: int) -> dict[str, str]:
+def thread_env(node_cpus: float | None, nproc_per_node: int | None) -> dict[str, str]:
     """The thread settings every renderer gives the workers (``omp_threads``)."""
     return {"OMP_NUM_THREADS": str(omp_threads(node_cpus, nproc_per_node))}
 
 
-def omp_threads(node_cpus: float | None, nproc_per_node: int) -> int:
+def omp_threads(node_cpus: float | None, nproc_per_node: int | None) -> int:
     """CPU threads per worker: the node's CPUs shared by its worker processes, at least one.
-    ``node_cpus`` None (unknown) gives one thread, which never oversubscribes."""
-    if not node_cpus:
+    ``node_cpus`` or ``nproc_per_node`` None (unknown) gives one thread, which never
+    oversubscribes."""
+    if not node_cpus or not nproc_per_node:
         return 1
     return max(1, int(node_cpus // nproc_per_node))

@@ -5,6 +5,7 @@ as torchrun runs them). Needs no GPU: the calls are recorded, not their results.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -20,21 +21,31 @@ JOBS = {
                "--set", "trainer.module=torchjob.jobs.examples.ddp_script",
                "--set", "trainer.args.steps=5"],
     "script": [str(ROOT / "jobs/examples/script.yaml"), "--set", "trainer.args.steps=5"],
+    # torchrun's word, counted by each agent (trainer.agent.nproc_per_node): here one CPU
+    "trainer-auto": [str(ROOT / "jobs/examples/default.yaml"), "--set", "trainer.args.epochs=1",
+                     "--set", "nproc_per_node=auto"],
 }
 
 
 @pytest.mark.parametrize("path", sorted(JOBS))
 def test_no_process_forks_after_querying_cuda(tmp_path: Path, path: str) -> None:
     record = tmp_path / "record"
-    # one process: on a machine with one GPU (where this test means most) two are refused
-    proc = torchjob("run", *JOBS[path], "--set", "nproc_per_node=1",
-                    "--set", f"run_dir={tmp_path / 'run'}",
-                    env=env_for_tests(**cuda_forks.recording_env(record)), timeout=300)
+    # one process: on a machine with one GPU (where this test means most) two are refused;
+    # "auto" counts the GPU there, else the CPUs the agent may use: one, as this test runs it
+    nproc = [] if path.endswith("-auto") else ["--set", "nproc_per_node=1"]
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # the job's processes inherit it
+    try:
+        proc = torchjob("run", *JOBS[path], *nproc, "--set", f"run_dir={tmp_path / 'run'}",
+                        env=env_for_tests(**cuda_forks.recording_env(record)), timeout=300)
+    finally:
+        os.sched_setaffinity(0, cpus)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "world size 1;" in proc.stderr + proc.stdout, proc.stderr[-3000:]
     records = cuda_forks.read(record)
     queried = {r["pid"] for r in records if r["event"] == "cuda"}
     # the recorder saw the run: the agent's and the worker's CUDA queries
     assert len(queried) >= 2, f"no CUDA queries recorded in {len(records)} records"
-    if path == "trainer":  # the fork server (and resource tracker), the worker from the server
+    if path.startswith("trainer"):  # the fork server, the resource tracker, its worker
         assert sum(r["event"] == "fork" for r in records) >= 3, records
     cuda_forks.assert_no_fork_after_cuda(records)

@@ -26,7 +26,7 @@ MALFORMED = {
     "nnodes": ('name: x\nnnodes: "3:2"\n', "nnodes: '3:2' is not a node range"),
     "unknown": ("name: x\nnprocs: 2\n", "did you mean"),
     "name": ("name: \"a'; rm -rf /\"\n", "is not a job name"),
-    "type": ("name: x\nnproc_per_node: two\n", "but an integer"),
+    "type": ("name: x\nmax_restarts: two\n", "but an integer"),
     "trainer-arg": ("name: x\ntrainer: {args: {schedule: linear}}\n", "trainer.args.schedule"),
     "secret-value": ("name: x\nsecrets: [{env: T, secret: s, key: k, value: v}]\n",
                      "secretKeyRef"),
@@ -221,6 +221,13 @@ def test_save_spec_writes_the_job_that_runs_again(tmp_path: Path) -> None:
     (["run", "--save-spec", "/nonexistent/dir/s.yaml", "t.py"], ["--save-spec", "cannot write"]),
     (["run", "--save-spec", ".", "t.py"], ["--save-spec", "is a directory"]),
     (["run", "nowhere.py"], ["nowhere.py", "is not a file"]),
+    (["run", "--nproc-per-node", "some", "t.py"], ["'some' is a string, but a process count",
+                                                   "gpu, cpu, auto"]),
+    # torchrun's own options, pasted: what each was for, and to drop it
+    (["run", "--rdzv_backend=c10d", "--master-port", "1", "t.py"],
+     ["--rdzv-backend, --master-port are torchrun's: each backend places the nodes",
+      "drop them"]),
+    (["run", "--log-dir", "d", "t.py"], ["--log-dir is torchrun's", "torchjob logs JOB --rank"]),
 ])
 def test_command_line_job_errors(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
     (tmp_path / "t.py").write_text("pass\n")

@@ -257,8 +257,11 @@ BAD = [  # (yaml, fragments the one-line message must contain)
     (f"name: {'a' * 64}", ["name: 'aaaa", "at most 63 characters"]),
     ("name: 7", ["name: 7", "is an integer, but a string is expected (quote it)"]),
     ("image: x", ["name: is missing"]),
-    ("name: x\nnproc_per_node: two", ["nproc_per_node: 'two' is a string, but an integer"]),
-    ("name: x\nnproc_per_node: true", ["nproc_per_node: True is a boolean, but an integer"]),
+    ("name: x\nnproc_per_node: two", ["nproc_per_node: 'two' is a string, but a process count",
+                                      "gpu, cpu, auto"]),
+    ("name: x\nnproc_per_node: true", ["nproc_per_node: True is a boolean, but a process"]),
+    ("name: x\nnproc_per_node: cpu\nresources: {gpus: 2}",
+     ["nproc_per_node: 'cpu' starts one process per CPU", "share a GPU", "nproc_per_node: gpu"]),
     ("name: x\nnproc_per_node: 0", ["nproc_per_node: 0", ">= 1"]),
     ("name: x\nmax_restarts: -1", ["max_restarts: -1", ">= 0"]),
     ("name: x\nenv: [A, B]", ["env: ['A', 'B'] is a list, but a mapping"]),
@@ -372,3 +375,14 @@ def test_gpus_per_node_and_processes_per_node_agree() -> None:
     assert loads("name: x\nnproc_per_node: 2\nresources: {gpus: 8}\n"
                  "trainer: {script: t.py}").resources.gpus == 8
     assert loads("name: x\nnproc_per_node: 4").resources.gpus == 0  # CPU: any count
+
+
+@pytest.mark.parametrize("text, value, procs", [
+    ("gpu", "gpu", None), ("cpu", "cpu", None), ("auto", "auto", None), ("'4'", 4, 4),
+    ("gpu\nresources: {gpus: 4}", "gpu", 4), ("auto\nresources: {gpus: 2}", "auto", 2)])
+def test_processes_per_node_as_torchrun_takes_them(text: str, value: object,
+                                                   procs: int | None) -> None:
+    """torchrun's words (and a PyTorchJob's quoted count): each node counts its own, unless
+    the job asks for its GPUs (then one process per GPU asked for is known before it runs)."""
+    spec = loads(f"name: x\nnproc_per_node: {text}")
+    assert (spec.nproc_per_node, spec.procs) == (value, procs)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.procs import (PYTHON, children, descendants, env_for_tests, free_port, last_step,
                          require_setup, wait_for)
-from torchjob.trainer.agent import own_options
+from torchjob.trainer.agent import cuda_devices, nproc_per_node, own_options
 from torchjob.trainer.contract import STOP_SIGNALS, job_exit_code
 
 
@@ -24,6 +24,23 @@ from torchjob.trainer.contract import STOP_SIGNALS, job_exit_code
                                              ({200, 2}, 2)])
 def test_exit_code_keeps_the_trainers_meaning(codes: set[int], expected: int) -> None:
     assert job_exit_code(codes) == expected
+
+
+def test_torchruns_words_for_processes_per_node_are_counted_without_cuda_here() -> None:
+    """``--nproc-per-node gpu|cpu|auto`` (a PyTorchJob's PET_NPROC_PER_NODE is ``auto``):
+    the GPUs a fresh interpreter's torch sees (tests/integration/test_no_fork_after_cuda:
+    the agent itself never asks), the CPUs this process may run on."""
+    assert nproc_per_node("3") == "3"
+    cpus = len(os.sched_getaffinity(0))
+    assert nproc_per_node("cpu") == str(cpus)
+    gpus = cuda_devices()
+    assert nproc_per_node(" auto") == str(gpus or cpus)
+    if not gpus:
+        with pytest.raises(ValueError, match="--nproc-per-node gpu: torch sees no CUDA GPU on "
+                           "this node: ask for GPUs"):
+            nproc_per_node("gpu")
+    with pytest.raises(ValueError, match="'many': write a count of processes per node, or gpu"):
+        nproc_per_node("many")
 
 
 def test_own_options_come_off_before_torchruns_in_any_order() -> None:

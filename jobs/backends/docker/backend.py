@@ -17,6 +17,7 @@ from torchjob.jobs.hosts import on_one_host
 from torchjob.jobs.backends.docker.render import compose_text, render_compose
 from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.checks import gpus_asked
 
 
 def invoking_user(spec: JobSpec) -> tuple[str | None, str | None]:
@@ -36,6 +37,7 @@ class DockerBackend(launcher.LaunchedHere):
 
     def fits(self, spec: JobSpec) -> None:
         on_one_host(spec.nnodes.max, "nnodes", "docker")
+        gpus_asked(spec.nproc_per_node, spec.resources.gpus, "docker")
 
     def render(self, spec: JobSpec, context: Context) -> Request:
         user, userns = invoking_user(spec)

@@ -232,7 +232,7 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops, cwd
                int(yaml.safe_load(compose).get(RESTARTS, {}).get("max_restarts", 0)), stops)
     output = NodeOutput(record, out=sys.stdout.buffer if echo else None, err=None)
     print(f"torchjob: {spec.name}: {spec.nnodes.max} node container(s) x "
-          f"{spec.nproc_per_node} process(es) with {engine.name}, project {run.project}, "
+          f"{spec.procs_text} with {engine.name}, project {run.project}, "
           f"compose file {file}", file=err, flush=True)
     try:
         if stops.count:

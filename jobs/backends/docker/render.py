@@ -128,7 +128,7 @@ def environment(spec: JobSpec) -> Obj:
     passes it through from the environment compose runs in)."""
     # the node's resources.cpu shared by its workers (one thread when unset, as on a laptop
     # where several node containers share the cores)
-    env: Obj = {**thread_env(spec.resources.cpu, spec.nproc_per_node),
+    env: Obj = {**thread_env(spec.resources.cpu, spec.procs),
                 "PYTHONUNBUFFERED": "1", **spec.env}
     env.update({ref.env: None for ref in spec.secrets})
     return env

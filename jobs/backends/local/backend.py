@@ -45,8 +45,8 @@ class LocalBackend(launcher.LaunchedHere):
     def launch(self, request: Request, record: Record) -> launcher.Launch:
         plan: LocalPlan = request.data
         spec, context = request.spec, request.context
-        header = (f"torchjob: {spec.name}: {spec.local_nodes} node(s) x {spec.nproc_per_node} "
-                  f"process(es), rendezvous 127.0.0.1:{context.port}"
+        header = (f"torchjob: {spec.name}: {spec.local_nodes} node(s) x {spec.procs_text}, "
+                  f"rendezvous 127.0.0.1:{context.port}"
                   f"{' (its own store process)' if plan.store else ''} id {context.run_id}, "
                   f"run dir {spec.run_dir}")
 

@@ -43,7 +43,7 @@ def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
                             run_id=run_id, store_client=own_store(spec))
     env = {
         # the machine's CPUs shared by the emulated nodes, then by each node's workers
-        **thread_env(cpu_count / nodes, spec.nproc_per_node),
+        **thread_env(cpu_count / nodes, spec.procs),
         "PYTHONUNBUFFERED": "1",
         **spec.env,
     }

@@ -20,6 +20,7 @@ from torchjob.jobs.backends.torchx.render import appdef_text, render_appdef
 from torchjob.jobs.hosts import on_one_host
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.trainer_args import trainer_argv
+from torchjob.jobs.checks import gpus_asked
 from torchjob.jobs.values import bad
 
 # Schedulers whose pods the kubelet starts: it expands $(VAR) in their command and env too.
@@ -54,6 +55,8 @@ class TorchxBackend(Backend):
     def fits(self, spec: JobSpec) -> None:
         if self.scheduler in runner.LOCAL_SCHEDULERS:
             on_one_host(spec.nnodes.max, "nnodes", self.name)
+        if self.scheduler not in ("", "local_cwd"):  # elsewhere a node has the GPUs asked for
+            gpus_asked(spec.nproc_per_node, spec.resources.gpus, f"TorchX's {self.scheduler}")
         if self.scheduler == "slurm":
             _slurm_fits(spec)
         if self.scheduler in KUBERNETES_SCHEDULERS and spec.nnodes.max > MAX_TORCHX_POD_NODES:

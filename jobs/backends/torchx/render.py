@@ -87,8 +87,9 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
     if named_resource:
         resource = specs.resource(h=named_resource)
     else:
-        mem = spec.resources.memory.mib if spec.resources.memory else 1024 * spec.nproc_per_node
-        resource = specs.Resource(cpu=math.ceil(spec.resources.cpu or spec.nproc_per_node),
+        procs = spec.procs or 1  # a node that counts its own: one process asked for
+        mem = spec.resources.memory.mib if spec.resources.memory else 1024 * procs
+        resource = specs.Resource(cpu=math.ceil(spec.resources.cpu or procs),
                                   gpu=spec.resources.gpus, memMB=mem)
     mounts: list[specs.BindMount | specs.VolumeMount | specs.DeviceMount] = [
         specs.BindMount(src_path=m.source, dst_path=m.target, read_only=m.read_only)
@@ -98,7 +99,7 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
     role = specs.Role(
         name=ROLE, image=spec.image, entrypoint="bash", args=["-c", script],
         num_replicas=spec.nnodes.max, min_replicas=spec.nnodes.min, resource=resource,
-        env={**thread_env(resource.cpu, spec.nproc_per_node),
+        env={**thread_env(resource.cpu, spec.procs),
              "PYTHONUNBUFFERED": "1", **user_env},
         port_map={"c10d": spec.rdzv.port},
         max_retries=max_retries, mounts=mounts)
