@@ -54,23 +54,31 @@ class Counted:
         return counted
 
 
-def trial(nodes: int) -> dict[str, Any]:
-    """One simulated hang at ``nodes`` nodes; its figures."""
+def watchdogs(nodes: int, tmp: Path, now: list[float]) -> tuple[Any, list[Counted],
+                                                                 list[Watchdog]]:
+    """``nodes`` Watchdogs of one rank each (files under ``tmp``, clock ``now[0]``) over one
+    client of a TCPStore served here: the server (hold it while they run), their stores."""
     port = free_port()
     server = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                       timeout=timedelta(seconds=60))
     client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+    stores, dogs = [], []
+    for node in range(nodes):
+        (tmp / str(node)).mkdir()
+        stores.append(Counted(client))
+        dog = Watchdog(tmp / str(node), TIMEOUT_S, others_first_s=OTHERS_FIRST_S,
+                       say=lambda line: None, clock=lambda: now[0])
+        dog.reset([(0, node, os.getpid())], node=node, nodes=nodes, store=stores[-1])
+        dogs.append(dog)
+    return server, stores, dogs
+
+
+def trial(nodes: int) -> dict[str, Any]:
+    """One simulated hang at ``nodes`` nodes; its figures."""
     culprit, now = random.randrange(nodes), [0.0]
     pid = os.getpid()
     with tempfile.TemporaryDirectory(prefix="torchjob-hangbench-") as tmp:
-        stores, dogs = [], []
-        for node in range(nodes):
-            (Path(tmp) / str(node)).mkdir()
-            stores.append(Counted(client))
-            dog = Watchdog(Path(tmp) / str(node), TIMEOUT_S, others_first_s=OTHERS_FIRST_S,
-                           say=lambda line: None, clock=lambda: now[0])
-            dog.reset([(0, node, pid)], node=node, nodes=nodes, store=stores[-1])
-            dogs.append(dog)
+        server, stores, dogs = watchdogs(nodes, Path(tmp), now)
         healthy, stalled, acted, decided_ops = [], [], None, 0
         for tick in range(int(HEALTHY_S + TIMEOUT_S + OTHERS_FIRST_S + 5)):
             now[0] = float(tick)
@@ -96,12 +104,35 @@ def trial(nodes: int) -> dict[str, Any]:
             if acting:
                 acted = (tick - HEALTHY_S, acting, [w.rank for w in hangs[acting[0]].stuck])
                 break
-    del client, server
+    del stores, server
     flat = lambda samples: [o for ops, _ in samples for o in ops]  # noqa: E731
     return {"healthy": flat(healthy), "stalled": flat(stalled), "node0": decided_ops,
             "acted": acted, "culprit": culprit,
             "node0_poll_s": max(p[0] for _, p in stalled) if stalled else 0.0,
             "poll_s": max(p[1] for _, p in stalled) if stalled else 0.0}
+
+
+def start_up(nodes: int) -> tuple[int, float]:
+    """Every rank in a start-up longer than two timeouts (loading data; no collective yet, so
+    no hang): the most store operations a node made in one second, and node 0's slowest
+    poll (wall)."""
+    now, pid, most, node0_s = [0.0], os.getpid(), 0, 0.0
+    with tempfile.TemporaryDirectory(prefix="torchjob-hangbench-") as tmp:
+        server, stores, dogs = watchdogs(nodes, Path(tmp), now)
+        for tick in range(int(2 * TIMEOUT_S)):
+            now[0] = float(tick)
+            before = [s.ops for s in stores]
+            for node in range(nodes):
+                (Path(tmp) / str(node) / "0").write_bytes(
+                    Record(beats=tick + 1, pid=pid, frame="train.py:3 in load").encode())
+            for node, dog in enumerate(dogs):
+                started = time.perf_counter()
+                assert dog.poll() is None, "a start-up taken for a hang"
+                if node == 0:
+                    node0_s = max(node0_s, time.perf_counter() - started)
+            most = max([most, *(s.ops - b for s, b in zip(stores, before))])
+    del stores, server
+    return most, node0_s
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
@@ -132,6 +163,13 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                 found["node0_poll_s"], None, "report", "s"),
             row("hang", f"{name}: a node's poll while stalled (median over nodes, slowest tick)",
                 found["poll_s"], None, "report", "s"),
+        ]
+        most, node0_s = start_up(nodes)
+        rows += [
+            row("hang", f"{name}: store ops per node per second in a start-up of two timeouts "
+                "(max)", most, None, "1 (a check)", "ops"),
+            row("hang", f"{name}: node 0's slowest poll in that start-up (wall)", node0_s, None,
+                "report", "s"),
         ]
     return rows
 

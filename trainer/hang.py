@@ -25,6 +25,10 @@ BEAT_LOST_S = 5 * BEAT_S  # no heartbeat for this long: the process is stopped o
 DUMP_LEAD_S = 2 * READ_EVERY_S
 LOOKS = 3  # tries at a silent rank's frame from outside (py-spy) per silent stretch
 NODE_KEY, FINDING_KEY = "torchjob.hang.node{}", "torchjob.hang.finding"  # the round's store
+# set by a node whose rank waits near the timeout (idle or inside a collective): from then on
+# every node that stalls tells its ranks; before, a stall that is only a long start-up costs
+# the store one check per node per second, and node 0 reads nobody's ranks
+WAITING_KEY = "torchjob.hang.waiting"
 
 
 @dataclass
@@ -147,6 +151,7 @@ class Watchdog:
         self.store: Any = None
         self.read_at = self.quiet_since = 0.0
         self.dumped = self.near = False  # near: its own ranks near the timeout (last read)
+        self.waiting = False  # WAITING_KEY is known set in this round's store
         self.finding: Finding | None = None
 
     def clear(self) -> None:
@@ -162,7 +167,7 @@ class Watchdog:
         self.seen = [Seen(local, rank, pid, now) for local, rank, pid in workers]
         self.node, self.nodes, self.store = node, nodes, store if nodes > 1 else None
         self.read_at, self.quiet_since, self.dumped, self.finding = now, 0.0, False, None
-        self.near = False
+        self.near = self.waiting = False
 
     def observe(self, force: bool = False) -> float:
         """Read the files (at most once per READ_EVERY_S unless ``force``); the time."""
@@ -205,11 +210,18 @@ class Watchdog:
         return self._act(now) if self.finding is not None else None
 
     def _exchange(self, views: list[RankView], now: float) -> Finding | None:
-        """Tell the round's store this node's ranks; node 0 names the culprit for every node
-        once the timeout is reached (what all stalled nodes told); the others read it."""
+        """Tell the round's store this node's ranks, once some node's rank waits near the
+        timeout (``WAITING_KEY``); node 0 names the culprit for every node once the timeout is
+        reached (what all stalled nodes told); the others read it."""
         if self.store is None:
             return None
         try:
+            if not self.waiting:
+                if self.quiet_since:  # a rank of this node waits
+                    self.store.set(WAITING_KEY, "1")
+                elif not self.store.check([WAITING_KEY]):
+                    return None  # nobody waits: a long start-up, say, is no hang yet
+                self.waiting = True
             self.store.set(NODE_KEY.format(self.node), json.dumps([v.to_json() for v in views]))
             if self.node != 0:
                 if self.store.check([FINDING_KEY]):

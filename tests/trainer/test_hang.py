@@ -19,7 +19,7 @@ from torch.distributed import HashStore
 from torchjob.trainer import frames, progress, stragglers
 from torchjob.trainer.agent import hang_timeout
 from torchjob.trainer.culprit import RankView, find, hung
-from torchjob.trainer.hang import Seen, Watchdog, read_record
+from torchjob.trainer.hang import WAITING_KEY, Seen, Watchdog, read_record
 from torchjob.trainer.progress import Record
 from torchjob.trainer.stacks import kill_stopped, process_state, stack_of
 from tests.procs import env_for_tests, free_port
@@ -255,6 +255,59 @@ def test_two_nodes_agree_through_the_store_on_the_culprit(tmp_path: Path, when: 
     assert "rank 1 on node 1 (" in acts[1].finding.why and "stuck_here" in acts[1].finding.why
     assert "1 collective(s) behind the others" in acts[1].finding.why
     assert [d.first_dump() for d in dogs] == [True, True]  # both nodes write their stacks
+
+
+class CountingStore(HashStore):
+    """A store that counts what each request asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+
+    def set(self, key: str, value: str) -> None:  # type: ignore[override]
+        self.calls.append(("set", (key,)))
+        super().set(key, value)
+
+    def check(self, keys: list[str]) -> bool:  # type: ignore[override]
+        self.calls.append(("check", tuple(keys)))
+        return super().check(keys)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:  # type: ignore[override]
+        self.calls.append(("multi_get", tuple(keys)))
+        return super().multi_get(keys)
+
+
+def test_a_long_start_up_costs_the_store_one_check_per_node_per_second(tmp_path: Path) -> None:
+    """Every rank in start-up for three timeouts (loading data, say), none inside a collective:
+    no hang, and no node tells its ranks (node 0 reads nobody's), each only asks whether some
+    rank waits; once one does, both tell (test_two_nodes_agree_...: the culprit is named)."""
+    store = CountingStore()
+    now = [0.0]
+    dogs = []
+    for node in (0, 1):
+        (tmp_path / str(node)).mkdir()
+        dog = Watchdog(tmp_path / str(node), T, others_first_s=10, say=print,
+                       clock=lambda: now[0])
+        dog.reset([(0, node, os.getpid())], node=node, nodes=2, store=store)
+        dogs.append(dog)
+    for t in range(0, 3 * int(T)):
+        now[0] = float(t)
+        for node in (0, 1):
+            (tmp_path / str(node) / "0").write_bytes(Record(
+                beats=t + 1, pid=os.getpid(), frame="user.py:3 in load").encode())
+        assert [dog.poll() for dog in dogs] == [None, None]
+    assert {call for call in store.calls} == {("check", (WAITING_KEY,))}, store.calls
+    assert len(store.calls) <= 2 * 3 * T, len(store.calls)
+    store.calls.clear()
+    now[0] += 1  # node 0's rank enters its first collective and waits there
+    (tmp_path / "0" / "0").write_bytes(Record(beats=99, pid=os.getpid(), seq=1,
+                                              in_collective=True).encode())
+    for t in range(int(T)):
+        now[0] += 1
+        for dog in dogs:
+            dog.poll()
+    told = {key for op, keys in store.calls if op == "set" for key in keys}
+    assert {"torchjob.hang.node0", "torchjob.hang.node1", WAITING_KEY} <= told, store.calls
 
 
 def test_a_stopped_process_gets_a_stack_and_is_killed() -> None:
