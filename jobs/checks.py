@@ -10,6 +10,7 @@ from torchjob.jobs.values import (DNS_1123_LABEL, DNS_1123_SUBDOMAIN, DNS_LABEL_
                                   DNS_SUBDOMAIN_MAX, Check, at_least, bad, env_name, kind,
                                   one_line, path_line, pattern, system_dir)
 from torchjob.trainer.contract import HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
+from torchjob.trainer.contract import NPROC_WORDS as AGENT_NPROC_WORDS
 
 # Worker processes per node: one per GPU (8 on most nodes) or per CPU core for CPU training
 # (the largest nodes have a few hundred cores).
@@ -124,19 +125,21 @@ def prometheus_dir(value: str, path: str) -> None:
 
 # ------------------------------------------------------------------ GPUs and processes
 
-# torchrun's --nproc-per-node words: a count each node makes at its start (trainer.agent)
-NPROC_WORDS = {"gpu": "one process per GPU", "cpu": "one process per CPU",
-               "auto": "one process per GPU, or per CPU where the node has no GPU"}
+# torchrun's --nproc-per-node words (the contract's, in its order), each for a person
+NPROC_WORDS = dict(zip(AGENT_NPROC_WORDS, (
+    "one process per GPU", "one process per CPU",
+    "one process per GPU, or per CPU where the node has no GPU")))
 _NPROC_FIX = f"(write a count, e.g. 2, or one of torchrun's words: {', '.join(NPROC_WORDS)})"
 
 
 def parse_nproc(raw: object, path: str) -> int | str:
     """``nproc_per_node`` as torchrun's ``--nproc-per-node`` takes it: a count, or a word
     (``NPROC_WORDS``) that each node turns into its own count when it starts."""
-    if isinstance(raw, str) and raw.strip() in NPROC_WORDS:
-        return raw.strip()
-    if isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdigit():
-        return int(raw.strip())  # as a PyTorchJob writes it: nprocPerNode: "4"
+    text = raw.strip() if isinstance(raw, str) else None
+    if text in NPROC_WORDS:
+        return text
+    if text is not None and text.isascii() and text.isdigit():
+        return int(text)  # as a PyTorchJob writes it: nprocPerNode: "4"
     if isinstance(raw, bool) or not isinstance(raw, int):
         raise bad(path, raw, f"is {kind(raw)}, but a process count is expected {_NPROC_FIX}")
     return raw

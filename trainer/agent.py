@@ -31,9 +31,10 @@ from torchjob.trainer.contract import (AGENT_ENV_OPTIONS, CHECKPOINT_BUDGET_ENV,
                                        DIR_OPTIONS, EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED,
                                        EXIT_STORE_LOST, HANG_TIMEOUT_ENV, HANG_TIMEOUT_OPTION,
                                        HANG_TIMEOUT_S, MAX_STALLED_OPTION, MIN_HANG_TIMEOUT_S,
-                                       NCCL_HEARTBEAT_ENV, PROGRESS_DIR_ENV, RUN_DIR_ENV,
-                                       SERVER_NAME, STOP_SIGNALS, WORKER_NAME, closing_line,
-                                       job_exit_code, nccl_heartbeat_s, seconds_from)
+                                       NCCL_HEARTBEAT_ENV, NPROC_WORDS, PROGRESS_DIR_ENV,
+                                       RUN_DIR_ENV, SERVER_NAME, STOP_SIGNALS, WORKER_NAME,
+                                       closing_line, job_exit_code, nccl_heartbeat_s,
+                                       seconds_from)
 from torchjob.trainer.dirs import unusable
 from torchjob.trainer.orphans import die_with_parent
 from torchjob.trainer.runlock import RunDirBusy, RunLock
@@ -206,7 +207,7 @@ def nproc_per_node(value: str) -> str:
     word = value.strip()
     if word.isascii() and word.isdigit():
         return word
-    if word not in ("gpu", "cpu", "auto"):
+    if word not in NPROC_WORDS:
         raise ValueError(f"--nproc-per-node {value!r}: write a count of processes per node, "
                          "or gpu (one per GPU), cpu (one per CPU) or auto")
     gpus = 0 if word == "cpu" else cuda_devices()

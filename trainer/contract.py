@@ -183,6 +183,11 @@ def parse_log_prefix(line: str) -> tuple[int, int, int, str] | None:
             line[match.end():])
 
 
+# torchrun's --nproc-per-node words, which each node's agent turns into its own count when it
+# starts (trainer.agent.nproc_per_node); a job spec takes them as they are (jobs.checks)
+NPROC_WORDS = ("gpu", "cpu", "auto")
+
+
 def thread_env(node_cpus: float | None, nproc_per_node: int | None) -> dict[str, str]:
     """The thread settings every renderer gives the workers (``omp_threads``)."""
     return {"OMP_NUM_THREADS": str(omp_threads(node_cpus, nproc_per_node))}

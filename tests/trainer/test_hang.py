@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -215,6 +216,19 @@ def test_where_tells_torch_distributed_from_user_code() -> None:
     assert not inside and at.endswith("in test_where_tells_torch_distributed_from_user_code")
 
 
+def two_nodes(tmp_path: Path, store: Any, now: list[float]) -> list[Watchdog]:
+    """The watchdogs of two nodes of one rank each (files under ``tmp_path/NODE``) over
+    ``store``, on the clock ``now[0]``."""
+    dogs = []
+    for node in (0, 1):
+        folder = tmp_path / str(node)
+        folder.mkdir()
+        dog = Watchdog(folder, T, others_first_s=10, say=print, clock=lambda: now[0])
+        dog.reset([(0, node, os.getpid())], node=node, nodes=2, store=store)
+        dogs.append(dog)
+    return dogs
+
+
 @pytest.mark.parametrize("when", ["mid-run", "start-up"])
 def test_two_nodes_agree_through_the_store_on_the_culprit(tmp_path: Path, when: str) -> None:
     """Node 1's rank stalls in its own code, node 0's rank waits in the collective: node 0
@@ -223,13 +237,7 @@ def test_two_nodes_agree_through_the_store_on_the_culprit(tmp_path: Path, when: 
     rank has progressed: the culprit's node tells once it is quiet that long since it began)."""
     store = HashStore()
     now = [0.0]
-    dogs = []
-    for node in (0, 1):
-        folder = tmp_path / str(node)
-        folder.mkdir()
-        dog = Watchdog(folder, T, others_first_s=10, say=print, clock=lambda: now[0])
-        dog.reset([(0, node, os.getpid())], node=node, nodes=2, store=store)
-        dogs.append(dog)
+    dogs = two_nodes(tmp_path, store, now)
 
     def tell(node: int, seq: int, coll: bool, frame: str) -> None:
         beats = int(now[0]) + 1
@@ -283,13 +291,7 @@ def test_a_long_start_up_costs_the_store_one_check_per_node_per_second(tmp_path:
     rank waits; once one does, both tell (test_two_nodes_agree_...: the culprit is named)."""
     store = CountingStore()
     now = [0.0]
-    dogs = []
-    for node in (0, 1):
-        (tmp_path / str(node)).mkdir()
-        dog = Watchdog(tmp_path / str(node), T, others_first_s=10, say=print,
-                       clock=lambda: now[0])
-        dog.reset([(0, node, os.getpid())], node=node, nodes=2, store=store)
-        dogs.append(dog)
+    dogs = two_nodes(tmp_path, store, now)
     for t in range(0, 3 * int(T)):
         now[0] = float(t)
         for node in (0, 1):
