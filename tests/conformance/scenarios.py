@@ -136,7 +136,9 @@ def hang(cell: Cell) -> None:
     found = wait_until(lambda: HUNG.search(run.text()) or run.proc.poll() is not None,
                        DETECTED_WITHIN_S + 30, "the agent to name the hung rank 1", run.tail)
     detected = time.monotonic() - stopped
-    expect(isinstance(found, re.Match) and detected <= DETECTED_WITHIN_S,
+    expect(isinstance(found, re.Match), f"the run ended (exit {run.proc.poll()}) "
+           f"{detected:.1f} s after the SIGSTOP without naming the hung rank 1", run.text())
+    expect(detected <= DETECTED_WITHIN_S,
            f"hang named after {detected:.1f} s (within {DETECTED_WITHIN_S} s expected)",
            run.text())
     code = run.wait()
