@@ -98,8 +98,10 @@ def ranks(views: Iterable[RankView]) -> str:
         f"({len(found)} ranks)"
 
 
-def find(views: Iterable[RankView], timeout: float) -> Finding:
-    """Who hangs among ``views`` (every rank of the group, or of the nodes that told)."""
+def find(views: Iterable[RankView], timeout: float, stalled: str = "") -> Finding:
+    """Who hangs among ``views`` (every rank of the group, or of the nodes that told);
+    ``stalled`` says how the hang showed (default: no progress for ``timeout``)."""
+    stalled = stalled or f"no progress for {timeout:g} s"
     views = sorted(views, key=lambda v: v.rank)
     silent = [v for v in views if v.silent]
     seqs, steps = sorted({v.seq for v in views}), sorted({v.step for v in views})
@@ -119,10 +121,10 @@ def find(views: Iterable[RankView], timeout: float) -> Finding:
         culprits = [v for v in views if not v.in_collective]
         why = "outside any collective while the others wait in one"
     else:
-        return Finding((), tuple(views), f"no progress for {timeout:g} s and no rank told "
-                       f"apart: ranks {ranks(views)} all wait (a deadlock, or a lost link)")
+        return Finding((), tuple(views), f"{stalled} and no rank told apart: ranks "
+                       f"{ranks(views)} all wait (a deadlock, or a lost link)")
     waiting = tuple(v for v in views if v not in culprits)
-    text = "; ".join(v.named() for v in culprits) + f" {why}: no progress for {timeout:g} s"
+    text = "; ".join(v.named() for v in culprits) + f" {why}: {stalled}"
     if waiting:
         text += f"; waiting for it: rank(s) {ranks(waiting)}"
-    return Finding(tuple(culprits), waiting, text, f"{why}: no progress for {timeout:g} s")
+    return Finding(tuple(culprits), waiting, text, f"{why}: {stalled}")

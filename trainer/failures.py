@@ -7,9 +7,10 @@ unless ``retry_on_error``; a configuration error (exit 2) never is. Pure.
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from torchjob.trainer.contract import EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED
 
@@ -18,6 +19,33 @@ from torchjob.trainer.contract import EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED
 RESTARTING = ": restarting the workers"  # how a restart verdict's line ends
 PEER_LOSS_TEXT = ("/gloo/transport/", "Connection closed by peer", "Connection reset by peer",
                   "NCCL communicator was aborted", "ncclRemoteError", "ncclSystemError")
+
+
+# a collective (gloo) or the store that gave up waiting for a peer: the process group's
+# timeout, in ms or s
+TIMED_OUT = re.compile(r"(?:[Tt]imed out (?:waiting|after)|wait timeout after) (?P<ms>\d+)ms|"
+                       r"Timed out after (?P<s>\d+) seconds")
+
+
+def timed_out_s(text: str) -> float | None:
+    """The timeout a collective or the store gave up after, from its error's text; None when
+    the text says no such thing."""
+    found = TIMED_OUT.search(text)
+    if found is None:
+        return None
+    return int(found["ms"]) / 1000 if found["ms"] else float(found["s"])
+
+
+def timed_out(failures: Mapping[int, Any]) -> dict[int, float]:
+    """The ranks among torch's ``failures`` (rank -> its ProcessFailure) that gave up waiting
+    for a peer in a collective, with the timeout they gave up after (s)."""
+    found = {}
+    for rank, failure in failures.items():
+        if failure.exitcode == EXIT_RETRY:
+            waited = timed_out_s(exception_line(failure.message))
+            if waited is not None:
+                found[rank] = waited
+    return found
 
 
 def is_peer_loss(exc: BaseException) -> bool:
@@ -85,7 +113,9 @@ class Failure:
         if kind == "config":
             return f"{where} stopped on a configuration error (exit 2){what}"
         if kind == "peer":
-            return f"{where} lost a peer{what}"
+            lost = "lost a peer" if timed_out_s(self.message) is None else \
+                "timed out waiting for a peer"
+            return f"{where} {lost}{what}"
         if kind == "stopped":
             return f"{where} stopped after a checkpoint (exit 143)"
         return (f"{where} raised {self.message}" if self.message

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
+from torchjob.trainer.failures import timed_out
 from torchjob.trainer.culprit import STOPPED, Finding, RankView, find, hung, ranks
 from torchjob.trainer.progress import BEAT_S, NO_STEP, Record
 from torchjob.trainer.stacks import frame_of, process_state, stack_of, wchan
@@ -23,6 +24,9 @@ BEAT_LOST_S = 5 * BEAT_S  # no heartbeat for this long: the process is stopped o
 # Every node writes its stacks this long before the timeout: the node that acts on the hang
 # kills its workers at the timeout, and the peers on other nodes exit as soon as they lose them
 DUMP_LEAD_S = 2 * READ_EVERY_S
+# a rank that gave up waiting in a collective exits within this: one still there after it
+# did not (trainer.hang.Watchdog.waited_for)
+LEAVING_S = 1.0
 LOOKS = 3  # tries at a silent rank's frame from outside (py-spy) per silent stretch
 NODE_KEY, FINDING_KEY = "torchjob.hang.node{}", "torchjob.hang.finding"  # the round's store
 # set by a node whose rank waits near the timeout (idle or inside a collective): from then on
@@ -109,6 +113,18 @@ class Seen:
 
     def describe(self, now: float, node: int = 0) -> str:
         return f"{self.last()}, {self.view(now, node).how()}"
+
+
+@dataclass(frozen=True)
+class Looked:
+    """What ``Watchdog.look_at_failure`` found: the workers stuck as the group failed, why
+    each (by rank), the hang a timed-out collective told (None: they were silent or stopped),
+    and where their stacks went."""
+
+    stuck: list[Seen]
+    named: dict[int, str]
+    hang: Hang | None
+    where: str
 
 
 @dataclass(frozen=True)
@@ -271,6 +287,66 @@ class Watchdog:
             return False
         self.dumped = True
         return True
+
+    def waited_for(self, timed_out: dict[int, float]) -> Hang | None:
+        """After local ranks gave up waiting in a collective (``timed_out``: rank -> the process
+        group's timeout, s): the live local ranks they waited for, told apart as a hang's
+        culprits are (behind in collectives, outside the one they waited in); None when there
+        is no such rank here (it may be on another node)."""
+        if not timed_out:
+            return None
+        now, after = self.observe(force=True), max(timed_out.values())
+        for w in self.seen:
+            w.look(now)  # a silent one's frame from outside
+        views = [replace(w.view(now, self.node), in_collective=True) if w.rank in timed_out
+                 else w.view(now, self.node) for w in self.seen
+                 if w.record is not None and (w.alive or w.rank in timed_out)]
+        finding = find(views, after, f"rank(s) {ranks(v for v in views if v.rank in timed_out)}"
+                       f" timed out waiting for it in a collective after {after:g} s (the "
+                       "process group's timeout: raise it if this rank is slow, not stuck)")
+        culprits = {v.rank for v in finding.culprits}
+        stuck = tuple(w for w in self.seen if w.rank in culprits and w.alive)
+        if not culprits or culprits & timed_out.keys() or len(stuck) < len(culprits):
+            return None
+        # a rank at the sequence of those that timed out and outside a collective may be
+        # leaving one that timed out too: it is a culprit only if it is still there a moment on
+        behind = min((v.seq for v in views if v.rank in timed_out), default=NO_STEP)
+        unsure = {v.rank for v in finding.culprits if not v.silent and v.seq >= behind}
+        if unsure and not self._stay([w for w in stuck if w.rank in unsure]):
+            return None
+        return Hang(finding, stuck)
+
+    def _stay(self, workers: list[Seen]) -> bool:
+        """Whether every one of ``workers`` still runs after ``LEAVING_S`` (False as soon as
+        one has exited)."""
+        deadline = self.clock() + LEAVING_S
+        while True:
+            if any(process_state(w.pid) in ("", "Z", "X") for w in workers):
+                return False
+            if self.clock() >= deadline:
+                return True
+            time.sleep(0.05)
+
+    def look_at_failure(self, failed: Mapping[int, Any], node: int,
+                        hangs: Path | None) -> Looked | None:
+        """As the group fails (torch's ``failed``, by local rank), before the rest is stopped:
+        the rank that a timed-out collective waited for, else the silent or stopped ranks, with
+        their stacks written (into ``hangs``, else the log); None when there is none."""
+        now, of = self.clock(), {w.local_rank: w.rank for w in self.seen}
+        hang = self.waited_for({of[local]: s for local, s in timed_out(failed).items()
+                                if local in of})
+        silent = [] if hang else [w for w in self.silent() if w.local_rank not in failed]
+        if hang is not None:
+            named = {w.rank: stuck_line(w, hang.finding, now, node) for w in hang.stuck}
+        else:
+            named = {w.rank: f"{w.describe(now, node)}; silent when the group failed"
+                     for w in silent}
+        if not named:
+            return None
+        where = self.dump(hangs, node, [w for w in self.seen if w.alive]) \
+            if not self.dumped else str(hangs or "the log above")
+        self.dumped = True
+        return Looked(list(hang.stuck) if hang else silent, named, hang, where)
 
     def silent(self) -> list[Seen]:
         """After another failure: the workers that are silent or stopped now."""

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -205,3 +206,37 @@ def membership(records: Iterable[dict[str, Any]], run_id: str | None = None) -> 
                     f"{record.get('checkpoint') or 'the start'}")
         before, noticed = nodes, None
     return changes
+
+
+def summarize(run_dir: str, run_id: str, started: float, **how: Any) -> None:
+    """``RUN_DIR/summary.json`` unless the workers wrote one since ``started``: how the run
+    ended (``how``), its restarts, changes of membership and hangs."""
+    summary = Path(run_dir, "summary.json")
+    try:
+        if summary.stat().st_mtime >= started:
+            return
+    except OSError:
+        pass
+    records = read(run_dir)
+    data = {**how, "restarts": restarts(records, run_id),
+            "membership": membership(records, run_id), "hangs": hangs(records, run_id)}
+    try:
+        part = summary.with_name(".summary.json.part")
+        part.write_text(json.dumps(data, indent=1) + "\n")
+        part.replace(summary)
+    except OSError as exc:
+        print(f"torchjob: cannot write {summary}: {exc}", file=sys.stderr)
+
+
+def finished(line: str, run_dir: str | None, run_id: str) -> str:
+    """The finished job's ``line``, with this run's restarts and changes of membership."""
+    if run_dir is None:
+        return line
+    records = read(run_dir)
+    count, changes = restarts(records, run_id), membership(records, run_id)
+    line += f"; {count} restart(s)"
+    if changes:
+        line += "; membership changes: " + "; ".join(changes)
+    if count or changes:
+        line += f" (all in {path(run_dir)})"
+    return line

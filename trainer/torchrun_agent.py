@@ -32,7 +32,7 @@ from torchjob.trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FIN
 from torchjob.trainer.failures import (RESTARTING, Failure, Verdict, exception_line, judge,
                                        within)
 from torchjob.trainer.culprit import Finding, ranks
-from torchjob.trainer.hang import Seen, Watchdog, stuck_line
+from torchjob.trainer.hang import Looked, Seen, Watchdog, stuck_line
 from torchjob.trainer.stacks import half_started, kill, kill_deaf
 from torchjob.trainer.membership import MembershipWatch
 from torchjob.trainer.pace import Pace
@@ -113,6 +113,7 @@ class Agent(LocalElasticAgent):
             Path(progress_dir), hang_timeout, others_first_s=VERDICT_WAIT_S,
             say=lambda line: log.warning("%s", line))
         self._pace = Pace(self._run_dir) if self._run_dir else None  # RUN_DIR/progress.json
+        self._looked: Looked | None = None  # what _look_before_close found
 
     def run(self, role: str = agent_api.DEFAULT_ROLE) -> agent_api.RunResult:
         started = time.time()
@@ -126,26 +127,10 @@ class Agent(LocalElasticAgent):
     def _summarize(self, result: agent_api.RunResult, started: float) -> None:
         """``summary.json`` from node 0 when the workers wrote none in this run (a script, a
         failed run): how it ended, its restarts, changes of membership and hangs."""
-        if self._run_dir is None or (self._worker_group.group_rank or 0) != 0:
-            return
-        path = Path(self._run_dir, "summary.json")
-        try:
-            if path.stat().st_mtime >= started:
-                return
-        except OSError:
-            pass
-        records = ledger.read(self._run_dir)
-        data = {"state": result.state.name, "attempt": self.attempt(),
-                "failure": Agent.closing[0] if Agent.closing else None,
-                "restarts": ledger.restarts(records, self._run_id),
-                "membership": ledger.membership(records, self._run_id),
-                "hangs": ledger.hangs(records, self._run_id)}
-        try:
-            part = path.with_name(".summary.json.part")
-            part.write_text(json.dumps(data, indent=1) + "\n")
-            part.replace(path)
-        except OSError as exc:
-            log.warning("torchjob: cannot write %s: %s", path, exc)
+        if self._run_dir is not None and (self._worker_group.group_rank or 0) == 0:
+            ledger.summarize(self._run_dir, self._run_id, started, state=result.state.name,
+                             attempt=self.attempt(),
+                             failure=Agent.closing[0] if Agent.closing else None)
 
     def _monitor_workers(self, worker_group: agent_api.WorkerGroup) -> agent_api.RunResult:
         result = super()._monitor_workers(worker_group)
@@ -212,17 +197,7 @@ class Agent(LocalElasticAgent):
         nodes = group.group_world_size or 1
         line = (f"{FINISHED}attempt {self.attempt()}, {nodes} node(s), world size "
                 f"{group.spec.local_world_size * nodes}")
-        if self._run_dir is None:
-            return line
-        records = ledger.read(self._run_dir)
-        restarts = ledger.restarts(records, self._run_id)
-        changes = ledger.membership(records, self._run_id)
-        line += f"; {restarts} restart(s)"
-        if changes:
-            line += "; membership changes: " + "; ".join(changes)
-        if restarts or changes:
-            line += f" (all in {ledger.path(self._run_dir)})"
-        return line
+        return ledger.finished(line, self._run_dir, self._run_id)
 
     def _rdzv_watch(self) -> MembershipWatch | None:
         handler = self._worker_group.spec.rdzv_handler
@@ -238,16 +213,20 @@ class Agent(LocalElasticAgent):
         node = group.group_rank or 0
         now = dog.clock()
         if result.state in {agent_api.WorkerState.FAILED, agent_api.WorkerState.UNHEALTHY}:
-            # another failure came first (a peer's): a stopped rank here is still the cause
-            stuck = [w for w in dog.silent() if w.rank not in result.failures]
-            if not stuck:
+            # another failure came first (a peer's): the rank it waited for, or a stopped one
+            # here, is still the cause; looked for before torch stopped them (_look_before_close)
+            looked, self._looked = self._looked, None
+            if looked is None:
                 return result, {}
-            where = "" if dog.dumped else dog.dump(self._hangs(), node,
-                                                   [w for w in dog.seen if w.alive])
-            named = {w.rank: f"{w.describe(now, node)}; silent when the group failed"
-                     for w in stuck}
-            log.warning("torchjob: stuck on node %s: %s; killed%s", node, "; ".join(
-                f"rank {r} ({t})" for r, t in named.items()), f"; stacks in {where}" * bool(where))
+            if looked.hang is not None:
+                log.warning("%s%s: %s%s, to restart them from the last checkpoint; stacks in %s",
+                            HANG_LINE, node, looked.hang.finding.why, HANG_ACTION, looked.where)
+                self._note_hang(looked.hang.finding, node)
+            else:
+                log.warning("torchjob: stuck on node %s: %s; killed; stacks in %s", node, "; ".join(
+                    f"rank {r} ({t})" for r, t in looked.named.items()), looked.where)
+            result.failures.update({w.rank: self._killed(w) for w in looked.stuck})
+            return result, looked.named
         elif result.state == agent_api.WorkerState.HEALTHY:
             hang = dog.poll()  # reads the workers' files, at most every READ_EVERY_S
             if node == 0 and self._pace is not None:
@@ -405,7 +384,28 @@ class Agent(LocalElasticAgent):
             self._watchdog.reset(((w.local_rank, w.global_rank, pids[w.local_rank])
                                   for w in worker_group.workers), node=node or 0,
                                  nodes=worker_group.group_world_size or 1, store=self._store)
+            self._look_before_close(node or 0)
         return pids
+
+    def _look_before_close(self, node: int) -> None:
+        """torch stops the rest of the group (SIGTERM) when a worker fails, before this agent
+        hears of it: look at them first (Watchdog.look_at_failure; ``_watch`` names whom it
+        found), then end the stopped ones at once (torch would wait 30 s for each)."""
+        pcontext, dog = self._pcontext, self._watchdog
+        if pcontext is None or dog is None:
+            return
+        close = pcontext.close
+
+        def look_then_close(*args: Any, **kwargs: Any) -> None:
+            try:
+                if failed := getattr(pcontext, "_failures", {}):  # by local rank
+                    self._looked = self._looked or dog.look_at_failure(failed, node, self._hangs())
+            except Exception as exc:  # never in the way of stopping the group
+                log.warning("torchjob: could not look at the workers left (%s)", exc)
+            kill_deaf(pcontext.pids().values())
+            close(*args, **kwargs)
+
+        pcontext.close = look_then_close  # type: ignore[method-assign]
 
     def _restart_workers(self, worker_group: agent_api.WorkerGroup) -> None:
         if worker_group.state == agent_api.WorkerState.HEALTHY and worker_group.group_rank == 0:

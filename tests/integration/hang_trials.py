@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -22,24 +23,30 @@ SHAPES = {"stop": ("its process is stopped (state T)", "stop_here", "5"),
 HANG_TIMEOUT_S = 10  # twice the heartbeat loss: a start-up that holds the GIL a while is no hang
 
 
-def job_yaml(name: str, shape: str, culprit: int, nodes: int, nproc: int) -> str:
+def job_yaml(name: str, shape: str, culprit: int, nodes: int, nproc: int,
+             pg_timeout: int = 0) -> str:
+    # with the script's own process group timeout, the watchdog's is far above it: the
+    # collective that times out tells who hangs
+    hang_timeout = 20 * pg_timeout or HANG_TIMEOUT_S
+    timeout = f", '{pg_timeout}'" if pg_timeout else ""
     return (f"name: {name}\nnnodes: {nodes}\nnproc_per_node: {nproc}\nmax_restarts: 1\n"
-            f"hang_timeout: {HANG_TIMEOUT_S}\ncheckpoint_budget: {HANG_TIMEOUT_S - 1}\n"
+            f"hang_timeout: {hang_timeout}\ncheckpoint_budget: {HANG_TIMEOUT_S - 1}\n"
             f"trainer:\n  script: hang_shapes.py\n  args: ['{shape}', '{culprit}', "
-            f"'{SHAPES[shape][2]}']\n")
+            f"'{SHAPES[shape][2]}'{timeout}]\n")
 
 
 def trial(cwd: Path, to: str, shape: str, *, nodes: int = 2, nproc: int = 2,
-          name: str = "") -> str:
+          name: str = "", pg_timeout: int = 0) -> str:
     """One trial in ``cwd``: ``torchjob run --to TO job.yaml``; its output, after every
-    check."""
+    check. ``pg_timeout``: the script's process group timeout (s), so that a collective
+    times out waiting for the culprit long before the watchdog's timeout."""
     culprit = random.randrange(nodes * nproc)
     node = culprit // nproc
     name = name or f"hang-{shape}"
     cwd.mkdir(parents=True, exist_ok=True)
     shutil.copy(SCRIPT, cwd / "hang_shapes.py")
     job = cwd / "job.yaml"
-    job.write_text(job_yaml(name, shape, culprit, nodes, nproc))
+    job.write_text(job_yaml(name, shape, culprit, nodes, nproc, pg_timeout))
     done = torchjob("run", "--to", to, str(job), cwd=cwd, env=env_for_tests(), timeout=400)
     code, out = done.returncode, done.stdout + done.stderr
     said = f"(culprit rank {culprit} on node {node}, shape {shape})\n{out[-6000:]}"
@@ -50,8 +57,12 @@ def trial(cwd: Path, to: str, shape: str, *, nodes: int = 2, nproc: int = 2,
     assert f"torchjob: hang on node {node}: rank {culprit} on node {node} ({how}" in lines[0], said
     assert f"hang_shapes.py:" in lines[0] and f"in {function}" in lines[0], said
     assert "last seen" not in lines[0], said  # a stopped rank: read from outside, where it is
-    others = ", ".join(str(r) for r in range(nodes * nproc) if r != culprit)
-    assert f"waiting for it: rank(s) {others}" in lines[0], said
+    others = [r for r in range(nodes * nproc) if r != culprit]
+    waiting = re.search(r"waiting for it: rank\(s\) ([\d, ]+)", lines[0])
+    assert waiting, said
+    told = [int(r) for r in waiting[1].split(", ")]
+    # a timed-out collective names the culprit on its node, from the ranks that timed out there
+    assert told == others or pg_timeout and told and set(told) <= set(others), said
     run_dir = cwd / "runs" / name
     records = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
     hangs = [r for r in records if r["event"] == "hang"]

@@ -1,7 +1,10 @@
 """The hang watchdog on a user's unmodified script, on the local backend: every hang shape
 (a stopped process, a Python loop, a sleep, a blocked read), the culprit drawn at random
 among 2 nodes x 2 ranks, must be the one named (tests/integration/hang_trials.py). The docker
-and Slurm trials: tests/containers/test_hang_containers.py, tests/slurm/test_slurm_hang.py."""
+and Slurm trials: tests/containers/test_hang_containers.py, tests/slurm/test_slurm_hang.py.
+And where the script's own process group timeout is far below the watchdog's, the collective
+that times out waiting for the culprit names it (one node: the rank waited for is on the
+node of a rank that timed out)."""
 
 from __future__ import annotations
 
@@ -17,3 +20,8 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_the_culprit_is_named_on_local(tmp_path: Path, shape: str) -> None:
     trial(tmp_path, "local", shape)
+
+
+@pytest.mark.parametrize("shape", ["io", "loop", "stop"])
+def test_a_timed_out_collective_names_the_rank_it_waited_for(tmp_path: Path, shape: str) -> None:
+    trial(tmp_path, "local", shape, nodes=1, name=f"timeout-{shape}", pg_timeout=5)

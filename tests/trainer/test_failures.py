@@ -12,7 +12,8 @@ import pytest
 
 from tests.procs import PYTHON, ROOT, env_for_tests, free_port
 from torchjob.trainer.contract import EXIT_RETRY
-from torchjob.trainer.failures import Failure, exception_line, is_peer_loss, judge, within
+from torchjob.trainer.failures import (Failure, exception_line, is_peer_loss, judge, timed_out_s,
+                                       within)
 
 # rank BAD of the first attempt does WHAT at step 20 (raise, kill, flaky: raises on the
 # first attempt only; peer: every rank of every attempt says it lost a peer); every rank
@@ -71,6 +72,24 @@ def test_a_restart_with_none_left_fails_the_job() -> None:
 def test_retry_on_error_restarts_a_bug_but_never_a_configuration_error() -> None:
     assert judge([failure(1)], retry_on_error=True).restart is True
     assert judge([failure(2), failure(1, 1)], retry_on_error=True).restart is False
+
+
+@pytest.mark.parametrize("text, seconds", [  # torch 2.11-2.13's words, as they were seen
+    ("RuntimeError: [/x/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms "
+     "for recv operation to complete", 5.0),
+    ("DistStoreError: wait timeout after 5000ms, keys: /default_pg/0//cpu//0/0", 5.0),
+    ("DistStoreError: Timed out after 6 seconds waiting for clients. 3/4 clients joined.", 6.0),
+    ("DistNetworkError: The client socket has timed out after 1500ms while trying to connect "
+     "to (localhost, 36139).", 1.5),
+    ("RuntimeError: [/x/gloo/transport/tcp/pair.cc:553] Connection closed by peer", None),
+    ("ValueError: bad", None)])
+def test_a_collective_that_timed_out_says_after_how_long(text: str,
+                                                          seconds: float | None) -> None:
+    assert timed_out_s(text) == seconds
+    failure = Failure(0, 0, 75, text, 0.0)
+    assert failure.describe().startswith(
+        "node 0 rank 0 lost a peer" if seconds is None else
+        "node 0 rank 0 timed out waiting for a peer")
 
 
 def test_what_a_lost_peer_looks_like() -> None:

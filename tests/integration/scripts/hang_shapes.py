@@ -2,9 +2,11 @@
 optimizer, an all-reduce per step. On the first attempt, rank CULPRIT enters a hang SHAPE at
 step AT (before that step's all-reduce; 1: before the first collective of all) or at init
 (before init_process_group) while the others wait for it in the all-reduce or in
-init_process_group: ``hang_shapes.py SHAPE CULPRIT AT`` with SHAPE stop (SIGSTOP: state T),
-loop (a Python busy loop), sleep (time.sleep) or io (a read of a pipe nobody writes)."""
+init_process_group: ``hang_shapes.py SHAPE CULPRIT AT [TIMEOUT]`` with SHAPE stop (SIGSTOP:
+state T), loop (a Python busy loop), sleep (time.sleep) or io (a read of a pipe nobody
+writes); TIMEOUT: the process group's timeout in seconds (torch's default when absent)."""
 
+import datetime
 import os
 import signal
 import sys
@@ -46,7 +48,9 @@ def main() -> None:
     first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     if at == "init" and int(os.environ["RANK"]) == culprit and first:
         hang(shape, culprit)
-    dist.init_process_group("gloo")
+    timeout = {"timeout": datetime.timedelta(seconds=float(sys.argv[4]))} \
+        if len(sys.argv) > 4 else {}
+    dist.init_process_group("gloo", **timeout)
     rank = dist.get_rank()
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
