@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import IO, Any, Callable, TypeVar
 
-from torchjob.jobs.preflight import check_checkpoints, check_dirs
+from torchjob.jobs.preflight import check_checkpoints, check_dirs, check_shadowing
 from torchjob.jobs.progress import Progress, from_run_dir, from_stamped_logs
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.stops import stop_signals
@@ -194,6 +194,8 @@ class Backend(abc.ABC):
             raise UserError(f"secret variable(s) not set: {', '.join(missing)}; the "
                             f"{self.name} backend reads secrets from your environment "
                             f"(export {missing[0]}=... first)")
+        if self.image_field(spec) is None or request.context.workspace is not None:
+            check_shadowing(workdir)  # the nodes start in it, or in an image built from it
         self.ready(request)
         if self.sees_run_dir:
             check_dirs(spec, workdir)

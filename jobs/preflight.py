@@ -33,6 +33,27 @@ def newest_manifest(root: Path) -> dict[str, Any] | None:
     return None
 
 
+# a module of the user's that ``python -m torchjob...`` would import instead of the kit: the
+# directory a node starts in comes first on sys.path
+SHADOWS = ("torchjob.py", "torchjob/__init__.py")
+
+
+def check_shadowing(cwd: str | Path) -> None:
+    """UserError (exit 2) when the directory the nodes start in holds a ``torchjob`` module of
+    its own: every node's agent (``python -m torchjob.trainer.agent``) would import and run
+    it instead of the kit, and fail far from the cause."""
+    import torchjob
+
+    kit = getattr(torchjob, "__file__", None)  # None: a namespace package, as installed
+    for name in SHADOWS:
+        found = Path(cwd, name)
+        if found.is_file() and (kit is None or found.resolve() != Path(kit).resolve()):
+            raise UserError(f"{found}: every node would import this file instead of torchjob "
+                            "(`python -m torchjob.trainer.agent` puts the directory it starts in "
+                            f"first on sys.path) and run it: rename it (e.g. to train.py) and "
+                            "run again")
+
+
 def check_dirs(spec: JobSpec, cwd: str | Path) -> None:
     """UserError (exit 2) when the run or checkpoint directory could not be written (a file on
     its path, no permission, a read-only file system): before anything starts, not at the

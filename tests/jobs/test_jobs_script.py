@@ -153,6 +153,27 @@ def test_missing_script_is_a_user_error_and_nothing_starts(tmp_path: Path) -> No
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("name", ["torchjob.py", "torchjob/__init__.py"])
+@pytest.mark.parametrize("to", ["local", "slurm"])
+def test_a_torchjob_module_where_the_nodes_start_is_refused(tmp_path: Path, name: str,
+                                                             to: str) -> None:
+    """Every node's ``python -m torchjob.trainer.agent`` would import it instead of the kit
+    (and run a user's script named torchjob.py in the agent): exit 2 with the fix, nothing
+    started or submitted."""
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    (tmp_path / name).parent.mkdir(exist_ok=True)
+    (tmp_path / name).write_text("raise SystemExit('imported instead of the kit')\n")
+    # the console script, as a user types it (``python -m torchjob.jobs`` would import it too)
+    out = subprocess.run([str(Path(sys.executable).parent / "torchjob"), "run", "--to", to,
+                          "--nproc-per-node", "2", "train.py"], cwd=tmp_path, env=env_for_tests(),
+                         capture_output=True, text=True, timeout=120, check=False,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 2, out.stderr
+    assert f"{tmp_path / name}: every node would import this file instead of torchjob" in \
+        out.stderr and "rename it" in out.stderr, out.stderr
+    assert "ran" not in out.stdout and not (tmp_path / "runs").exists()
+
+
 @pytest.mark.integration
 def test_torchx_local_cwd_runs_the_script(tmp_path: Path) -> None:
     out = subprocess.run([str(Path(sys.executable).parent / "torchx"), "run", "-s", "local_cwd",
