@@ -36,6 +36,11 @@ def timed_out_s(text: str) -> float | None:
     return int(found["ms"]) / 1000 if found["ms"] else float(found["s"])
 
 
+def lost_peer(text: str) -> str:
+    """How a worker whose error is ``text`` lost its peer, in the words of its lines."""
+    return "lost a peer" if timed_out_s(text) is None else "timed out waiting for a peer"
+
+
 def timed_out(failures: Mapping[int, Any]) -> dict[int, float]:
     """The ranks among torch's ``failures`` (rank -> its ProcessFailure) that gave up waiting
     for a peer in a collective, with the timeout they gave up after (s)."""
@@ -113,9 +118,7 @@ class Failure:
         if kind == "config":
             return f"{where} stopped on a configuration error (exit 2){what}"
         if kind == "peer":
-            lost = "lost a peer" if timed_out_s(self.message) is None else \
-                "timed out waiting for a peer"
-            return f"{where} {lost}{what}"
+            return f"{where} {lost_peer(self.message)}{what}"
         if kind == "stopped":
             return f"{where} stopped after a checkpoint (exit 143)"
         return (f"{where} raised {self.message}" if self.message

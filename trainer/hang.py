@@ -288,14 +288,14 @@ class Watchdog:
         self.dumped = True
         return True
 
-    def waited_for(self, timed_out: dict[int, float]) -> Hang | None:
+    def waited_for(self, timed_out: dict[int, float], now: float) -> Hang | None:
         """After local ranks gave up waiting in a collective (``timed_out``: rank -> the process
         group's timeout, s): the live local ranks they waited for, told apart as a hang's
-        culprits are (behind in collectives, outside the one they waited in); None when there
-        is no such rank here (it may be on another node)."""
+        culprits are (behind in collectives, outside the one they waited in), as read at
+        ``now``; None when there is no such rank here (it may be on another node)."""
         if not timed_out:
             return None
-        now, after = self.observe(force=True), max(timed_out.values())
+        after = max(timed_out.values())
         for w in self.seen:
             w.look(now)  # a silent one's frame from outside
         views = [replace(w.view(now, self.node), in_collective=True) if w.rank in timed_out
@@ -332,10 +332,11 @@ class Watchdog:
         """As the group fails (torch's ``failed``, by local rank), before the rest is stopped:
         the rank that a timed-out collective waited for, else the silent or stopped ranks, with
         their stacks written (into ``hangs``, else the log); None when there is none."""
-        now, of = self.clock(), {w.local_rank: w.rank for w in self.seen}
+        now, of = self.observe(force=True), {w.local_rank: w.rank for w in self.seen}
         hang = self.waited_for({of[local]: s for local, s in timed_out(failed).items()
-                                if local in of})
-        silent = [] if hang else [w for w in self.silent() if w.local_rank not in failed]
+                                if local in of}, now)
+        silent = [] if hang else [w for w in self.seen
+                                  if w.silent(now) and w.local_rank not in failed]
         if hang is not None:
             named = {w.rank: stuck_line(w, hang.finding, now, node) for w in hang.stuck}
         else:
@@ -347,11 +348,6 @@ class Watchdog:
             if not self.dumped else str(hangs or "the log above")
         self.dumped = True
         return Looked(list(hang.stuck) if hang else silent, named, hang, where)
-
-    def silent(self) -> list[Seen]:
-        """After another failure: the workers that are silent or stopped now."""
-        now = self.observe(force=True)
-        return [w for w in self.seen if w.silent(now)]
 
     def dump(self, folder: Path | None, node: int, workers: Iterable[Seen]) -> str:
         """Every given worker's stacks into ``folder`` (or the log); where they went."""

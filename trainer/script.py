@@ -96,15 +96,15 @@ def failed(exc: BaseException) -> int:
     """A worker's exception: recorded for its agent, its traceback printed as the interpreter
     prints it, and the exit code: ``EXIT_RETRY`` when it only says a peer is gone (then one
     line, not the traceback of a collective that lost its peer), else 1."""
-    from torchjob.trainer.failures import exception_line, is_peer_loss, timed_out_s
+    from torchjob.trainer.failures import exception_line, is_peer_loss, lost_peer
 
     exc = exc.with_traceback(user_frames(exc.__traceback__))
     record(exc)
     peer = is_peer_loss(exc)
     if peer:
         text = exception_line(f"{type(exc).__name__}: {exc}")
-        what = "lost a peer" if timed_out_s(text) is None else "timed out waiting for a peer"
-        print(f"torchjob: {what} ({text}): the agent restarts the group", file=sys.stderr)
+        print(f"torchjob: {lost_peer(text)} ({text}): the agent restarts the group",
+              file=sys.stderr)
     else:
         print_exception(exc)
     sys.stderr.flush()
