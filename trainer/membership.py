@@ -13,6 +13,7 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousIn
 
 from torchjob.trainer import ledger
 from torchjob.trainer.rendezvous import KeyedRendezvousHandler
+from torchjob.trainer.static_rounds import rounded
 
 log = agent_api.logger  # torchrun's own agent log, with its format
 
@@ -99,3 +100,9 @@ class MembershipWatch:
             return self._handler.this_node()
         node = getattr(self._handler, "_this_node", None)
         return ledger.node_name() if node is None else f"{node.addr}:{node.pid}"
+
+
+def watched(spec: agent_api.WorkerSpec) -> MembershipWatch:
+    """The agent's handler for ``spec``: its rendezvous handler watched, torchrun's static one
+    first given a round per attempt (torchjob.trainer.static_rounds)."""
+    return MembershipWatch(rounded(spec))

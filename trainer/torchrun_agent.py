@@ -34,7 +34,7 @@ from torchjob.trainer.failures import (RESTARTING, Failure, Verdict, exception_l
 from torchjob.trainer.culprit import Finding, ranks
 from torchjob.trainer.hang import Looked, Seen, Watchdog, stuck_line
 from torchjob.trainer.stacks import half_started, kill, kill_deaf
-from torchjob.trainer.membership import MembershipWatch
+from torchjob.trainer.membership import MembershipWatch, watched
 from torchjob.trainer.pace import Pace
 
 BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at signals)
@@ -101,7 +101,7 @@ class Agent(LocalElasticAgent):
         """torch's arguments, and ours: restart on user exceptions too, the restart storm
         guard (torchjob.trainer.ledger), the hang watchdog's timeout (0: none) and the folder
         its workers report progress in (torchjob.trainer.progress)."""
-        spec.rdzv_handler = MembershipWatch(spec.rdzv_handler)  # type: ignore[assignment]
+        spec.rdzv_handler = watched(spec)  # type: ignore[assignment]
         super().__init__(spec, *args, **kwargs)
         self.retry_on_error, self.max_stalled_restarts = retry_on_error, max_stalled_restarts
         self._attempt_base = attempt_base(os.environ)
