@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from torchjob.trainer.contract import EXIT_RETRY
 from torchjob.trainer.failures import timed_out
 from torchjob.trainer.culprit import STOPPED, Finding, RankView, find, hung, ranks
 from torchjob.trainer.progress import BEAT_S, NO_STEP, Record
@@ -27,6 +28,9 @@ DUMP_LEAD_S = 2 * READ_EVERY_S
 # a rank that gave up waiting in a collective exits within this: one still there after it
 # did not (trainer.hang.Watchdog.waited_for)
 LEAVING_S = 1.0
+# a rank that lost its peers after waiting this long in init_process_group waited for a rank
+# of its node that never came there (Watchdog.look_at_failure)
+INIT_WAIT_S = 1.0
 LOOKS = 3  # tries at a silent rank's frame from outside (py-spy) per silent stretch
 NODE_KEY, FINDING_KEY = "torchjob.hang.node{}", "torchjob.hang.finding"  # the round's store
 # set by a node whose rank waits near the timeout (idle or inside a collective): from then on
@@ -288,22 +292,24 @@ class Watchdog:
         self.dumped = True
         return True
 
-    def waited_for(self, timed_out: dict[int, float], now: float) -> Hang | None:
+    def waited_for(self, timed_out: dict[int, float], now: float,
+                   why: str = "") -> Hang | None:
         """After local ranks gave up waiting in a collective (``timed_out``: rank -> the process
-        group's timeout, s): the live local ranks they waited for, told apart as a hang's
-        culprits are (behind in collectives, outside the one they waited in), as read at
-        ``now``; None when there is no such rank here (it may be on another node)."""
+        group's timeout, s; ``why``: how they gave up, if not by that timeout): the live local
+        ranks they waited for, told apart as a hang's culprits are (behind in collectives,
+        outside the one they waited in), as read at ``now``; None when there is none here."""
         if not timed_out:
             return None
         after = max(timed_out.values())
+        why = why or (f"timed out waiting for it in a collective after {after:g} s (the "
+                      "process group's timeout: raise it if this rank is slow, not stuck)")
         for w in self.seen:
             w.look(now)  # a silent one's frame from outside
         views = [replace(w.view(now, self.node), in_collective=True) if w.rank in timed_out
                  else w.view(now, self.node) for w in self.seen
                  if w.record is not None and (w.alive or w.rank in timed_out)]
-        finding = find(views, after, f"rank(s) {ranks(v for v in views if v.rank in timed_out)}"
-                       f" timed out waiting for it in a collective after {after:g} s (the "
-                       "process group's timeout: raise it if this rank is slow, not stuck)")
+        finding = find(views, after,
+                       f"rank(s) {ranks(v for v in views if v.rank in timed_out)} {why}")
         culprits = {v.rank for v in finding.culprits}
         stuck = tuple(w for w in self.seen if w.rank in culprits and w.alive)
         if not culprits or culprits & timed_out.keys() or len(stuck) < len(culprits):
@@ -315,6 +321,15 @@ class Watchdog:
         if unsure and not self._stay([w for w in stuck if w.rank in unsure]):
             return None
         return Hang(finding, stuck)
+
+    def left_init(self, failed: Mapping[int, Any], now: float) -> dict[int, float]:
+        """The local ranks among torch's ``failed`` that lost their peers after waiting at least
+        ``INIT_WAIT_S`` in init_process_group (no process group yet), with how long (s): the
+        store's host, on another node, gave up on a rank that never came."""
+        return {w.rank: round(now - w.entered_at, 1) for w in self.seen
+                if w.local_rank in failed and failed[w.local_rank].exitcode == EXIT_RETRY
+                and w.record is not None and w.record.seq < 0 and w.record.in_collective
+                and now - w.entered_at >= INIT_WAIT_S}
 
     def _stay(self, workers: list[Seen]) -> bool:
         """Whether every one of ``workers`` still runs after ``LEAVING_S`` (False as soon as
@@ -335,6 +350,10 @@ class Watchdog:
         now, of = self.observe(force=True), {w.local_rank: w.rank for w in self.seen}
         hang = self.waited_for({of[local]: s for local, s in timed_out(failed).items()
                                 if local in of}, now)
+        if hang is None and (left := self.left_init(failed, now)):
+            hang = self.waited_for(left, now, f"waited {max(left.values()):g} s for it in "
+                                   "init_process_group until the group's store went away (a "
+                                   "rank on another node gave up waiting and left)")
         silent = [] if hang else [w for w in self.seen
                                   if w.silent(now) and w.local_rank not in failed]
         if hang is not None:

@@ -36,11 +36,13 @@ def job_yaml(name: str, shape: str, culprit: int, nodes: int, nproc: int,
 
 
 def trial(cwd: Path, to: str, shape: str, *, nodes: int = 2, nproc: int = 2,
-          name: str = "", pg_timeout: int = 0) -> str:
+          name: str = "", pg_timeout: int = 0, on_node: int | None = None) -> str:
     """One trial in ``cwd``: ``torchjob run --to TO job.yaml``; its output, after every
     check. ``pg_timeout``: the script's process group timeout (s), so that a collective
-    times out waiting for the culprit long before the watchdog's timeout."""
-    culprit = random.randrange(nodes * nproc)
+    times out waiting for the culprit long before the watchdog's timeout; ``on_node``: the
+    culprit is drawn from that node's ranks (default: from all)."""
+    culprit = random.randrange(nodes * nproc) if on_node is None else \
+        on_node * nproc + random.randrange(nproc)
     node = culprit // nproc
     name = name or f"hang-{shape}"
     cwd.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,7 +21,8 @@ from torch.distributed import HashStore
 from torchjob.trainer import frames, progress, stragglers
 from torchjob.trainer.agent import hang_timeout
 from torchjob.trainer.culprit import RankView, find, hung
-from torchjob.trainer.hang import WAITING_KEY, Seen, Watchdog, read_record
+from torchjob.trainer.contract import EXIT_RETRY
+from torchjob.trainer.hang import INIT_WAIT_S, WAITING_KEY, Seen, Watchdog, read_record
 from torchjob.trainer.progress import Record
 from torchjob.trainer.stacks import kill_stopped, process_state, stack_of
 from tests.procs import env_for_tests, free_port
@@ -119,6 +121,23 @@ def test_in_start_up_a_rank_waited_for_that_long_is_a_hang_but_shared_work_is_no
     assert "outside any collective while the others wait in one" in find(before_init, T).why
     assert not hung([start(0, 1, True, T), start(1, 1, True, T)], T)
     assert not hung([start(0, 0, False, 0.0), start(1, 0, False, 0.0)], T)
+
+
+def test_a_rank_that_lost_its_peers_after_a_wait_in_init_waited_for_one_that_never_came(
+        tmp_path: Path) -> None:
+    """Its peers went away (the store's host timed out on another node) while it waited in
+    init_process_group: as a rank that timed out there, for at least INIT_WAIT_S; one that
+    had its process group, or waited less, or failed in its own code is not."""
+    dog = Watchdog(tmp_path, T, others_first_s=1.0, say=print, clock=lambda: 100.0)
+
+    def seen(local: int, seq: int, entered: float) -> Seen:
+        return Seen(local, 10 + local, pid=0, started=90.0, entered_at=entered,
+                    record=Record(seq=seq, in_collective=True))
+    dog.seen = [seen(0, -1, 100.0 - INIT_WAIT_S - 1), seen(1, -1, 100.0 - INIT_WAIT_S / 2),
+                seen(2, 3, 90.0)]
+    lost = {local: SimpleNamespace(exitcode=EXIT_RETRY) for local in range(3)}
+    assert dog.left_init(lost, 100.0) == {10: INIT_WAIT_S + 1}
+    assert dog.left_init({**lost, 0: SimpleNamespace(exitcode=1)}, 100.0) == {}
 
 
 def test_progress_reports_reach_the_watchdog(tmp_path: Path,
