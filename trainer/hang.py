@@ -29,7 +29,7 @@ DUMP_LEAD_S = 2 * READ_EVERY_S
 # did not (trainer.hang.Watchdog.waited_for)
 LEAVING_S = 1.0
 # a rank that lost its peers after waiting this long in init_process_group waited for a rank
-# of its node that never came there (Watchdog.look_at_failure)
+# of its node that never came there (Watchdog.left_init)
 INIT_WAIT_S = 1.0
 LOOKS = 3  # tries at a silent rank's frame from outside (py-spy) per silent stretch
 NODE_KEY, FINDING_KEY = "torchjob.hang.node{}", "torchjob.hang.finding"  # the round's store

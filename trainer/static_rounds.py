@@ -13,17 +13,17 @@ from datetime import timedelta
 from typing import Any
 
 from torch.distributed import PrefixStore, Store
-from torch.distributed.elastic.rendezvous import (RendezvousHandler, RendezvousInfo,
-                                                  RendezvousStoreInfo, RendezvousTimeoutError)
+from torch.distributed.elastic.rendezvous import (RendezvousInfo, RendezvousStoreInfo,
+                                                  RendezvousTimeoutError)
 
 PREFIX = "torchjob.static."
 LATEST_KEY = PREFIX + "latest"  # the newest round a node joined
 POLL_S = (0.05, 0.5)  # a node's look at its round's count: first and longest interval
 
 
-class StaticRounds(RendezvousHandler):
+class StaticRounds:
     """``handler`` (torch's StaticTCPRendezvous of more than one node) with a round per
-    attempt: see the module's docstring."""
+    attempt (see the module's docstring); everything else goes to the handler unchanged."""
 
     def __init__(self, handler: Any) -> None:
         self._handler = handler
@@ -31,24 +31,6 @@ class StaticRounds(RendezvousHandler):
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._handler, name)
-
-    def get_backend(self) -> str:
-        return str(self._handler.get_backend())
-
-    def get_run_id(self) -> str:
-        return str(self._handler.get_run_id())
-
-    def is_closed(self) -> bool:
-        return bool(self._handler.is_closed())
-
-    def set_closed(self) -> None:
-        self._handler.set_closed()
-
-    def num_nodes_waiting(self) -> int:
-        return int(self._handler.num_nodes_waiting())
-
-    def shutdown(self) -> bool:
-        return bool(self._handler.shutdown())
 
     @property
     def use_agent_store(self) -> bool:
@@ -71,12 +53,10 @@ class StaticRounds(RendezvousHandler):
         once their workers have failed without it."""
         timeout: timedelta = self._handler.timeout
         deadline = time.monotonic() + timeout.total_seconds()
-        round_ = self._next
-        if store.check([LATEST_KEY]):
-            round_ = max(round_, int(store.get(LATEST_KEY)))
+        latest = store.get(LATEST_KEY).decode() if store.check([LATEST_KEY]) else ""
+        round_ = max(self._next, int(latest or 0))
         while store.add(f"{PREFIX}round{round_}", 1) > size:
             round_ += 1
-        latest = store.get(LATEST_KEY).decode() if store.check([LATEST_KEY]) else ""
         mine = str(round_)
         while latest != mine and (not latest or int(latest) < round_):  # only ever raised
             latest = store.compare_set(LATEST_KEY, latest, mine).decode()
