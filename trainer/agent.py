@@ -227,11 +227,12 @@ def nproc_per_node(value: str) -> str:
 COUNT_GPUS = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
 
 
-def cuda_devices() -> int:
+def cuda_devices(python: str = sys.executable, env: Mapping[str, str] | None = None) -> int:
     """The CUDA (or ROCm) devices torch sees on this node, counted by a fresh interpreter (a
-    second or two, only for those words; a CPU build of torch answers 0 the same way)."""
-    done = subprocess.run([sys.executable, "-c", COUNT_GPUS], capture_output=True, text=True,
-                          check=False)
+    second or two, only for those words; a CPU build of torch answers 0 the same way);
+    ``python`` and ``env``: the interpreter and environment the workers will have."""
+    done = subprocess.run([python, "-c", COUNT_GPUS], capture_output=True, text=True,
+                          check=False, env=None if env is None else dict(env))
     words = done.stdout.split()
     if done.returncode != 0 or not words or not words[-1].isdigit():
         lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]

@@ -153,6 +153,18 @@ def test_missing_script_is_a_user_error_and_nothing_starts(tmp_path: Path) -> No
     assert not (tmp_path / "run").exists()
 
 
+def test_one_process_per_gpu_where_torch_sees_none_is_a_user_error_and_nothing_starts(
+        tmp_path: Path) -> None:
+    # no GPU for this run on any machine: the count is the one the nodes would make
+    env = {**env_for_tests(), "CUDA_VISIBLE_DEVICES": ""}
+    out = torchjob("run", "jobs/examples/script.yaml", "--set", "nproc_per_node=gpu",
+                   "--set", f"run_dir={tmp_path}/run", env=env)
+    assert out.returncode == 2, out.stderr
+    assert "nproc_per_node: gpu starts one process per GPU, but torch sees no CUDA GPU on " \
+        "this machine (CUDA_VISIBLE_DEVICES=): give a count instead" in out.stderr, out.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("name", ["torchjob.py", "torchjob/__init__.py"])
 @pytest.mark.parametrize("to", ["local", "slurm"])
 def test_a_torchjob_module_where_the_nodes_start_is_refused(tmp_path: Path, name: str,

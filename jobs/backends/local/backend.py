@@ -15,6 +15,7 @@ from torchjob.jobs.backends.local.render import LocalPlan, render_local, render_
 from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import UserError
+from torchjob.trainer.agent import cuda_devices
 
 
 class LocalBackend(launcher.LaunchedHere):
@@ -35,6 +36,8 @@ class LocalBackend(launcher.LaunchedHere):
                                                                   script)):
             raise UserError(f"trainer.script {script!r} is not a file (relative paths start "
                             f"at {request.context.workdir}): fix the path in the job spec")
+        if request.spec.nproc_per_node == "gpu":
+            no_gpu_here(request)
 
     def record_data(self, request: Request) -> dict[str, Any]:
         plan: LocalPlan = request.data
@@ -55,6 +58,23 @@ class LocalBackend(launcher.LaunchedHere):
             return run_local(plan, stops=stops, grace=context.grace, record=record,
                              echo=echo, err=err)
         return body
+
+
+def no_gpu_here(request: Request) -> None:
+    """``nproc_per_node: gpu`` where torch sees no GPU: a UserError before any node starts
+    (counted as each node's agent counts them, by a fresh interpreter: none here touches CUDA,
+    and in the nodes' environment, with the spec's CUDA_VISIBLE_DEVICES)."""
+    plan: LocalPlan = request.data
+    try:
+        gpus = cuda_devices(request.context.python, {**os.environ, **plan.env})
+    except ValueError as exc:
+        raise UserError(f"nproc_per_node: gpu: {exc}") from exc
+    if not gpus:
+        visible = plan.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+        raise UserError("nproc_per_node: gpu starts one process per GPU, but torch sees no "
+                        "CUDA GPU on this machine"
+                        f"{'' if visible is None else f' (CUDA_VISIBLE_DEVICES={visible})'}: "
+                        "give a count instead (nproc_per_node: 2, or --nproc-per-node 2)")
 
 
 create = no_variant(LocalBackend)  # the torchjob.backends entry point
