@@ -149,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         print(f"torchjob: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
+    for name in DIR_OPTIONS.values():  # a script that changes its directory (Hydra's
+        if name in env:  # job.chdir) still finds them
+            env[name] = os.path.abspath(env[name])
     os.environ.update(env)  # the workers inherit it (through the forkserver too)
 
     from torch.distributed.launcher import api as launcher_api

@@ -38,6 +38,7 @@ files = {m.__name__: os.path.abspath(m.__file__).startswith(here) for m in (trai
 dist.init_process_group("gloo")
 total = torch.ones(1)
 dist.all_reduce(total)
+os.chdir(os.path.join(here, f"elsewhere-{dist.get_rank()}"))  # as Hydra's job.chdir does
 with open(os.path.join(os.environ["TORCHJOB_RUN_DIR"], f"seen-{dist.get_rank()}.json"), "w") as f:
     json.dump({"who": found, "mine": files, "sum": total.item(), "argv": sys.argv[1:],
                "file": __file__, "argv0": sys.argv[0]}, f)
@@ -54,6 +55,8 @@ def project(folder: Path) -> Path:
         (folder / package).mkdir()
         (folder / package / "__init__.py").write_text(NOTE)
     (folder / "train.py").write_text(TRAIN)
+    for rank in (0, 1):  # where the script moves to: the kit's directories still lead home
+        (folder / f"elsewhere-{rank}").mkdir()
     return folder
 
 
