@@ -131,6 +131,22 @@ def is_script(target: str) -> bool:
     return True
 
 
+def not_python(target: str) -> None:
+    """A UserError for an executable of another language (a ``#!`` line that is not Python's)
+    given where a spec or a Python script goes: neither would read it."""
+    if target.lower().endswith(SPEC_SUFFIXES):
+        return
+    try:
+        first = read_spec(Path(target)).partition("\n")[0]
+    except SpecError:
+        return  # not a readable file: the spec's error says what is wrong
+    if first.startswith("#!") and "python" not in first:
+        raise UserError(f"{target}: a program for {first[2:].strip() or 'its #! line'}, not "
+                        "Python: torchjob runs a job spec (JOB.yaml) or a Python script "
+                        "(SCRIPT.py, or -m MODULE), as torchrun does without --no-python; run "
+                        "the Python command the program starts, with its arguments")
+
+
 def job_name(target: str, module: bool = False) -> str:
     """A job name (a DNS-1035 label) from a script's or module's name: train_gpt.py is
     train-gpt, mypkg.train is train."""
@@ -188,6 +204,8 @@ def finish_target(args: argparse.Namespace, argv: Sequence[str]) -> None:
     word after it, as torchrun takes them; else a job spec file, after which options may
     still come (``torchjob run job.yaml --set epochs=3``)."""
     args.script = bool(args.module) or is_script(args.target)
+    if not args.script:
+        not_python(args.target)
     # where the job came from, as renderings name it (Regenerate with: torchjob render SOURCE):
     # the command line without the options that are not part of the job
     words = list(argv[1:])

@@ -36,9 +36,11 @@ TORCHRUN_ONLY = {
                      "--logs-specs", "--duplicate-stdout-filters",
                      "--duplicate-stderr-filters"), _LINES),
     **dict.fromkeys(("--monitor-interval", "--start-method", "--role", "--run-path",
-                     "--no-python", "--event-log-handler", "--signals-to-handle",
+                     "--event-log-handler", "--signals-to-handle",
                      "--numa-binding", "--virtual-local-rank"),
                     "torchjob's agent on each node sets it (docs/internals.md)"),
+    "--no-python": "torchjob runs Python workers, a SCRIPT.py or -m MODULE, whose progress "
+                   "its agent watches; run the Python command your program starts",
 }
 
 

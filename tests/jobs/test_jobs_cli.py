@@ -228,9 +228,14 @@ def test_save_spec_writes_the_job_that_runs_again(tmp_path: Path) -> None:
      ["--rdzv-backend, --master-port are torchrun's: each backend places the nodes",
       "drop them"]),
     (["run", "--log-dir", "d", "t.py"], ["--log-dir is torchrun's", "torchjob logs JOB --rank"]),
+    # a program of another language: torchrun's --no-python, which torchjob does not take
+    (["run", "--no-python", "t.sh"], ["--no-python is torchrun's: torchjob runs Python workers"]),
+    (["run", "t.sh", "--x"], ["t.sh: a program for /bin/sh, not Python", "JOB.yaml",
+                              "SCRIPT.py"]),
 ])
 def test_command_line_job_errors(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
     (tmp_path / "t.py").write_text("pass\n")
+    (tmp_path / "t.sh").write_text("#!/bin/sh\nexec python3 t.py \"$@\"\n")
     assert_user_error(torchjob(*args, cwd=tmp_path, timeout=60), *fragments)
     assert not (tmp_path / "runs").exists()
 
