@@ -12,7 +12,8 @@ from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.trainer_args import trainer_argv
 from torchjob.trainer.contract import (CHECKPOINT_BUDGET_OPTION, CHECKPOINT_BUDGET_S,
                                        CHECKPOINT_DIR_OPTION, COLLECTIVE_TIMEOUT_OPTION,
-                                       COLLECTIVE_TIMEOUT_S, HANG_TIMEOUT_OPTION,
+                                       COLLECTIVE_TIMEOUT_S, EXPECT_GPUS_OPTION,
+                                       HANG_TIMEOUT_OPTION,
                                        MAX_STALLED_DEFAULT, MAX_STALLED_OPTION, RESUME_OPTION,
                                        RUN_DIR_OPTION)
 
@@ -81,13 +82,14 @@ def timeout_options(spec: JobSpec) -> tuple[str, ...]:
 
 
 def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str,
-                  extra_args: tuple[str, ...] = (), store_client: bool = False
-                  ) -> tuple[str, ...]:
+                  extra_args: tuple[str, ...] = (), store_client: bool = False,
+                  gives_gpus: bool = True) -> tuple[str, ...]:
     """argv of one node's agent: c10d rendezvous at ``rdzv_endpoint``, then the trainer
     (``-m MODULE`` or a script) and its arguments. With ``store_client`` (a backend that runs
     the job's own store, ``own_store``) no agent hosts the store (``is_host=false``: torch
     would otherwise let the agent whose host name matches the endpoint serve it), even on the
-    store's own host."""
+    store's own host. ``gives_gpus``: the backend asks for ``resources.gpus`` (all but local),
+    so each agent checks that its node sees them (``--expect-gpus``)."""
     rdzv_conf = (f"join_timeout={spec.rdzv.join_timeout},"
                  f"last_call_timeout={spec.rdzv.last_call_timeout}"
                  + (",is_host=false" if store_client else ""))
@@ -100,6 +102,8 @@ def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str
           if spec.max_stalled_restarts != MAX_STALLED_DEFAULT else []),
         HANG_TIMEOUT_OPTION, f"{spec.hang_timeout:g}",
         *timeout_options(spec),
+        *([EXPECT_GPUS_OPTION, str(spec.resources.gpus)]
+          if gives_gpus and spec.resources.gpus else []),
         "--nnodes", str(spec.nnodes),
         "--nproc-per-node", str(spec.nproc_per_node),
         "--rdzv-backend", spec.rdzv.backend,

@@ -88,6 +88,10 @@ def test_one_process_per_gpu_needs_the_gpus_where_a_scheduler_gives_them(name: s
         assert re.search(rf"--nproc-per-node[\s'\"=-]*{word}\b", text), (name, text)
         if name.startswith("k8s") and gpus:
             assert "nvidia.com/gpu: '2'" in text, text
+        # every node that asks its scheduler or engine for GPUs checks it got them (local: the
+        # node is this machine, resources.gpus asks nothing of it)
+        expects = re.search(r"--expect-gpus[\s'\"=-]*2\b", text)
+        assert bool(expects) == (bool(gpus) and name != "local"), (name, text)
 
 
 def test_an_unknown_backend_lists_the_known_ones() -> None:

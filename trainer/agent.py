@@ -16,7 +16,6 @@ import multiprocessing.util
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -29,13 +28,15 @@ from torchjob.trainer.contract import (AGENT_ENV_OPTIONS, CHECKPOINT_BUDGET_ENV,
                                        CHECKPOINT_BUDGET_OPTION, COLLECTIVE_TIMEOUT_ENV,
                                        COLLECTIVE_TIMEOUT_OPTION, COLLECTIVE_TIMEOUT_S,
                                        DIR_OPTIONS, EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED,
+                                       EXPECT_GPUS_OPTION,
                                        EXIT_STORE_LOST, HANG_TIMEOUT_ENV, HANG_TIMEOUT_OPTION,
                                        HANG_TIMEOUT_S, MAX_STALLED_OPTION, MIN_HANG_TIMEOUT_S,
-                                       NCCL_HEARTBEAT_ENV, NPROC_WORDS, PROGRESS_DIR_ENV,
+                                       NCCL_HEARTBEAT_ENV, PROGRESS_DIR_ENV,
                                        RUN_DIR_ENV, SERVER_NAME, STOP_SIGNALS, WORKER_NAME,
                                        closing_line, job_exit_code, nccl_heartbeat_s,
                                        seconds_from)
 from torchjob.trainer.dirs import unusable
+from torchjob.trainer.gpus import missing, nproc_per_node
 from torchjob.trainer.orphans import die_with_parent
 from torchjob.trainer.runlock import RunDirBusy, RunLock
 
@@ -44,7 +45,7 @@ FAST_MODULE = "torchjob.trainer"
 SCRIPT_MODULE = "torchjob.trainer.script"
 RETRY_ON_ERROR = "--retry-on-error"  # ours, before torchrun's arguments: restart on exceptions
 # ours too, each a whole number: the Agent keyword argument it sets
-COUNT_OPTIONS = {MAX_STALLED_OPTION: "max_stalled_restarts"}
+COUNT_OPTIONS = {MAX_STALLED_OPTION: "max_stalled_restarts", EXPECT_GPUS_OPTION: "gpus"}
 # trainer.forkserver_guard first: the server dies with this agent (trainer.orphans);
 # torch.optim imports torch._dynamo on first use
 PRELOAD = ["torchjob.trainer.forkserver_guard", "torchjob.trainer.train", "torch._dynamo"]
@@ -145,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         argv, settings, env = own_options(list(sys.argv[1:] if argv is None else argv))
         seconds = hang_timeout(env)
+        gpus = settings.pop("gpus", 0)  # checked here, not an Agent's setting
         job_timeouts(env, os.environ)
     except ValueError as exc:
         print(f"torchjob: {exc}", file=sys.stderr)
@@ -184,11 +186,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         # bare torchrun does; the agent's command spells every option of torchrun's in full
         parser.allow_abbrev = False
         args = parser.parse_args(argv)
-        try:
-            args.nproc_per_node = nproc_per_node(args.nproc_per_node)
-        except ValueError as exc:
-            print(closing_line(str(exc), 0, EXIT_CONFIG), file=sys.stderr, flush=True)
-            sys.exit(EXIT_CONFIG)
+        args.nproc_per_node = node_gpus(args.nproc_per_node, gpus)
         own_log_dir = tee_to_us(args)
         lock = lock_run_dir(args, env)
         run_agent(args)
@@ -201,46 +199,19 @@ def main(argv: Sequence[str] | None = None) -> None:
             shutil.rmtree(progress_dir, ignore_errors=True)
 
 
-def nproc_per_node(value: str) -> str:
-    """``--nproc-per-node`` (or ``PET_NPROC_PER_NODE``) as a count, torchrun's words counted
-    here as torch's ``determine_local_world_size`` does, but without CUDA in this process,
-    which forks the workers' server: ``gpu`` the CUDA devices torch sees (``cuda_devices``),
-    ``cpu`` the CPUs this agent may run on (its affinity: what Slurm or docker gave it, where
-    torchrun counts the machine's), ``auto`` the GPUs, else the CPUs."""
-    word = value.strip()
-    if word.isascii() and word.isdigit():
-        return word
-    if word not in NPROC_WORDS:
-        raise ValueError(f"--nproc-per-node {value!r}: write a count of processes per node, "
-                         "or gpu (one per GPU), cpu (one per CPU) or auto")
-    gpus = 0 if word == "cpu" else cuda_devices()
-    if word == "gpu" and not gpus:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        raise ValueError("--nproc-per-node gpu: torch sees no CUDA GPU on this node"
-                         f"{f' (CUDA_VISIBLE_DEVICES={visible})' if visible is not None else ''}"
-                         ": ask for GPUs (resources.gpus), or give a count of processes")
-    count = gpus or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                     else os.cpu_count() or 1)
-    print(f"torchjob: --nproc-per-node {word}: {count} process(es) on this node "
-          f"(one per {'GPU' if gpus else 'CPU'})", file=sys.stderr, flush=True)
-    return str(count)
-
-
-# run in a fresh interpreter: torch.cuda here would forbid the fork of the workers' server
-COUNT_GPUS = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
-
-
-def cuda_devices(python: str = sys.executable, env: Mapping[str, str] | None = None) -> int:
-    """The CUDA (or ROCm) devices torch sees on this node, counted by a fresh interpreter (a
-    second or two, only for those words; a CPU build of torch answers 0 the same way);
-    ``python`` and ``env``: the interpreter and environment the workers will have."""
-    done = subprocess.run([python, "-c", COUNT_GPUS], capture_output=True, text=True,
-                          check=False, env=None if env is None else dict(env))
-    words = done.stdout.split()
-    if done.returncode != 0 or not words or not words[-1].isdigit():
-        lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
-        raise ValueError(f"--nproc-per-node: cannot count this node's GPUs: {lines[-1]}")
-    return int(words[-1])
+def node_gpus(nproc: str, gpus: int) -> str:
+    """``--nproc-per-node`` as a count (``gpus.nproc_per_node``), once this node is seen to
+    have the ``--expect-gpus`` it asked for; else exit 2 with the closing line that says why,
+    before any worker starts."""
+    try:
+        count = nproc_per_node(nproc)
+        problem = missing(gpus)
+    except ValueError as exc:
+        problem = str(exc)
+    if problem:
+        print(closing_line(problem, 0, EXIT_CONFIG), file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG)
+    return count
 
 
 def tee_to_us(args: Any) -> str | None:

@@ -132,6 +132,9 @@ PROGRESS_DIR_ENV = "TORCHJOB_PROGRESS_DIR"
 # The agent's storm guard (torchjob.trainer.ledger): restarts in a row that come back to the same
 # checkpoint before the job is stopped as a restart storm; 0 turns it off.
 MAX_STALLED_OPTION, MAX_STALLED_DEFAULT = "--max-stalled-restarts", 3
+# the GPUs per node the job asked its scheduler or container engine for (resources.gpus): each
+# agent checks it sees them before any worker starts (trainer.gpus.missing)
+EXPECT_GPUS_OPTION = "--expect-gpus"
 
 # A finished checkpoint's record (torchjob.trainer.checkpoint), also read before submitting
 # (torchjob.jobs.preflight): step, world size, config and its fingerprint, a checksum per file.
@@ -184,7 +187,7 @@ def parse_log_prefix(line: str) -> tuple[int, int, int, str] | None:
 
 
 # torchrun's --nproc-per-node words, which each node's agent turns into its own count when it
-# starts (trainer.agent.nproc_per_node); a job spec takes them as they are (jobs.checks)
+# starts (trainer.gpus.nproc_per_node); a job spec takes them as they are (jobs.checks)
 NPROC_WORDS = ("gpu", "cpu", "auto")
 
 

@@ -307,6 +307,25 @@ def test_user_scripts_run_from_the_working_directory_and_their_exceptions_are_no
     assert_nothing_left(project)
 
 
+def test_gpus_the_engine_did_not_give_stop_the_job_with_the_fix(container_image: str,
+                                                                 tmp_path: Path) -> None:
+    """resources.gpus reserves NVIDIA GPUs in compose; an engine without them (this host's
+    podman: no GPU, no CDI spec) starts the container anyway, and the job trained on the CPU.
+    Now each node's agent finds fewer GPUs than asked: exit 2, the fix, no worker started."""
+    logfile = tmp_path / "gpus.log"
+    with running(run_args("default.yaml", "resources.gpus=1", "nproc_per_node=1",
+                          f"run_dir={tmp_path}/run"), tmp_path / "job", logfile) as proc:
+        project = project_of(logfile)
+        code = proc.wait(timeout=300)
+    out = logfile.read_text()
+    assert code == 2, out[-4000:]
+    assert out.strip().splitlines()[-1].startswith(
+        "torchjob: the job failed: the job asks for 1 GPU(s) per node (resources.gpus), but "
+        "torch sees 0 on node0"), out[-4000:]
+    assert "NVIDIA's Container Toolkit" in out and "joined:" not in out
+    assert_nothing_left(project)
+
+
 def test_the_readme_docker_quickstart(container_image: str, tmp_path: Path) -> None:
     """The quickstart's script in two node containers, no YAML: the working directory (a copy
     of jobs/examples, which the containers see mounted) readable by the image's user."""

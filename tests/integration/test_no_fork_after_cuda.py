@@ -21,7 +21,7 @@ JOBS = {
                "--set", "trainer.module=torchjob.jobs.examples.ddp_script",
                "--set", "trainer.args.steps=5"],
     "script": [str(ROOT / "jobs/examples/script.yaml"), "--set", "trainer.args.steps=5"],
-    # torchrun's word, counted by each agent (trainer.agent.nproc_per_node): here one CPU
+    # torchrun's word, counted by each agent (trainer.gpus.nproc_per_node): here one CPU
     "trainer-auto": [str(ROOT / "jobs/examples/default.yaml"), "--set", "trainer.args.epochs=1",
                      "--set", "nproc_per_node=auto"],
 }

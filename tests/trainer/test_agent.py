@@ -14,7 +14,8 @@ import pytest
 
 from tests.procs import (PYTHON, children, descendants, env_for_tests, free_port, last_step,
                          require_setup, wait_for)
-from torchjob.trainer.agent import cuda_devices, nproc_per_node, own_options
+from torchjob.trainer.agent import own_options
+from torchjob.trainer.gpus import cuda_devices, nproc_per_node
 from torchjob.trainer.contract import STOP_SIGNALS, job_exit_code
 
 
@@ -51,6 +52,8 @@ def test_own_options_come_off_before_torchruns_in_any_order() -> None:
                                  {"TORCHJOB_RUN_DIR": "r d", "TORCHJOB_CHECKPOINT_DIR": "c"})
     assert own_options(["--max-stalled-restarts", "0", "--nnodes", "1"]) == (
         ["--nnodes", "1"], {"max_stalled_restarts": 0}, {})
+    assert own_options(["--expect-gpus", "8", "--nnodes", "1"]) == (
+        ["--nnodes", "1"], {"gpus": 8}, {})
     assert own_options(["--nnodes", "1"]) == (["--nnodes", "1"], {}, {})
     assert own_options(["--run-dir"]) == (["--run-dir"], {}, {})  # torchrun says what's wrong
     with pytest.raises(ValueError, match="--max-stalled-restarts 'x': must be a whole number"):
@@ -68,6 +71,24 @@ def test_a_config_error_in_the_workers_exits_2(tmp_path: Path) -> None:
     proc = subprocess.run(agent(tmp_path, "--sync-bn", "true"), env=env_for_tests(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
+
+
+@pytest.mark.integration
+def test_gpus_the_job_asked_for_but_the_node_lacks_stop_it_before_any_worker(
+        tmp_path: Path) -> None:
+    """``--expect-gpus`` (resources.gpus, on every backend that asks for them): a node
+    that sees fewer (a container engine that ignored the reservation) exits 2 with the fix,
+    where the job would have trained on the CPU. CUDA_VISIBLE_DEVICES hides any GPU here."""
+    argv = agent(tmp_path)
+    proc = subprocess.run([*argv[:3], "--expect-gpus", "1", *argv[3:]],
+                          env=env_for_tests(CUDA_VISIBLE_DEVICES=""), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "the job asks for 1 GPU(s) per node (resources.gpus), but torch sees 0 on " in last
+    assert "(CUDA_VISIBLE_DEVICES=): the scheduler or container engine did not give them" in last
+    assert "resources.gpus: 0 to train on the CPU" in last
+    assert not (tmp_path / "metrics.jsonl").exists()  # no worker started
 
 
 @pytest.mark.integration

@@ -15,7 +15,7 @@ from torchjob.jobs.backends.local.render import LocalPlan, render_local, render_
 from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import UserError
-from torchjob.trainer.agent import cuda_devices
+from torchjob.trainer.gpus import cuda_devices
 
 
 class LocalBackend(launcher.LaunchedHere):

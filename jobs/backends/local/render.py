@@ -40,7 +40,8 @@ def render_local(spec: JobSpec, *, port: int, python: str, run_id: str,
     """The torchrun command of each local node and the environment they need."""
     nodes = spec.local_nodes
     command = agent_command(spec, python=python, rdzv_endpoint=f"127.0.0.1:{port}",
-                            run_id=run_id, store_client=own_store(spec))
+                            run_id=run_id, store_client=own_store(spec),
+                            gives_gpus=False)  # resources.gpus: nothing to ask for here
     env = {
         # the machine's CPUs shared by the emulated nodes, then by each node's workers
         **thread_env(cpu_count / nodes, spec.procs),
