@@ -13,10 +13,12 @@ set -euo pipefail
 # SIGURG once, which every process ignores by default except the per-node wrapper below; the
 # wrapper sends TERM to its agent alone, the agent forwards it once to its workers, they
 # finish the step, checkpoint and exit 143, and this shell requeues the job after a USR2
-# (bounded by slurm.max_requeues). A requeue or preemption by Slurm itself (SIGTERM to every
-# process) still stops the workers, without the final checkpoint: the run resumes from the
-# last periodic one. The traps are set first thing, so that no stop is lost: one before the
-# step starts means no step; one before a node's wrapper set its own trap, the .stop file.
+# (bounded by slurm.max_requeues). A requeue or preemption by Slurm itself sends TERM to every
+# process at once: each worker takes it and the agent's copy a moment later for one stop and
+# checkpoints where it is, unless Slurm's kill (KillWait later, or the partition's GraceTime)
+# comes first; then the run resumes from the last periodic one. The traps are set first thing,
+# so that no stop is lost: one before the step starts means no step; one before a node's
+# wrapper set its own trap, the .stop file.
 stop=0 pending=0 cancelled=0
 # shellcheck disable=SC2317  # called from the traps below
 stop_step() {
