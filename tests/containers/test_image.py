@@ -76,3 +76,43 @@ def test_shm_size_reaches_the_container(container_image: str) -> None:
                   "df", "--output=size", "-k", "/dev/shm")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-1] == str(256 * 1024)
+
+
+def labelled(base: str, tag: str, label: str, folder: Path) -> str:
+    """``tag``: ``base`` with the trainer label set to ``label``; its image id."""
+    (folder / "Containerfile").write_text(
+        f"FROM {base}\nLABEL io.torchjob.trainer={json.dumps(label)}\n")
+    built = podman("build", "-t", tag, str(folder), timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    return podman("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+
+
+def test_an_image_of_another_torchjob_is_rebuilt_and_one_built_by_hand_kept(
+        container_image: str, tmp_path: Path) -> None:
+    """The image carries its trainer package's digest (scripts/container-setup computes the
+    one torchjob does). ``torchjob run --to docker`` rebuilds an image whose digest is
+    another's (an upgrade: its agent would refuse the options the launcher now gives it, or
+    run as the old one did) and uses an image without the label as it is."""
+    from torchjob.jobs.backends.docker.engine import (Engine, ensure_image, trainer_digest,
+                                                      trainer_label)
+    engine = Engine("podman", ("podman-compose",))
+    digest = trainer_digest()
+    assert trainer_label(engine, container_image) == digest
+    stale, by_hand = "localhost/torchjob-test-stale:latest", "localhost/torchjob-test-own:latest"
+    try:
+        labelled(container_image, stale, "0123456789abcdef", tmp_path)
+        own = labelled(container_image, by_hand, "", tmp_path)
+        log = tmp_path / "err.txt"
+        with open(log, "w") as err:
+            ensure_image(engine, by_hand, err)
+            ensure_image(engine, stale, err)
+        said = log.read_text()
+        assert f"image {by_hand}" not in said, said
+        assert podman("image", "inspect", "--format", "{{.Id}}", by_hand).stdout.strip() == own
+        assert f"torchjob: image {stale} holds another torchjob's trainer (0123456789abcdef; " \
+            f"this one's is {digest}); building it" in said, said
+        assert trainer_label(engine, stale) == digest
+        ran = podman("run", "--rm", stale, "python", "-c", "import torchjob.trainer.gpus")
+        assert ran.returncode == 0, ran.stderr[-2000:]
+    finally:
+        podman("rmi", "-f", stale, by_hand)

@@ -3,7 +3,9 @@ the image a job runs, built from the recipe this package carries when it is miss
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
+import json
 import os
 import shutil
 import subprocess
@@ -74,14 +76,47 @@ def image_context(dest: Path) -> Path:
     return dest
 
 
+# an image torchjob builds carries the digest of the trainer package in it (``trainer_digest``;
+# scripts/container-setup computes the same from its build context)
+TRAINER_LABEL = "io.torchjob.trainer"
+
+
+def trainer_digest(root: Path | None = None) -> str:
+    """The digest of a trainer package (default: the installed one): its ``.py`` files'
+    paths and bytes, in path order."""
+    root = Path(torchjob.trainer.__file__).parent if root is None else root
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
+    return digest.hexdigest()[:16]
+
+
+def trainer_label(engine: Engine, image: str) -> str | None:
+    """``image``'s ``TRAINER_LABEL`` here ("" when it has none: built by hand); None when
+    there is no such image."""
+    proc = run_captured([engine.name, "image", "inspect", image], timeout=60)
+    if proc.returncode != 0:
+        return None
+    try:
+        info = json.loads(proc.stdout)[0]
+        labels = (info.get("Config") or {}).get("Labels") or info.get("Labels") or {}
+    except (ValueError, IndexError, KeyError, AttributeError):
+        return ""
+    return str(labels.get(TRAINER_LABEL) or "")
+
+
 def ensure_image(engine: Engine, image: str, err: IO[str]) -> None:
     """Build ``image`` when it is missing locally (a registry image is left to compose to
-    pull) from the recipe this package carries. With podman as root on Debian that is
-    container-setup (a debootstrap base, the local torch wheel, no registry); otherwise a
-    plain ``ENGINE build``."""
-    check = (["podman", "image", "exists", image] if engine.name == "podman"
-             else ["docker", "image", "inspect", image])
-    if run_captured(check, timeout=60).returncode == 0 or is_registry(image):
+    pull), or when torchjob built it from another trainer package than the installed one (an
+    upgrade: its agent would not know the options this launcher gives it), from the recipe
+    this package carries. With podman as root on Debian that is container-setup (a debootstrap
+    base, the local torch wheel, no registry); otherwise a plain ``ENGINE build``. An image
+    without the label (built by hand) is used as it is."""
+    if is_registry(image):
+        return
+    digest, label = trainer_digest(), trainer_label(engine, image)
+    if label is not None and label in ("", digest):
         return
     with tempfile.TemporaryDirectory(prefix="torchjob-image-") as tmp:
         context = image_context(Path(tmp) / "context")
@@ -91,8 +126,11 @@ def ensure_image(engine: Engine, image: str, err: IO[str]) -> None:
                 importlib.resources.files(RECIPE).joinpath("container-setup").read_bytes())
             argv = ["bash", str(setup), "all"]
         else:
-            argv = [engine.name, "build", "-t", image, str(context)]
-        print(f"torchjob: image {image} is missing; building it from the Dockerfile torchjob "
+            argv = [engine.name, "build", "--label", f"{TRAINER_LABEL}={digest}", "-t", image,
+                    str(context)]
+        why = "is missing" if label is None else \
+            f"holds another torchjob's trainer ({label}; this one's is {digest})"
+        print(f"torchjob: image {image} {why}; building it from the Dockerfile torchjob "
               f"ships: {' '.join(argv)}", file=err, flush=True)
         # PYTHON: container-setup downloads the torch wheel with this interpreter's pip
         proc = run_captured(argv, timeout=3600, cwd=tmp,
