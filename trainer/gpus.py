@@ -40,22 +40,32 @@ def nproc_per_node(value: str) -> str:
     return str(count)
 
 
-# run in a fresh interpreter: torch.cuda here would forbid the fork of the workers' server
-COUNT_GPUS = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+# run in a fresh interpreter: torch.cuda here would forbid the fork of the workers' server.
+# Its version, whether it is built for GPUs (CUDA or ROCm), and the devices it sees.
+COUNT_GPUS = ("import torch; print(torch.__version__, int(bool(torch.version.cuda or "
+              "torch.version.hip)), torch.cuda.device_count() if torch.cuda.is_available() "
+              "else 0)")
 
 
 def missing(wanted: int) -> str:
     """Why this node cannot run the job, when it sees fewer GPUs than the job asked for
     (``--expect-gpus``, from resources.gpus); "" when it sees them (or none were asked for). A
     container engine that cannot pass them on (podman, or docker without NVIDIA's toolkit,
-    may ignore compose's reservation) or a scheduler's node without them would otherwise leave
-    the job training on the CPU, silently and many times slower."""
-    seen = devices_here() if wanted else 0
+    may ignore compose's reservation), a scheduler's node without them or a CPU build of torch
+    would otherwise leave the job training on the CPU, silently and many times slower."""
+    if not wanted:
+        return ""
+    version, gpu_build, seen = report_here()
     if seen >= wanted:
         return ""
+    asked = f"the job asks for {wanted} GPU(s) per node (resources.gpus), but "
+    if not gpu_build:
+        return (asked + f"torch {version} on {socket.gethostname()} is built for the CPU "
+                "alone: run an image or environment with a CUDA build of torch (the kit's "
+                "Dockerfile takes one: --build-arg BASE_IMAGE=pytorch/pytorch:...-cuda...), "
+                "or set resources.gpus: 0 to train on the CPU")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return (f"the job asks for {wanted} GPU(s) per node (resources.gpus), but torch sees {seen} "
-            f"on {socket.gethostname()}"
+    return (asked + f"torch sees {seen} on {socket.gethostname()}"
             f"{'' if visible is None else f' (CUDA_VISIBLE_DEVICES={visible})'}: the scheduler "
             "or container engine did not give them (docker and podman need NVIDIA's Container "
             "Toolkit, podman its CDI spec: nvidia-ctk cdi generate); or set resources.gpus: 0 "
@@ -63,19 +73,31 @@ def missing(wanted: int) -> str:
 
 
 @functools.lru_cache(maxsize=1)
+def report_here() -> tuple[str, bool, int]:
+    """This node's torch: (version, built for GPUs, devices seen), asked once per agent."""
+    return report()
+
+
 def devices_here() -> int:
     """This node's GPUs (``cuda_devices``), counted once per agent."""
-    return cuda_devices()
+    return report_here()[2]
 
 
 def cuda_devices(python: str = sys.executable, env: Mapping[str, str] | None = None) -> int:
     """The CUDA (or ROCm) devices torch sees on this node, counted by a fresh interpreter (a
     second or two, only for those words; a CPU build of torch answers 0 the same way);
     ``python`` and ``env``: the interpreter and environment the workers will have."""
+    return report(python, env)[2]
+
+
+def report(python: str = sys.executable, env: Mapping[str, str] | None = None,
+           ) -> tuple[str, bool, int]:
+    """(torch's version, whether it is built for GPUs, the devices it sees), from a fresh
+    ``python`` in ``env``; a ValueError that says why when it cannot tell."""
     done = subprocess.run([python, "-c", COUNT_GPUS], capture_output=True, text=True,
                           check=False, env=None if env is None else dict(env))
     words = done.stdout.split()
-    if done.returncode != 0 or not words or not words[-1].isdigit():
+    if done.returncode != 0 or len(words) < 3 or not words[-1].isdigit():
         lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
         raise ValueError(f"cannot count this node's GPUs: {lines[-1]}")
-    return int(words[-1])
+    return words[-3], words[-2] == "1", int(words[-1])

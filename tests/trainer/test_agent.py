@@ -15,7 +15,8 @@ import pytest
 from tests.procs import (PYTHON, children, descendants, env_for_tests, free_port, last_step,
                          require_setup, wait_for)
 from torchjob.trainer.agent import own_options
-from torchjob.trainer.gpus import cuda_devices, nproc_per_node
+from torchjob.trainer import gpus
+from torchjob.trainer.gpus import cuda_devices, nproc_per_node, report
 from torchjob.trainer.contract import STOP_SIGNALS, job_exit_code
 
 
@@ -85,10 +86,27 @@ def test_gpus_the_job_asked_for_but_the_node_lacks_stop_it_before_any_worker(
                           text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert "the job asks for 1 GPU(s) per node (resources.gpus), but torch sees 0 on " in last
-    assert "(CUDA_VISIBLE_DEVICES=): the scheduler or container engine did not give them" in last
-    assert "resources.gpus: 0 to train on the CPU" in last
+    version, gpu_build, _ = report()
+    assert "the job asks for 1 GPU(s) per node (resources.gpus), but torch " in last, last
+    assert (f"torch {version} on " in last and "is built for the CPU alone" in last) if not \
+        gpu_build else "(CUDA_VISIBLE_DEVICES=): the scheduler or container engine did " in last
+    assert last.endswith("resources.gpus: 0 to train on the CPU (attempt 0, exit 2)"), last
     assert not (tmp_path / "metrics.jsonl").exists()  # no worker started
+
+
+def test_what_a_node_without_the_gpus_asked_for_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU build of torch is said first (no engine could help it); else the devices seen."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    for found, told in ((("2.9.0+cpu", False, 0), "torch 2.9.0+cpu on "),
+                        (("2.9.0+cu128", True, 1), "torch sees 1 on ")):
+        monkeypatch.setattr(gpus, "report_here", lambda found=found: found)
+        assert gpus.missing(0) == "" and gpus.missing(found[2]) == ""
+        said = gpus.missing(2)
+        assert said.startswith(f"the job asks for 2 GPU(s) per node (resources.gpus), but {told}")
+        assert ("is built for the CPU alone: run an image or environment with a CUDA build"
+                in said) != found[1], said
+        assert ("(CUDA_VISIBLE_DEVICES=0): the scheduler or container engine did not give "
+                "them" in said) == found[1], said
 
 
 @pytest.mark.integration
