@@ -26,6 +26,7 @@ from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import Nnodes, SpecError
 from torchjob.k8s.pytorchjob import render_pytorchjob
 from torchjob.k8s.trainjob import render_trainjob
+from torchjob.trainer.gpus import report
 from torchjob.slurm.sbatch import render_sbatch
 from tests.jobs.test_jobs_components import torchx_env
 from tests.procs import ROOT, env_for_tests, torchjob
@@ -160,8 +161,11 @@ def test_one_process_per_gpu_where_torch_sees_none_is_a_user_error_and_nothing_s
     out = torchjob("run", "jobs/examples/script.yaml", "--set", "nproc_per_node=gpu",
                    "--set", f"run_dir={tmp_path}/run", env=env)
     assert out.returncode == 2, out.stderr
-    assert "nproc_per_node: gpu starts one process per GPU, but torch sees no CUDA GPU on " \
-        "this machine (CUDA_VISIBLE_DEVICES=): give a count instead" in out.stderr, out.stderr
+    version, gpu_build, _ = report()
+    seen = "torch sees no CUDA GPU on this machine (CUDA_VISIBLE_DEVICES=)" if gpu_build \
+        else f"torch {version} is built for the CPU alone"
+    assert f"nproc_per_node: gpu starts one process per GPU, but {seen}: give a count " \
+        "instead" in out.stderr, out.stderr
     assert not (tmp_path / "run").exists()
 
 

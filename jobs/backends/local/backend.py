@@ -15,7 +15,7 @@ from torchjob.jobs.backends.local.render import LocalPlan, render_local, render_
 from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import UserError
-from torchjob.trainer.gpus import cuda_devices
+from torchjob.trainer.gpus import report
 
 
 class LocalBackend(launcher.LaunchedHere):
@@ -66,15 +66,16 @@ def no_gpu_here(request: Request) -> None:
     and in the nodes' environment, with the spec's CUDA_VISIBLE_DEVICES)."""
     plan: LocalPlan = request.data
     try:
-        gpus = cuda_devices(request.context.python, {**os.environ, **plan.env})
+        version, gpu_build, gpus = report(request.context.python, {**os.environ, **plan.env})
     except ValueError as exc:
         raise UserError(f"nproc_per_node: gpu: {exc}") from exc
     if not gpus:
         visible = plan.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-        raise UserError("nproc_per_node: gpu starts one process per GPU, but torch sees no "
-                        "CUDA GPU on this machine"
-                        f"{'' if visible is None else f' (CUDA_VISIBLE_DEVICES={visible})'}: "
-                        "give a count instead (nproc_per_node: 2, or --nproc-per-node 2)")
+        seen = f"torch {version} is built for the CPU alone" if not gpu_build else \
+            "torch sees no CUDA GPU on this machine" + (
+                "" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible})")
+        raise UserError(f"nproc_per_node: gpu starts one process per GPU, but {seen}: give a "
+                        "count instead (nproc_per_node: 2, or --nproc-per-node 2)")
 
 
 create = no_variant(LocalBackend)  # the torchjob.backends entry point
