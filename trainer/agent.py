@@ -203,15 +203,14 @@ def node_gpus(nproc: str, gpus: int) -> str:
     """``--nproc-per-node`` as a count (``gpus.nproc_per_node``), once this node is seen to
     have the ``--expect-gpus`` it asked for; else exit 2 with the closing line that says why,
     before any worker starts."""
-    try:
-        count = nproc_per_node(nproc)
+    try:  # the GPUs asked for first: with none, ``gpu`` would say to ask for them
         problem = missing(gpus)
+        if not problem:
+            return nproc_per_node(nproc)
     except ValueError as exc:
         problem = str(exc)
-    if problem:
-        print(closing_line(problem, 0, EXIT_CONFIG), file=sys.stderr, flush=True)
-        sys.exit(EXIT_CONFIG)
-    return count
+    print(closing_line(problem, 0, EXIT_CONFIG), file=sys.stderr, flush=True)
+    sys.exit(EXIT_CONFIG)
 
 
 def tee_to_us(args: Any) -> str | None:

@@ -75,12 +75,15 @@ def test_a_config_error_in_the_workers_exits_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("nproc", ["2", "gpu"])
 def test_gpus_the_job_asked_for_but_the_node_lacks_stop_it_before_any_worker(
-        tmp_path: Path) -> None:
+        tmp_path: Path, nproc: str) -> None:
     """``--expect-gpus`` (resources.gpus, on every backend that asks for them): a node
     that sees fewer (a container engine that ignored the reservation) exits 2 with the fix,
-    where the job would have trained on the CPU. CUDA_VISIBLE_DEVICES hides any GPU here."""
+    where the job would have trained on the CPU; with ``gpu`` too, whose own refusal would
+    tell the user to ask for GPUs. CUDA_VISIBLE_DEVICES hides any GPU here."""
     argv = agent(tmp_path)
+    argv[argv.index("--nproc-per-node") + 1] = nproc
     proc = subprocess.run([*argv[:3], "--expect-gpus", "1", *argv[3:]],
                           env=env_for_tests(CUDA_VISIBLE_DEVICES=""), capture_output=True,
                           text=True, timeout=300)
