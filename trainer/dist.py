@@ -53,7 +53,9 @@ def pick_backend(requested: str, env: DistEnv) -> tuple[str, torch.device]:
         if env.local_rank >= count:
             raise ConfigError(f"LOCAL_RANK={env.local_rank} but only {count} CUDA device(s) "
                               "are visible: start at most one process per GPU "
-                              "(nproc_per_node <= GPUs per node)")
+                              f"(nproc_per_node <= GPUs per node, here {count}), or train on "
+                              "the CPU with them hidden (CUDA_VISIBLE_DEVICES= in the "
+                              "environment, e.g. CUDA_VISIBLE_DEVICES= torchjob run JOB.yaml)")
         return backend, torch.device("cuda", env.local_rank)
     return backend, torch.device("cpu")
 

@@ -365,3 +365,25 @@ def test_real_torchrun_two_workers() -> None:
     assert seen[0]["master_addr"] == seen[1]["master_addr"]
     assert seen[0]["master_port"] == seen[1]["master_port"]
     assert seen[0]["run_id"] == seen[1]["run_id"] != "''"
+
+
+def test_more_local_ranks_than_gpus_are_refused_with_both_ways_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default job's two processes on a one-GPU machine: one process per GPU, or the CPU
+    with the GPUs hidden (torch.cuda is stood in for: this needs no GPU)."""
+    import torch
+
+    from torchjob.trainer.config import ConfigError
+    from torchjob.trainer.dist import pick_backend
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    env = DistEnv.from_environ({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2",
+                                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h",
+                                "MASTER_PORT": "1"})
+    assert pick_backend("auto", DistEnv.from_environ({**env.export(), "RANK": "0",
+                                                      "LOCAL_RANK": "0"}))[1].type == "cuda"
+    with pytest.raises(ConfigError, match=r"LOCAL_RANK=1 but only 1 CUDA device\(s\) are "
+                       r"visible: start at most one process per GPU \(nproc_per_node <= GPUs "
+                       r"per node, here 1\), or train on the CPU with them hidden "
+                       r"\(CUDA_VISIBLE_DEVICES= in the environment"):
+        pick_backend("auto", env)
