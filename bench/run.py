@@ -213,7 +213,14 @@ tensor with `.item()` at every step, which waits for all the work queued on the 
 whole step), while the minimal DDP loop votes on nothing; it is now read a step late from
 pinned memory behind an event. No run here had several GPUs, so that gain is unmeasured.
 `tests/gpu` checks both with torch's sync debug mode. The `--compile` gap above is still
-unexplained.
+unexplained. Ruled out without a GPU: DDP's graph splitting (world size 1 has no DDP), cuDNN's
+deterministic kernels (no convolution; cuDNN attention is refused only under
+`torch.use_deterministic_algorithms`, which the trainer does not set), a graph break or a
+recompile during the steps (none; on CPU both sides run the same two inductor graphs), a
+per-step sync (none), extra threads (none under plain torchrun). The next GPU call,
+`bash scripts/gpu-checks OUT profile`, profiles both compiled sides and the eager trainer and
+prints `bench/trace_summary.py`'s per-step wall time, device busy time, kernels, syncs and
+graphs for each; `bench/gpt.py --compile` on a GPU now measures 200 steps per run.
 """
 
 
