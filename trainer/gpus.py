@@ -18,7 +18,7 @@ from torchjob.trainer.contract import NPROC_WORDS
 def nproc_per_node(value: str) -> str:
     """``--nproc-per-node`` (or ``PET_NPROC_PER_NODE``) as a count, torchrun's words counted
     here as torch's ``determine_local_world_size`` does, but without CUDA in this process,
-    which forks the workers' server: ``gpu`` the CUDA devices torch sees (``cuda_devices``),
+    which forks the workers' server: ``gpu`` the CUDA devices torch sees (``report``),
     ``cpu`` the CPUs this agent may run on (its affinity: what Slurm or docker gave it, where
     torchrun counts the machine's), ``auto`` the GPUs, else the CPUs."""
     word = value.strip()
@@ -27,7 +27,7 @@ def nproc_per_node(value: str) -> str:
     if word not in NPROC_WORDS:
         raise ValueError(f"--nproc-per-node {value!r}: write a count of processes per node, "
                          "or gpu (one per GPU), cpu (one per CPU) or auto")
-    gpus = 0 if word == "cpu" else devices_here()
+    gpus = 0 if word == "cpu" else report_here()[2]
     if word == "gpu" and not gpus:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         raise ValueError("--nproc-per-node gpu: torch sees no CUDA GPU on this node"
@@ -78,22 +78,11 @@ def report_here() -> tuple[str, bool, int]:
     return report()
 
 
-def devices_here() -> int:
-    """This node's GPUs (``cuda_devices``), counted once per agent."""
-    return report_here()[2]
-
-
-def cuda_devices(python: str = sys.executable, env: Mapping[str, str] | None = None) -> int:
-    """The CUDA (or ROCm) devices torch sees on this node, counted by a fresh interpreter (a
-    second or two, only for those words; a CPU build of torch answers 0 the same way);
-    ``python`` and ``env``: the interpreter and environment the workers will have."""
-    return report(python, env)[2]
-
-
 def report(python: str = sys.executable, env: Mapping[str, str] | None = None,
            ) -> tuple[str, bool, int]:
-    """(torch's version, whether it is built for GPUs, the devices it sees), from a fresh
-    ``python`` in ``env``; a ValueError that says why when it cannot tell."""
+    """(torch's version, whether it is built for GPUs, the CUDA or ROCm devices it sees), from
+    a fresh ``python`` in ``env`` (a second or two: the interpreter and environment the
+    workers will have); a ValueError that says why when it cannot tell."""
     done = subprocess.run([python, "-c", COUNT_GPUS], capture_output=True, text=True,
                           check=False, env=None if env is None else dict(env))
     words = done.stdout.split()

@@ -16,7 +16,7 @@ from tests.procs import (PYTHON, children, descendants, env_for_tests, free_port
                          require_setup, wait_for)
 from torchjob.trainer.agent import own_options
 from torchjob.trainer import gpus
-from torchjob.trainer.gpus import cuda_devices, nproc_per_node, report
+from torchjob.trainer.gpus import nproc_per_node, report
 from torchjob.trainer.contract import STOP_SIGNALS, job_exit_code
 
 
@@ -35,7 +35,7 @@ def test_torchruns_words_for_processes_per_node_are_counted_without_cuda_here() 
     assert nproc_per_node("3") == "3"
     cpus = len(os.sched_getaffinity(0))
     assert nproc_per_node("cpu") == str(cpus)
-    gpus = cuda_devices()
+    gpus = report()[2]
     assert nproc_per_node(" auto") == str(gpus or cpus)
     if not gpus:
         with pytest.raises(ValueError, match="--nproc-per-node gpu: torch sees no CUDA GPU on "

@@ -3,7 +3,6 @@ the image a job runs, built from the recipe this package carries when it is miss
 
 from __future__ import annotations
 
-import hashlib
 import importlib.resources
 import json
 import os
@@ -18,6 +17,7 @@ from typing import IO, Any, Callable
 import torchjob.trainer
 from torchjob.jobs.values import UserError
 from torchjob.jobs.workspace import is_registry
+from torchjob.trainer.digest import digest as trainer_digest
 
 # the package whose data is the Dockerfile and container-setup
 RECIPE = "torchjob.jobs.backends.docker"
@@ -76,20 +76,9 @@ def image_context(dest: Path) -> Path:
     return dest
 
 
-# an image torchjob builds carries the digest of the trainer package in it (``trainer_digest``;
-# scripts/container-setup computes the same from its build context)
+# an image torchjob builds carries the digest of the trainer package in it (trainer/digest.py,
+# which scripts/container-setup runs in its build context)
 TRAINER_LABEL = "io.torchjob.trainer"
-
-
-def trainer_digest(root: Path | None = None) -> str:
-    """The digest of a trainer package (default: the installed one): its ``.py`` files'
-    paths and bytes, in path order."""
-    root = Path(torchjob.trainer.__file__).parent if root is None else root
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
-    return digest.hexdigest()[:16]
 
 
 def trainer_label(engine: Engine, image: str) -> str | None:
