@@ -15,7 +15,7 @@ from torchx.specs import AppStatus
 
 from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobStatus, Request,
                                    State)
-from torchjob.jobs.backends.torchx import runner
+from torchjob.jobs.backends.torchx import needs, runner
 from torchjob.jobs.backends.torchx.render import appdef_text, render_appdef
 from torchjob.jobs.hosts import on_one_host
 from torchjob.jobs.spec import JobSpec
@@ -51,6 +51,10 @@ class TorchxBackend(Backend):
             raise BackendError("say which TorchX scheduler: --to torchx:local_cwd, "
                                "torchx:slurm, torchx:kubernetes, ...")
         return self.scheduler
+
+    def ready(self, request: Request) -> None:
+        if self.scheduler:
+            needs.reachable(self.scheduler)
 
     def fits(self, spec: JobSpec) -> None:
         if self.scheduler in runner.LOCAL_SCHEDULERS:
@@ -103,7 +107,7 @@ class TorchxBackend(Backend):
             handle, request)
 
     def parse_handle(self, text: str) -> Handle:
-        match = re.fullmatch(r"([a-z][a-z0-9_]*)://.*", text)
+        match = re.fullmatch(r"([a-z][a-z0-9_]*)://.*/.+", text)  # TorchX's own form
         if not match:
             raise BackendError(f"{text!r} is not a TorchX app handle: write SCHEDULER://"
                                "SESSION/APP_ID as torchjob submit printed it, e.g. "

@@ -16,7 +16,8 @@ from torchx.schedulers import slurm_scheduler
 from torchx.specs import AppDef, AppDryRunInfo, AppState, AppStatus
 from torchx.specs.api import InvalidRunConfigException
 
-from torchjob.jobs.values import UserError
+from torchjob.jobs.backends.torchx.needs import TorchxError, reachable, renderable, \
+    scheduler_errors
 
 LOCAL_SCHEDULERS = ("local_cwd", "local_docker")
 
@@ -32,10 +33,6 @@ class _SlurmStates(dict[str, AppState]):
 
 
 slurm_scheduler.SLURM_STATES = _SlurmStates(slurm_scheduler.SLURM_STATES)
-
-
-class TorchxError(UserError):
-    """A scheduler or handle TorchX cannot use: one line, exit 2."""
 
 
 def _unknown(handle: str) -> TorchxError:
@@ -56,18 +53,17 @@ def dryrun(app: AppDef, scheduler: str, *, log_dir: str) -> AppDryRunInfo:
     """The scheduler's exact request for ``app`` (what ``torchx run --dryrun`` prints).
     Where the scheduler keeps logs and .torchxconfig does not say, ``log_dir`` (else the
     local schedulers make a temporary directory, and the request differs every time)."""
+    renderable(scheduler)
     with get_runner() as runner:
-        if scheduler not in runner.scheduler_backends():
-            raise TorchxError(f"unknown TorchX scheduler {scheduler!r}; choose from "
-                              f"{', '.join(runner.scheduler_backends())}")
         cfg = _cfg(scheduler)
         if runner.scheduler_run_opts(scheduler).get("log_dir") is not None:
             cfg.setdefault("log_dir", log_dir)
-        try:
-            return runner.dryrun(app, scheduler, cfg=cfg)
-        except InvalidRunConfigException as exc:  # e.g. kubernetes without its queue
-            raise TorchxError(f"TorchX's {scheduler} scheduler: {exc} (set it in "
-                              f".torchxconfig, section [{scheduler}])") from None
+        with scheduler_errors(scheduler, "to render the job"):
+            try:
+                return runner.dryrun(app, scheduler, cfg=cfg)
+            except InvalidRunConfigException as exc:  # e.g. kubernetes without its queue
+                raise TorchxError(f"TorchX's {scheduler} scheduler: {exc} (set it in "
+                                  f".torchxconfig, section [{scheduler}])") from None
 
 
 def grace_pods(info: AppDryRunInfo, seconds: int) -> None:
@@ -100,7 +96,8 @@ def schedule(info: AppDryRunInfo, held: Runner | None = None) -> str:
         raise TorchxError(f"TorchX's {info._scheduler} apps live only as long as the process "
                           "that started them: use 'torchjob run --to torchx:"
                           f"{info._scheduler} JOB.yaml'")
-    with _runner(held) as runner:
+    reachable(info._scheduler)
+    with _runner(held) as runner, scheduler_errors(info._scheduler, "to submit the job"):
         return str(runner.schedule(info))
 
 
@@ -145,8 +142,15 @@ class Session:
         return found
 
 
+def _ready(handle: str, doing: str) -> ContextManager[None]:
+    """The scheduler of ``handle`` checked (``reachable``), and its errors while ``doing``."""
+    scheduler = handle.partition("://")[0]
+    reachable(scheduler)
+    return scheduler_errors(scheduler, doing)
+
+
 def status(handle: str, held: Runner | None = None) -> AppStatus:
-    with _runner(held) as runner:
+    with _runner(held) as runner, _ready(handle, f"to find {handle}"):
         found = runner.status(handle)
         if found is None:
             raise _unknown(handle)
@@ -154,7 +158,7 @@ def status(handle: str, held: Runner | None = None) -> AppStatus:
 
 
 def log_lines(handle: str, *, follow: bool = False) -> Iterator[str]:
-    with get_runner() as runner:
+    with get_runner() as runner, _ready(handle, f"to read the logs of {handle}"):
         app = runner.describe(handle)
         if app is None:
             raise _unknown(handle)
@@ -165,7 +169,7 @@ def log_lines(handle: str, *, follow: bool = False) -> Iterator[str]:
 
 
 def cancel(handle: str, held: Runner | None = None) -> None:
-    with _runner(held) as runner:
+    with _runner(held) as runner, _ready(handle, f"to cancel {handle}"):
         if runner.status(handle) is None:  # TorchX's cancel of it would do nothing, silently
             raise _unknown(handle)
         runner.cancel(handle)
@@ -175,5 +179,6 @@ def list_apps(scheduler: str) -> list[Any]:
     if scheduler in LOCAL_SCHEDULERS:
         raise TorchxError(f"TorchX cannot list {scheduler} apps: it keeps each only in the "
                           "process that started it (its torchjob run)")
-    with get_runner() as runner:
+    reachable(scheduler)
+    with get_runner() as runner, scheduler_errors(scheduler, "to list its jobs"):
         return list(runner.list(scheduler))
