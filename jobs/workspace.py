@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
+from torchjob.jobs.images import ensure_image, is_registry
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import SpecError, UserError
 
@@ -56,12 +57,6 @@ def is_kit_image(image: str) -> bool:
     name = image.rsplit("@", 1)[0]
     repo = name.rsplit(":", 1)[0] if ":" in name.rpartition("/")[2] else name
     return repo.rpartition("/")[2] == "torchjob"
-
-
-def is_registry(repo: str) -> bool:
-    """``registry.example/team/x`` or ``host:5000/x``: pushed; ``localhost/x``: stays here."""
-    first, slash, _ = repo.partition("/")
-    return bool(slash) and first != "localhost" and ("." in first or ":" in first)
 
 
 def local_code(spec: JobSpec, root: Path) -> Path | None:
@@ -163,13 +158,16 @@ def _ignored(name: str) -> bool:
 
 def build(workspace: Workspace, err: IO[str]) -> None:
     """Build the workspace image with podman or docker (and push it where it names a
-    registry); a UserError naming what failed."""
+    registry); a UserError naming what failed. The kit's image it builds on is built first
+    where it is this machine's and missing or stale (``torchjob.jobs.images``)."""
     engine = shutil.which("podman") or shutil.which("docker")
     if engine is None:
         raise UserError("a script or module job on this backend runs in an image built from "
                         "the working directory, which needs podman or docker here: install "
                         "one, or set workspace.ship: never and image: an image of your own "
                         "that holds the code")
+    if is_kit_image(workspace.base) and not is_registry(workspace.base):
+        ensure_image(Path(engine).name, workspace.base, err)  # missing, or another trainer's
     with tempfile.TemporaryDirectory(prefix="torchjob-workspace-") as tmp:
         context = Path(tmp)
         for path, relative in files(workspace.root):

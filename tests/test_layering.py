@@ -18,7 +18,7 @@ PACKAGES = ("trainer", "jobs", "k8s", "slurm")  # folders; installed as torchjob
 CORE = {"torchjob.jobs"} | {f"torchjob.jobs.{m}" for m in (
     "spec", "checks", "trainer_args", "load", "values", "command", "hosts", "backend", "sweep",
     "examples", "runs", "launcher", "preflight", "workspace", "stops", "timeouts", "report",
-    "report_setup", "charts", "progress")}
+    "report_setup", "charts", "progress", "images")}
 # the edge: the command line and the Python API it is a thin layer over (torchjob.jobs.api)
 CLI = {"torchjob.jobs.cli", "torchjob.jobs.__main__", "torchjob.jobs.invocation",
        "torchjob.jobs.parser", "torchjob.jobs.api"}

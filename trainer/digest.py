@@ -1,5 +1,5 @@
 """The trainer package's digest: its ``.py`` files' paths and bytes, in path order. An image
-torchjob builds carries it as a label (jobs/backends/docker/engine.py compares it with the
+torchjob builds carries it as a label (jobs/images.py compares it with the
 installed package's). The standard library only, so that scripts/container-setup runs this
 file from a build context where torchjob is not installed: ``python3 trainer/digest.py``."""
 

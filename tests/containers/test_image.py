@@ -93,9 +93,8 @@ def test_an_image_of_another_torchjob_is_rebuilt_and_one_built_by_hand_kept(
     one torchjob does). ``torchjob run --to docker`` rebuilds an image whose digest is
     another's (an upgrade: its agent would refuse the options the launcher now gives it, or
     run as the old one did) and uses an image without the label as it is."""
-    from torchjob.jobs.backends.docker.engine import (Engine, ensure_image, trainer_digest,
-                                                      trainer_label)
-    engine = Engine("podman", ("podman-compose",))
+    from torchjob.jobs.images import ensure_image, trainer_digest, trainer_label
+    engine = "podman"
     digest = trainer_digest()
     assert trainer_label(engine, container_image) == digest
     stale, by_hand = "localhost/torchjob-test-stale:latest", "localhost/torchjob-test-own:latest"

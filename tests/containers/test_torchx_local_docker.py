@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from torchx.specs import AppState
 
-from tests.procs import ROOT, wait_for
+from tests.procs import ROOT, torchjob, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 
@@ -121,6 +121,34 @@ def test_torchx_local_docker_through_podman(container_image: str, docker_host: s
     assert "SUCCEEDED" in proc.stdout + proc.stderr
     summary = json.loads((runs / "txd" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["accuracy"] >= 0.95
+
+
+def test_torchjob_run_builds_the_kits_image_it_lacks(container_image: str, docker_host: str,
+                                                     tmp_path: Path) -> None:
+    """``torchjob run --to torchx:local_docker`` with the kit's image missing here builds it,
+    as ``--to docker`` does, for the built-in trainer and as the base of a script's workspace
+    image: TorchX itself would try to pull it from a registry and fail."""
+    image = f"localhost/torchjob:tx-missing-{os.getpid()}"
+    env = {**os.environ, "DOCKER_HOST": docker_host, "OMP_NUM_THREADS": "1"}
+    (tmp_path / "train.py").write_text("import os\nprint('trained as rank', os.environ['RANK'])\n")
+    runs: list[tuple[str, ...]] = [
+        ("--set", "trainer.args.epochs=1", f"{ROOT}/jobs/examples/default.yaml"),
+        ("train.py",)]
+    out = ""
+    try:
+        for argv in runs:
+            subprocess.run(["podman", "rmi", "-f", image], capture_output=True, check=False)
+            proc = torchjob("run", "--to", "torchx:local_docker", "--set", f"image={image}",
+                            *argv, cwd=tmp_path, env=env, timeout=600)
+            out = proc.stdout + proc.stderr
+            remove_app_containers(out)
+            assert proc.returncode == 0, out[-3000:]
+            assert f"torchjob: image {image} is missing; building it" in out, out[-3000:]
+        assert "trained as rank 0" in out and "building localhost/torchjob-workspace:" in out
+    finally:
+        subprocess.run(["podman", "rmi", "-f", image, *re.findall(
+            r"building (localhost/torchjob-workspace:\S+):", out)], capture_output=True,
+            check=False)
 
 
 def test_docker_api_replaces_a_service_whose_directory_is_gone(container_image: str,

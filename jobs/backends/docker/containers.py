@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import IO
 
 import yaml
-from torchjob.jobs.backends.docker.engine import Engine, ensure_image
-# the run loop's one way to call the engine (the tests replace it)
-from torchjob.jobs.backends.docker.engine import run_captured as _run
+from torchjob.jobs.backends.docker.engine import Engine
 from torchjob.jobs.backends.docker.render import (HOST_DIR_VAR, RESTARTS, RUN_ID_VAR,
                                                   mounts_workdir, service_name)
+from torchjob.jobs.images import ensure_image
+# the run loop's one way to call the engine (the tests replace it)
+from torchjob.jobs.images import run_captured as _run
 from torchjob.jobs.launcher import NodeOutput, Stops
 from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec
@@ -224,7 +225,7 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops, cwd
     err = err or sys.stderr
     if mounts_workdir(spec):
         readable(cwd)
-    ensure_image(engine, spec.image, err)
+    ensure_image(engine.name, spec.image, err)
     run_dir = prepare_dirs(spec, cwd)
     file = record.path / "compose.yaml"
     file.write_text(compose)

@@ -7,6 +7,7 @@ Handles are TorchX's own app handles behind ``torchx:`` (``torchx:local_cwd://to
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 
 from torchx import specs
@@ -18,10 +19,12 @@ from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobSt
 from torchjob.jobs.backends.torchx import needs, runner
 from torchjob.jobs.backends.torchx.render import appdef_text, render_appdef
 from torchjob.jobs.hosts import on_one_host
+from torchjob.jobs.images import ensure_image, is_registry
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.trainer_args import trainer_argv
 from torchjob.jobs.checks import gpus_asked
 from torchjob.jobs.values import bad
+from torchjob.jobs.workspace import is_kit_image
 
 # Schedulers whose pods the kubelet starts: it expands $(VAR) in their command and env too.
 KUBERNETES_SCHEDULERS = ("kubernetes", "kubernetes_mcad")
@@ -82,6 +85,10 @@ class TorchxBackend(Backend):
 
     def submit(self, request: Request) -> Handle:
         self._need_scheduler()
+        image = request.spec.image
+        if self.scheduler == "local_docker" and is_kit_image(image) and not is_registry(image):
+            if (engine := needs.docker_engine()) is not None:  # as the docker backend does
+                ensure_image(engine, image, sys.stderr)
         return self.parse_handle(runner.schedule(request.data, self._held()))
 
     def run(self, request: Request) -> int:

@@ -97,6 +97,22 @@ def _docker_api() -> None:
                           f"{DOCKER_API_FIX}") from None
 
 
+def docker_engine() -> str | None:
+    """The engine behind the Docker API (``podman`` or ``docker``) when its command is here,
+    to build the kit's image with as ``torchjob run --to docker`` does; else None."""
+    import docker
+    client = docker.from_env(timeout=10)
+    try:
+        parts = client.version().get("Components") or []
+    except docker.errors.DockerException:
+        return None
+    finally:
+        client.close()
+    engine = "podman" if any("podman" in str(part.get("Name", "")).lower() for part in parts) \
+        else "docker"
+    return engine if shutil.which(engine) else None
+
+
 def _kubeconfig(scheduler: str) -> None:
     """TorchX's Kubernetes schedulers read a kubeconfig alone (not a pod's service account)."""
     from kubernetes import client, config
