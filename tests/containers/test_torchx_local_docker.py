@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from torchx.specs import AppState
 
-from tests.procs import ROOT, torchjob, wait_for
+from tests.procs import ROOT, TORCHJOB, torchjob, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 
@@ -149,6 +150,36 @@ def test_torchjob_run_builds_the_kits_image_it_lacks(container_image: str, docke
         subprocess.run(["podman", "rmi", "-f", image, *re.findall(
             r"building (localhost/torchjob-workspace:\S+):", out)], capture_output=True,
             check=False)
+
+
+def test_ctrl_c_stops_the_app_after_a_checkpoint_and_exits_143(container_image: str,
+                                                               docker_host: str,
+                                                               tmp_path: Path) -> None:
+    """Ctrl-C of ``torchjob run --to torchx:local_docker``: every worker checkpoints and the
+    run ends 143, as on every other backend. TorchX's own cancel gave the container podman's
+    default grace (none: killed, 137) and read any non-zero exit as FAILED (exit 1)."""
+    env = {**os.environ, "DOCKER_HOST": docker_host, "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*TORCHJOB, "run", "--to", "torchx:local_docker", "--set",
+             "trainer.args.epochs=500", f"{ROOT}/jobs/examples/default.yaml"], cwd=tmp_path,
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: "step 20/" in log.read_text() or proc.poll() is not None, 300,
+                 "the job's 20th step")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+        text = log.read_text()
+        remove_app_containers(text)
+    assert code == 143, text[-3000:]
+    stopped = re.findall(r"\[rank (\d)/2\] stopped by SIGTERM after step \d+: checkpoint "
+                         r"written", text)
+    assert sorted(stopped) == ["0", "1"], text[-3000:]
 
 
 def test_docker_api_replaces_a_service_whose_directory_is_gone(container_image: str,

@@ -45,7 +45,8 @@ class Container:
     ("stopped", 0, AppState.SUCCEEDED),    # podman: exited, clean-up pending
     ("stopped", 1, AppState.FAILED),
     ("exited", 0, AppState.SUCCEEDED),
-    ("exited", 143, AppState.FAILED),
+    ("exited", 143, AppState.CANCELLED),  # stopped after a checkpoint (EXIT_STOPPED)
+    ("exited", 137, AppState.FAILED),
     ("configured", 0, AppState.SUBMITTED),  # podman's name for created
     ("created", 0, AppState.SUBMITTED),
     ("stopping", 0, AppState.RUNNING),

@@ -81,6 +81,8 @@ class TorchxBackend(Backend):
         info = runner.dryrun(app, self.scheduler, log_dir=f"{spec.run_dir}/torchx")
         if self.scheduler in KUBERNETES_SCHEDULERS:
             runner.grace_pods(info, spec.stop_grace)
+        elif self.scheduler == "local_docker":
+            runner.grace_containers(info, spec.stop_grace)
         return Request(self.name, spec.name, info, f"{info}\n", spec, context)
 
     def submit(self, request: Request) -> Handle:

@@ -1,16 +1,26 @@
 """TorchX's ``local_docker`` scheduler, taught the container states that podman reports:
 ``stopped`` reads as ``exited``, ``configured`` as ``created``, ``stopping`` as ``running``,
-and an unknown state as UNKNOWN rather than a crash. pyproject.toml registers it in TorchX's
-``torchx.schedulers`` entry points, beside every other built-in scheduler (docs/internals.md).
+and an unknown state as UNKNOWN rather than a crash; and a stop as the kit's: a cancel gives
+every container its stop grace, and an app whose nodes stopped after a checkpoint (exit 143)
+reads as CANCELLED, as local_cwd reports a cancelled app. pyproject.toml registers it in TorchX's ``torchx.schedulers`` entry points,
+beside every other built-in scheduler (docs/internals.md).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from torchx.schedulers.docker_scheduler import CONTAINER_STATE, DockerScheduler
+from torchx.schedulers.api import DescribeAppResponse
 from torchx.specs import AppState
 
+from torchjob.trainer.contract import EXIT_OK, EXIT_STOPPED
+
+# seconds from a container's stop signal to its kill, written by torchjob's render (the job's
+# stop_grace); without it, docker's default
+STOP_GRACE_LABEL = "io.torchjob.stop-grace"
+DEFAULT_STOP_GRACE_S = 10
 # podman state -> the Docker state it stands for
 PODMAN_STATES = {"stopped": "exited", "configured": "created", "stopping": "running"}
 
@@ -23,8 +33,30 @@ class DockerOrPodmanScheduler(DockerScheduler):
         if status == "exited":
             # neither engine has success/failure states: the exit code decides
             code = container.wait(timeout=10)["StatusCode"]
-            return AppState.SUCCEEDED if code == 0 else AppState.FAILED
+            return {EXIT_OK: AppState.SUCCEEDED,
+                    EXIT_STOPPED: AppState.CANCELLED}.get(code, AppState.FAILED)
         return CONTAINER_STATE.get(status, AppState.UNKNOWN)
+
+    def describe(self, app_id: str) -> DescribeAppResponse | None:
+        """TorchX's, but for an app whose containers ended stopped (and some finished):
+        CANCELLED, not FAILED, so that its ``torchjob run`` ends 143 (stopped, resumable)."""
+        found = super().describe(app_id)
+        if found is not None and found.state == AppState.FAILED:
+            states = {r.state for role in found.roles_statuses for r in role.replicas}
+            if AppState.CANCELLED in states and states <= {AppState.CANCELLED,
+                                                             AppState.SUCCEEDED}:
+                found.state = AppState.CANCELLED
+        return found
+
+    def _cancel_existing(self, app_id: str) -> None:
+        """Every container's stop signal at once, each killed after its own grace, while the
+        caller goes on (its run follows the containers to their end). TorchX stops them one
+        after another with the engine's default grace, which podman's Docker API makes none
+        (StopTimeout 0: the workers were killed before they could checkpoint)."""
+        for container in self._get_containers(app_id):
+            grace = int(container.labels.get(STOP_GRACE_LABEL, DEFAULT_STOP_GRACE_S))
+            threading.Thread(target=container.stop, kwargs={"timeout": grace},
+                             name=f"stop {container.name}", daemon=True).start()
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> DockerScheduler:

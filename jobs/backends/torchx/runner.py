@@ -18,6 +18,7 @@ from torchx.specs.api import InvalidRunConfigException
 
 from torchjob.jobs.backends.torchx.needs import TorchxError, reachable, renderable, \
     scheduler_errors
+from torchjob.jobs.backends.torchx.podman import STOP_GRACE_LABEL
 
 LOCAL_SCHEDULERS = ("local_cwd", "local_docker")
 
@@ -82,6 +83,15 @@ def grace_pods(info: AppDryRunInfo, seconds: int) -> None:
             for value in node:
                 walk(value)
     walk(getattr(info.request, "resource", None))
+
+
+def grace_containers(info: AppDryRunInfo, seconds: int) -> None:
+    """Label every container of a local_docker request with ``seconds`` between its stop
+    signal and the kill, the job's ``stop_grace``, which the scheduler's cancel gives it
+    (``torchjob.jobs.backends.torchx.podman``): docker's run call has no such setting."""
+    for container in getattr(info.request, "containers", ()):
+        labels = container.kwargs.setdefault("labels", {})
+        labels[STOP_GRACE_LABEL] = str(seconds)
 
 
 def _runner(held: Runner | None) -> ContextManager[Runner]:
