@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import torchjob.trainer
-from torchjob.jobs.values import UserError
+from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.values import IMAGE_UID, UserError
 from torchjob.trainer.digest import digest as trainer_digest
 
 # the package whose data is the Dockerfile and container-setup
@@ -105,3 +106,31 @@ def ensure_image(engine: str, image: str, err: IO[str]) -> None:
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
         raise UserError(f"building image {image} failed:\n{tail}")
+
+
+def host_dirs(spec: JobSpec, cwd: Path) -> list[Path]:
+    """The run and checkpoint directories as host paths (relative ones under ``cwd``)."""
+    return [cwd / path for path in (spec.run_dir, spec.checkpoint_dir)]
+
+
+def prepare_dirs(spec: JobSpec, cwd: Path) -> Path:
+    """Create the run and checkpoint directories, writable by the image's user; the run dir."""
+    for path in host_dirs(spec, cwd):
+        path.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:  # give the tree (earlier runs' checkpoints too) to uid 1000
+            for sub in [path, *path.rglob("*")]:
+                os.chown(sub, IMAGE_UID, IMAGE_UID, follow_symlinks=False)
+        elif os.getuid() != IMAGE_UID:  # for a compose file run as the image's user
+            path.chmod(0o777)
+    return host_dirs(spec, cwd)[0]
+
+
+def invoking_user(*, podman: bool) -> tuple[str | None, str | None]:
+    """The ids containers of the kit's image run as, and their user namespace mode: the
+    invoking user's (``UID:GID``), so that a home directory only they can read (mode 700) is
+    readable in the containers and what the job writes is theirs, with podman in ``keep-id``
+    mode (rootless podman: the same ids on the host); root keeps the image's own user (uid
+    1000): (None, None)."""
+    if os.getuid() == 0:
+        return None, None
+    return f"{os.getuid()}:{os.getgid()}", "keep-id" if podman else None

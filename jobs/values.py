@@ -98,6 +98,12 @@ class FrozenMap(dict[K, V]):
         return (type(self), (dict(self),))
 
 
+# The kit's image (Dockerfile): its working directory, where a relative run_dir lands, and its
+# user, who must be able to write the run directory a container backend mounts from the host
+IMAGE_WORKDIR = "/workspace"
+IMAGE_UID = 1000
+
+
 # ------------------------------------------------------------------------------- bounds
 
 KiB = 1024

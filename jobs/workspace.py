@@ -22,7 +22,7 @@ from typing import IO
 
 from torchjob.jobs.images import ensure_image, is_registry
 from torchjob.jobs.spec import JobSpec
-from torchjob.jobs.values import SpecError, UserError
+from torchjob.jobs.values import IMAGE_UID, IMAGE_WORKDIR, SpecError, UserError
 
 # What a workspace never holds: version control, environments, caches, earlier runs.
 IGNORED = (".git", ".hg", ".svn", ".venv", "venv", "env", "__pycache__", "*.pyc", "*.pyo",
@@ -31,7 +31,6 @@ IGNORED = (".git", ".hg", ".svn", ".venv", "venv", "env", "__pycache__", "*.pyc"
 # Code, configs and small data: a working directory larger than this holds data that belongs
 # in a volume (mounts) rather than in an image layer.
 MAX_WORKSPACE_BYTES = 512 * 2**20
-WORKDIR_IN_IMAGE = "/workspace"  # the kit image's working directory (Dockerfile: WORKDIR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,8 +176,8 @@ def build(workspace: Workspace, err: IO[str]) -> None:
         (context / "workspace").mkdir(exist_ok=True)
         (context / "Dockerfile").write_text(
             f"FROM {workspace.base}\n"
-            f"COPY --chown=1000:0 workspace/ {WORKDIR_IN_IMAGE}/\n"
-            f"WORKDIR {WORKDIR_IN_IMAGE}\n")
+            f"COPY --chown={IMAGE_UID}:0 workspace/ {IMAGE_WORKDIR}/\n"
+            f"WORKDIR {IMAGE_WORKDIR}\n")
         print(f"torchjob: building {workspace.tag}: {workspace.root} onto {workspace.base}",
               file=err, flush=True)
         _engine([engine, "build", "-t", workspace.tag, str(context)], "building", workspace)

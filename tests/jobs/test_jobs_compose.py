@@ -8,6 +8,7 @@ Regenerate the golden files after an intended change, and review the diff:
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -307,8 +308,8 @@ def test_containers_run_as_the_invoking_user_unless_root(monkeypatch: pytest.Mon
     root, where the containers themselves are tested.)"""
     from torchjob.jobs.backends.docker import backend as docker_backend
     spec = load(EXAMPLES / "default.yaml")
-    monkeypatch.setattr(docker_backend.os, "getuid", lambda: 1234)
-    monkeypatch.setattr(docker_backend.os, "getgid", lambda: 567)
+    monkeypatch.setattr(os, "getuid", lambda: 1234)
+    monkeypatch.setattr(os, "getgid", lambda: 567)
     monkeypatch.setattr(docker_backend.shutil, "which", lambda name: f"/usr/bin/{name}")
     assert docker_backend.invoking_user(spec) == ("1234:567", "keep-id")
     doc = render_compose(spec, user="1234:567", userns="keep-id")
@@ -317,6 +318,6 @@ def test_containers_run_as_the_invoking_user_unless_root(monkeypatch: pytest.Mon
                          for s in nodes)
     docker = load(EXAMPLES / "default.yaml", ["docker.engine=docker"])
     assert docker_backend.invoking_user(docker) == ("1234:567", None)
-    monkeypatch.setattr(docker_backend.os, "getuid", lambda: 0)
+    monkeypatch.setattr(os, "getuid", lambda: 0)
     assert docker_backend.invoking_user(spec) == (None, None)
     assert "user" not in render_compose(spec)["services"]["node0"]

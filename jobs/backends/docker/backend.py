@@ -4,12 +4,11 @@ podman-compose or ``docker compose`` (``containers.py``) from a launcher here
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import IO
 
-from torchjob.jobs import launcher
+from torchjob.jobs import images, launcher
 from torchjob.jobs.backend import Context, Request, no_variant
 from torchjob.jobs.backends.docker import containers
 from torchjob.jobs.backends.docker.engine import find_engine
@@ -21,15 +20,11 @@ from torchjob.jobs.checks import gpus_asked
 
 
 def invoking_user(spec: JobSpec) -> tuple[str | None, str | None]:
-    """The ids the node containers run as: the invoking user's (``UID:GID``), so that a home
-    directory only they can read (mode 700) is readable in the containers and what the job
-    writes is theirs, with podman in ``keep-id`` user namespace mode (rootless podman: the
-    same ids on the host); root keeps the image's own user (uid 1000): (None, None)."""
-    if os.getuid() == 0:
-        return None, None
+    """The ids the node containers run as (``torchjob.jobs.images.invoking_user``), with
+    podman's user namespace mode where compose drives podman."""
     podman = spec.docker.engine == "podman" or (
         spec.docker.engine == "auto" and shutil.which("podman") and shutil.which("podman-compose"))
-    return f"{os.getuid()}:{os.getgid()}", "keep-id" if podman else None
+    return images.invoking_user(podman=bool(podman))
 
 
 class DockerBackend(launcher.LaunchedHere):

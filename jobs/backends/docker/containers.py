@@ -22,18 +22,17 @@ import yaml
 from torchjob.jobs.backends.docker.engine import Engine
 from torchjob.jobs.backends.docker.render import (HOST_DIR_VAR, RESTARTS, RUN_ID_VAR,
                                                   mounts_workdir, service_name)
-from torchjob.jobs.images import ensure_image
+from torchjob.jobs.images import ensure_image, prepare_dirs
 # the run loop's one way to call the engine (the tests replace it)
 from torchjob.jobs.images import run_captured as _run
 from torchjob.jobs.launcher import NodeOutput, Stops
 from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec
-from torchjob.jobs.values import UserError
+from torchjob.jobs.values import IMAGE_UID, UserError
 from torchjob.trainer.contract import (EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, EXIT_STORE_LOST,
                                        nodes_exit_code)
 from torchjob.trainer.runlock import clear as clear_lock
 
-IMAGE_UID = 1000  # the Dockerfile's USER: it must be able to write the run directory
 PROJECT_LABEL = "com.docker.compose.project"  # set by docker compose and podman-compose
 SERVICE_LABEL = "com.docker.compose.service"
 FINISH_GRACE_S = 60.0  # once a node finished training or failed, the others' time to end too
@@ -51,23 +50,6 @@ def readable(cwd: Path) -> None:
                     f"image's user (uid {IMAGE_UID}) cannot read it (mode "
                     f"{info.st_mode & 0o777:o}): chmod o+rx {cwd}, or build your code into the "
                     f"image and set docker.mount_workdir: false")
-
-
-def host_dirs(spec: JobSpec, cwd: Path) -> list[Path]:
-    """The run and checkpoint directories as host paths (relative ones under ``cwd``)."""
-    return [cwd / path for path in (spec.run_dir, spec.checkpoint_dir)]
-
-
-def prepare_dirs(spec: JobSpec, cwd: Path) -> Path:
-    """Create the run and checkpoint directories, writable by the image's user; the run dir."""
-    for path in host_dirs(spec, cwd):
-        path.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:  # give the tree (earlier runs' checkpoints too) to uid 1000
-            for sub in [path, *path.rglob("*")]:
-                os.chown(sub, IMAGE_UID, IMAGE_UID, follow_symlinks=False)
-        elif os.getuid() != IMAGE_UID:  # for a compose file run as the image's user
-            path.chmod(0o777)
-    return host_dirs(spec, cwd)[0]
 
 
 @dataclass

@@ -8,19 +8,16 @@ the same path in every service; an elastic job's rendezvous store is a service o
 
 from __future__ import annotations
 
-import posixpath
 import re
 from typing import Any
 
 import yaml
 
 from torchjob.jobs.command import agent_command, own_store, store_command
-from torchjob.jobs.hosts import refuse_system_dir
+from torchjob.jobs.hosts import host_path, refuse_system_dir, run_binds
 from torchjob.jobs.spec import JobSpec
-from torchjob.jobs.values import SpecError
 from torchjob.trainer.contract import thread_env
 
-WORKDIR = "/workspace"  # the image's WORKDIR: a relative run_dir lands under it
 RDZV_HOST = "node0"
 STORE_SERVICE = "rendezvous"  # an elastic job's own rendezvous store (torchjob.trainer.store)
 HEADER = ("# Rendered by torchjob from {source}; do not edit by hand. Regenerate with\n"
@@ -48,18 +45,6 @@ def restarts(spec: JobSpec) -> Obj:
     return {"restart": "exit-code" if count else "no", "max_restarts": count}
 
 
-def _inside(path: str, parent: str) -> bool:
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
-
-
-def _host_path(host_dir: str, path: str) -> str:
-    """``path`` on the host: relative ones under ``host_dir``, kept looking like a path
-    (``./x``: compose reads a bare ``x`` as a volume name)."""
-    joined = posixpath.normpath(posixpath.join(host_dir, path))
-    return joined if joined.startswith(("/", "./", "../")) or joined in (".", "..") \
-        else f"./{joined}"
-
-
 def mounts_workdir(spec: JobSpec) -> bool:
     """``docker.mount_workdir``; unset: whether the job runs user code (a script or a module
     other than torchjob's trainer, which the image holds)."""
@@ -70,38 +55,12 @@ def mounts_workdir(spec: JobSpec) -> bool:
 
 def run_mounts(spec: JobSpec, host_dir: str, workdir: str | None = None) -> list[Obj]:
     """Bind mounts that put run_dir and checkpoint_dir on the host, at the same path in every
-    service: a relative path is resolved under the container's WORKDIR and its first component
-    is mounted from ``host_dir`` (``runs/x`` -> ``HOST_DIR/runs`` at ``/workspace/runs``); an
-    absolute path is mounted from the same host path. With the working directory mounted
-    (``mounts_workdir``), that one mount of ``host_dir`` at WORKDIR holds every relative path.
-    Paths already under a spec mount are left to it. A host source that is a system
-    directory (relative ones counted from ``workdir``, where the run starts) is refused."""
-    targets: list[tuple[str, str]] = []
-    if mounts_workdir(spec):
-        refuse_system_dir("docker.mount_workdir", ".", workdir)
-        targets.append((_host_path(host_dir, "."), WORKDIR))
-    for field in ("run_dir", "checkpoint_dir"):
-        path = posixpath.normpath(getattr(spec, field))
-        if path == ".." or path.startswith("../"):
-            raise SpecError(field, f"{getattr(spec, field)!r} leaves the container's working "
-                            f"directory ({WORKDIR}): write a path below it or an absolute path")
-        if path.startswith("/"):
-            source, target = path, path
-        else:
-            top = path.split("/")[0]
-            source = _host_path(host_dir, top)
-            target = WORKDIR if top == "." else f"{WORKDIR}/{top}"
-        container_path = path if path.startswith("/") else posixpath.join(WORKDIR, path)
-        if any(_inside(container_path, m.target) for m in spec.mounts):
-            continue
-        refuse_system_dir(field, getattr(spec, field), workdir,
-                          host_path=source if path.startswith("/") else top)
-        targets.append((source, target))
-    mounts: list[Obj] = []
-    for source, target in sorted(set(targets), key=lambda st: st[1]):
-        if not any(_inside(target, m["target"]) for m in mounts):
-            mounts.append({"type": "bind", "source": source, "target": target})
-    return mounts
+    service (``torchjob.jobs.hosts.run_binds``); with the working directory mounted
+    (``mounts_workdir``), that one mount of ``host_dir`` at the image's WORKDIR holds every
+    relative path."""
+    return [{"type": "bind", "source": source, "target": target}
+            for source, target in run_binds(spec, host_dir, workdir,
+                                            with_workdir=mounts_workdir(spec))]
 
 
 def spec_mounts(spec: JobSpec, host_dir: str, workdir: str | None = None
@@ -114,7 +73,7 @@ def spec_mounts(spec: JobSpec, host_dir: str, workdir: str | None = None
     for i, mount in enumerate(spec.mounts):
         if mount.source.startswith(("/", "./", "../")) or mount.source in (".", ".."):
             refuse_system_dir(f"mounts[{i}].source", mount.source, workdir)
-            mounts.append({"type": "bind", "source": _host_path(host_dir, mount.source),
+            mounts.append({"type": "bind", "source": host_path(host_dir, mount.source),
                            "target": mount.target, "read_only": mount.read_only})
         else:
             mounts.append({"type": "volume", "source": mount.source, "target": mount.target,

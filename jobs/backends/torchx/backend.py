@@ -7,8 +7,10 @@ Handles are TorchX's own app handles behind ``torchx:`` (``torchx:local_cwd://to
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 from torchx import specs
 from torchx.runner import Runner
@@ -18,8 +20,8 @@ from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobSt
                                    State)
 from torchjob.jobs.backends.torchx import needs, runner
 from torchjob.jobs.backends.torchx.render import appdef_text, render_appdef
-from torchjob.jobs.hosts import on_one_host
-from torchjob.jobs.images import ensure_image, is_registry
+from torchjob.jobs.hosts import on_one_host, run_binds
+from torchjob.jobs.images import ensure_image, invoking_user, is_registry, prepare_dirs
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.trainer_args import trainer_argv
 from torchjob.jobs.checks import gpus_asked
@@ -41,13 +43,14 @@ class TorchxBackend(Backend):
     def __init__(self, scheduler: str) -> None:
         self.scheduler = scheduler
         self.name = f"torchx:{scheduler}" if scheduler else "torchx"
-        # schedulers whose nodes run in (or share) this machine's filesystem
-        self.sees_run_dir = scheduler in ("local_cwd", "slurm")
+        # schedulers whose nodes run this machine's files; local_docker's containers mount
+        # the run directory from it (as --to docker does), and run the image
+        self.runs_here = scheduler in ("local_cwd", "slurm")
+        self.sees_run_dir = self.runs_here or scheduler == "local_docker"
         self._session: runner.Session | None = None  # the runner of a ``torchjob run``
 
     def image_field(self, spec: JobSpec) -> str | None:
-        # local_cwd and slurm run this machine's files; the container schedulers the image
-        return None if self.sees_run_dir else "image"
+        return None if self.runs_here else "image"
 
     def _need_scheduler(self) -> str:
         if not self.scheduler:
@@ -74,23 +77,29 @@ class TorchxBackend(Backend):
 
     def render(self, spec: JobSpec, context: Context) -> Request:
         # local_cwd runs here, in this interpreter's environment; elsewhere the image's python
+        local_docker = self.scheduler == "local_docker"
         app = render_appdef(spec, python=context.python if self.scheduler == "local_cwd"
-                            else "python", kubelet=self.scheduler in KUBERNETES_SCHEDULERS)
+                            else "python", kubelet=self.scheduler in KUBERNETES_SCHEDULERS,
+                            binds=tuple(run_binds(spec, context.workdir, context.workdir))
+                            if local_docker else ())
         if not self.scheduler:  # the AppDef itself, for any scheduler
             return Request(self.name, spec.name, app, appdef_text(app), spec, context)
         info = runner.dryrun(app, self.scheduler, log_dir=f"{spec.run_dir}/torchx")
         if self.scheduler in KUBERNETES_SCHEDULERS:
             runner.grace_pods(info, spec.stop_grace)
-        elif self.scheduler == "local_docker":
-            runner.grace_containers(info, spec.stop_grace)
+        elif local_docker:
+            runner.local_containers(info, spec.stop_grace,
+                                    *invoking_user(podman=bool(shutil.which("podman"))))
         return Request(self.name, spec.name, info, f"{info}\n", spec, context)
 
     def submit(self, request: Request) -> Handle:
         self._need_scheduler()
-        image = request.spec.image
-        if self.scheduler == "local_docker" and is_kit_image(image) and not is_registry(image):
-            if (engine := needs.docker_engine()) is not None:  # as the docker backend does
-                ensure_image(engine, image, sys.stderr)
+        spec = request.spec
+        if self.scheduler == "local_docker":  # as the docker backend does
+            engine = needs.docker_engine()
+            if is_kit_image(spec.image) and not is_registry(spec.image) and engine is not None:
+                ensure_image(engine, spec.image, sys.stderr)
+            prepare_dirs(spec, Path(request.context.workdir))  # writable by the image's user
         return self.parse_handle(runner.schedule(request.data, self._held()))
 
     def run(self, request: Request) -> int:

@@ -56,12 +56,14 @@ def rdzv_endpoint(spec: JobSpec) -> Macro:
 
 def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retries: int = 0,
                   named_resource: str | None = None, python: str = "python",
-                  kubelet: bool = False, env_in_script: bool = False) -> specs.AppDef:
+                  kubelet: bool = False, env_in_script: bool = False,
+                  binds: tuple[tuple[str, str], ...] = ()) -> specs.AppDef:
     """The AppDef that ``torchx run`` / ``torchjob submit --to torchx:SCHEDULER`` submits.
     ``kubelet``: for a Kubernetes scheduler, whose pods' command and env the kubelet expands
     too (``$(VAR)``), user strings are escaped for it as well. ``env_in_script``: the user's
     env as ``env NAME=VALUE`` words of the script, for a caller that does not know the
-    scheduler."""
+    scheduler. ``binds``: (host, container) directories mounted besides the spec's mounts
+    (local_docker's run directory, ``torchjob.jobs.hosts.run_binds``)."""
     if spec.secrets:
         raise SpecError("secrets", "TorchX has no secret references: for local schedulers "
                         "put the variable in env, on Kubernetes use --to k8s")
@@ -96,6 +98,7 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
         if m.source.startswith("/") else
         specs.VolumeMount(src=m.source, dst_path=m.target, read_only=m.read_only)
         for m in spec.mounts]
+    mounts += [specs.BindMount(src_path=source, dst_path=target) for source, target in binds]
     role = specs.Role(
         name=ROLE, image=spec.image, entrypoint="bash", args=["-c", script],
         num_replicas=spec.nnodes.max, min_replicas=spec.nnodes.min, resource=resource,
