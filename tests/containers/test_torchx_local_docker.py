@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from torchx.schedulers.docker_scheduler import NETWORK
 from torchx.specs import AppState
 
 from tests.procs import ROOT, TORCHJOB, torchjob, wait_for
@@ -51,8 +52,9 @@ def docker_host(container_image: str) -> Iterator[str]:
     host = [line for line in api.stdout.splitlines() if line.startswith("DOCKER_HOST=")][-1]
     host = host.split("=", 1)[1]
     yield host
-    for name in networks() - nets:
-        subprocess.run(["podman", "network", "rm", "-f", name], capture_output=True,
+    if NETWORK in networks() - nets:  # TorchX's own network, made by these tests: only that
+        # one (rm -f stops every container on a network: another test's compose project's too)
+        subprocess.run(["podman", "network", "rm", "-f", NETWORK], capture_output=True,
                        check=False)
     if before:
         start_docker_api()  # a test replaced the service that was running
