@@ -92,13 +92,22 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+# Every exception ``failed`` saw, kept until the process exits (os._exit: ``leave``, or the
+# fork server's child): its traceback holds the model, and freeing DDP's reducer once a peer's
+# container is gone blocked in ProcessGroupGloo's destructor for minutes, so that the node never
+# heard that another had failed the job (trainer/train.py's REFUSED, for a run refused early).
+RAISED: list[BaseException] = []
+
+
 def failed(exc: BaseException) -> int:
     """A worker's exception: recorded for its agent, its traceback printed as the interpreter
     prints it, and the exit code: ``EXIT_RETRY`` when it only says a peer is gone (then one
-    line, not the traceback of a collective that lost its peer), else 1."""
+    line, not the traceback of a collective that lost its peer), else 1. The exception is kept
+    (``RAISED``)."""
     from torchjob.trainer.failures import exception_line, is_peer_loss, lost_peer
 
     exc = exc.with_traceback(user_frames(exc.__traceback__))
+    RAISED.append(exc)
     record(exc)
     peer = is_peer_loss(exc)
     if peer:

@@ -18,6 +18,7 @@ from tests.conformance.gate import GATE_ENV, GATE_STEP, RAISE_ENV
 from tests.conformance.matrix import EVENT_TIMEOUT_S, HANDLE, Cell, Run
 from tests.procs import ROOT, assert_bitwise_equal, final_params, torchjob
 from torchjob.jobs.progress import from_logs
+from torchjob.trainer.contract import HANG_LINE
 from torchjob.jobs.report import read_json
 from tests.recorded import wait_until
 
@@ -54,10 +55,13 @@ def success(cell: Cell) -> None:
 
 
 def user_exception(cell: Cell) -> None:
-    """Rank 1's code raises: exit 1 at once, not retried, the rank named."""
+    """Rank 1's code raises: exit 1 at once, not retried, the rank named; every other node
+    hears it (none waits for its hang timeout: a worker whose peer's container was gone once
+    blocked in its exit until then)."""
     code, out = cell.run(DEFAULT, *TRAINER_SETS, f"env.{RAISE_ENV}=1")
     expect(code == 1, f"exit code {code}, not 1", out)
     expect(not RESTARTED.search(out), "the job was retried", out)
+    expect(HANG_LINE not in out, "a node hung instead of hearing the failure", out)
     expect(re.search(rf"the job failed: node \d rank 1 raised ValueError: conformance: rank 1 "
                      rf"raises at step {GATE_STEP}: not retried", out), "rank 1 not named", out)
 
