@@ -28,6 +28,11 @@ PODMAN_STATES = {"stopped": "exited", "configured": "created", "stopping": "runn
 class DockerOrPodmanScheduler(DockerScheduler):
     """``DockerScheduler`` that also understands podman's Docker-API container states."""
 
+    def __init__(self, session_name: str) -> None:
+        super().__init__(session_name)
+        self._streams: Any = None  # the client that follows logs (_get_container)
+        self._streams_lock = threading.Lock()
+
     def _get_app_state(self, container: Any) -> AppState:
         status = PODMAN_STATES.get(container.status, container.status)
         if status == "exited":
@@ -47,6 +52,19 @@ class DockerOrPodmanScheduler(DockerScheduler):
                                                              AppState.SUCCEEDED}:
                 found.state = AppState.CANCELLED
         return found
+
+    def _get_container(self, app_id: str, role: str, replica_id: int) -> Any:
+        """TorchX's, through a client without a read timeout: ``log_iter`` alone calls this,
+        and follows the container's log through it. With the Docker client's default (60 s),
+        a container quiet for a minute (a slow start, a long evaluation, a script that prints
+        little) ended the stream with a ReadTimeout, and ``torchjob run`` lost the job's later
+        lines: its closing line, and the exit code read from it."""
+        found = super()._get_container(app_id, role, replica_id)
+        with self._streams_lock:
+            if self._streams is None:
+                import docker
+                self._streams = docker.from_env(timeout=None)
+        return self._streams.containers.get(found.id)
 
     def _cancel_existing(self, app_id: str) -> None:
         """Every container's stop signal at once, each killed after its own grace, while the

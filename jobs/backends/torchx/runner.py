@@ -148,8 +148,12 @@ class Session:
             yield line
 
     def _read(self, handle: str, role: str, k: int, lines: queue.Queue[str | None]) -> None:
-        for line in self.runner.log_lines(handle, role, k, should_tail=True):
-            lines.put(f"{role}/{k} {line.rstrip(chr(10))}")
+        try:
+            for line in self.runner.log_lines(handle, role, k, should_tail=True):
+                lines.put(f"{role}/{k} {line.rstrip(chr(10))}")
+        except Exception as exc:  # noqa: BLE001 - the scheduler's; the run goes on to its end
+            lines.put(f"torchjob: the log of {role}/{k} ended early ({type(exc).__name__}: "
+                      f"{exc}); the rest: torchjob logs torchx:{handle}")
 
     def wait(self, handle: str) -> AppStatus:
         """The app's status once it has ended."""
