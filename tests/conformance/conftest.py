@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conformance.containers import CONFORMANCE_DOCKER_HOST
 from tests.conformance.matrix import COLUMNS, DECLARED, Cell, Column, Outcome, cell_dir
 from tests.conformance.scenarios import SCENARIOS, trainer_flags
 from tests.conformance.table import table
 from tests.summaries import add_summary
-from tests.procs import PYTHON, ROOT, env_for_tests, final_params
+from tests.procs import PYTHON, ROOT, env_for_tests, final_params, wait_for
 from tests.containers.conftest import container_image  # noqa: F401 (docker, k8s pods' image)
 from tests.slurm.conftest import slurm_cluster  # noqa: F401 (the slurm columns' engine)
 
@@ -65,6 +66,31 @@ def outcomes(request: pytest.FixtureRequest,
         TABLE.parent.mkdir(exist_ok=True)
         TABLE.write_text(text)
     yield found
+
+
+@pytest.fixture(scope="session")
+def conformance_docker_api() -> Iterator[str]:
+    """The torchx:local_docker column's Docker API: a podman service of its own (started from
+    /, on CONFORMANCE_DOCKER_HOST), stopped after the matrix."""
+    socket_path = CONFORMANCE_DOCKER_HOST.removeprefix("unix://")
+    Path(socket_path).unlink(missing_ok=True)
+    service = subprocess.Popen(["podman", "system", "service", "--time=0",
+                                CONFORMANCE_DOCKER_HOST], cwd="/", stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+
+    def answers() -> bool:
+        return subprocess.run(["podman", "--url", CONFORMANCE_DOCKER_HOST, "version"],
+                              capture_output=True, check=False).returncode == 0 \
+            or service.poll() is not None
+    wait_for(answers, 60, f"podman's API service on {CONFORMANCE_DOCKER_HOST}")
+    assert service.poll() is None, f"podman system service exited {service.returncode}"
+    try:
+        yield CONFORMANCE_DOCKER_HOST
+    finally:
+        service.terminate()
+        service.wait(timeout=60)
+        Path(socket_path).unlink(missing_ok=True)
 
 
 def run_cell(scenario: str, column: Column, root: Path, reference: Reference) -> Outcome:

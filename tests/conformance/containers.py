@@ -1,5 +1,6 @@
-"""The conformance matrix's container columns: docker (compose on podman) and the Kubernetes
-pod contract (``tests/k8s/pods.py``). How a worker held at the gate is killed inside its
+"""The conformance matrix's container columns: docker (compose on podman), TorchX's
+local_docker (through podman's Docker API) and the Kubernetes pod contract
+(``tests/k8s/pods.py``). How a worker held at the gate is killed inside its
 container, and how a cell checks that its run left no container or network behind."""
 
 from __future__ import annotations
@@ -97,6 +98,39 @@ def pod_cleanup(cell: Cell, run: Run) -> None:
         subprocess.run(["podman", "network", "rm", "-f", token], capture_output=True,
                        timeout=120, check=False)
         raise AssertionError(f"pods of {token} left behind: {left}")
+
+
+# TorchX's local_docker talks to the Docker API: the matrix's own podman service on a socket
+# of its own (tests/conformance/conftest.py), which no other test stops or replaces
+CONFORMANCE_DOCKER_HOST = "unix:///run/torchjob-conformance-podman.sock"
+TORCHX_APP = re.compile(r"torchx:local_docker://[^/\s]*/([\w-]+)")
+TORCHX_APP_LABEL = "torchx.pytorch.org/app-id"
+
+
+def torchx_kill(cell: Cell, worker: Worker, sig: int = 9) -> None:
+    """kill -9 (or ``sig``) of the worker in its container: TorchX names each container as
+    its host name."""
+    kill_in(worker.host, worker, sig)
+
+
+def torchx_pause(cell: Cell, worker: Worker) -> None:
+    """SIGSTOP of the worker in its container: a hang."""
+    torchx_kill(cell, worker, int(signal.SIGSTOP))
+
+
+def torchx_cleanup(cell: Cell, run: Run) -> None:
+    """The app's containers removed (TorchX keeps them, ended, for its logs); none may still
+    run once its ``torchjob run`` ended."""
+    app = announced(TORCHX_APP, run)
+    if app is None:
+        return
+    running = podman_ids(f"label={TORCHX_APP_LABEL}={app}", "status=running")
+    ids = podman_ids(f"label={TORCHX_APP_LABEL}={app}")
+    if ids:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", *ids], capture_output=True,
+                       timeout=120, check=False)
+    if running:
+        raise AssertionError(f"{app} left running containers {running}")
 
 
 # The gate's task (tests.conformance.gate) reaches containers as a user's task does: a

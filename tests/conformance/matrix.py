@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from tests.conformance.containers import (PODS, RUN_CLAIM, TASK_CLAIM, docker_cleanup,
-                                           docker_kill, docker_pause, pod_cleanup, pod_kill,
-                                           pod_pause, task_sets)
+from tests.conformance.containers import (CONFORMANCE_DOCKER_HOST, PODS, RUN_CLAIM,
+                                           TASK_CLAIM, docker_cleanup, docker_kill,
+                                           docker_pause, pod_cleanup, pod_kill, pod_pause,
+                                           task_sets, torchx_cleanup, torchx_kill, torchx_pause)
 from tests.procs import PYTHON, ROOT, TORCHJOB, env_for_tests, free_port, torchjob
 from tests.recorded import wait_until
 
@@ -166,6 +167,13 @@ COLUMNS = (
            sets=task_sets(ROOT / "tests"),
            needs=("container_image",), marks=("containers",), cwd="/workspace",
            cleanup=docker_cleanup),
+    # TorchX's containers: the run directory mounted from the cell's, as docker; a script is
+    # built into an image of the cell's directory
+    Column("torchx:local_docker", stop=send(signal.SIGINT), kill=torchx_kill,
+           pause=torchx_pause, sets=task_sets(ROOT / "tests"),
+           needs=("container_image", "conformance_docker_api"), marks=("containers",),
+           cwd="/workspace", env=(("DOCKER_HOST", CONFORMANCE_DOCKER_HOST),),
+           cleanup=torchx_cleanup),
     # the run directory is a PVC mounted at the image's working directory: relative paths
     # (run_dir, a script) are on it, as on the host for the other columns
     Column("k8s (pod contract)", stop=send(signal.SIGTERM), kill=pod_kill, pause=pod_pause,

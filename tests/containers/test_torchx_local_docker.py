@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from torchx.schedulers.docker_scheduler import NETWORK
 from torchx.specs import AppState
 
 from tests.procs import ROOT, TORCHJOB, torchjob, wait_for
@@ -37,25 +36,18 @@ def service_pids(docker_host: str = "") -> list[int]:
     return [int(pid) for pid in found.stdout.split()]
 
 
-def networks() -> set[str]:
-    return set(subprocess.run(["podman", "network", "ls", "--format", "{{.Name}}"],
-                              capture_output=True, text=True, check=False).stdout.split())
-
-
 @pytest.fixture(scope="module")
 def docker_host(container_image: str) -> Iterator[str]:
-    """podman's Docker API socket, started by scripts/container-setup; its DOCKER_HOST. What
-    these tests started (the service, TorchX's network) is stopped and removed after them; a
-    service that ran before them runs after them too."""
-    nets, before = networks(), service_pids()
+    """podman's Docker API socket, started by scripts/container-setup; its DOCKER_HOST. The
+    service these tests started is stopped after them; a service that ran before them runs
+    after them too. TorchX's network (``torchx``) stays, as TorchX leaves it: the conformance
+    matrix's local_docker cells may be using it (``podman network rm -f`` stops every
+    container on a network)."""
+    before = service_pids()
     api = start_docker_api()
     host = [line for line in api.stdout.splitlines() if line.startswith("DOCKER_HOST=")][-1]
     host = host.split("=", 1)[1]
     yield host
-    if NETWORK in networks() - nets:  # TorchX's own network, made by these tests: only that
-        # one (rm -f stops every container on a network: another test's compose project's too)
-        subprocess.run(["podman", "network", "rm", "-f", NETWORK], capture_output=True,
-                       check=False)
     if before:
         start_docker_api()  # a test replaced the service that was running
         return
@@ -193,6 +185,27 @@ def test_ctrl_c_checkpoints_exits_143_and_the_same_command_resumes(container_ima
     assert f"resumed from step_{step:08d}" in again.stdout + again.stderr
     assert json.loads((tmp_path / "runs" / "digits" / "summary.json").read_text())[
         "accuracy"] >= 0.95
+
+
+def test_a_job_quiet_for_longer_than_the_clients_timeout_is_followed_to_its_end(
+        container_image: str, docker_host: str, tmp_path: Path) -> None:
+    """A job whose containers print nothing for their first 70 s (the Docker client's read
+    timeout is 60 s, and podman's API answers a log request only once there is a line): its
+    lines and its exit code still reach ``torchjob run``. The log request used to end in a
+    ReadTimeout there, in a thread's traceback, and the job's lines were lost."""
+    env = {**os.environ, "DOCKER_HOST": docker_host, "OMP_NUM_THREADS": "1"}
+    (tmp_path / "quiet.py").write_text(
+        "import time\ntime.sleep(70)\nprint('spoke at last', flush=True)\n"
+        "raise SystemExit(3)\n")
+    proc = torchjob("run", "--to", "torchx:local_docker", "--nproc-per-node", "1", "quiet.py",
+                    cwd=tmp_path, env=env, timeout=600)
+    out = proc.stdout + proc.stderr
+    remove_app_containers(out)
+    subprocess.run(["podman", "rmi", "-f", *re.findall(
+        r"building (localhost/torchjob-workspace:\S+):", out)], capture_output=True,
+        check=False)
+    assert "spoke at last" in out and "Traceback" not in out, out[-3000:]
+    assert proc.returncode == 1, out[-3000:]
 
 
 def test_docker_api_replaces_a_service_whose_directory_is_gone(container_image: str,
