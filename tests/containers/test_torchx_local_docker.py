@@ -29,6 +29,10 @@ def start_docker_api() -> subprocess.CompletedProcess[str]:
     return api
 
 
+# the socket scripts/container-setup docker-api serves (its SOCKET)
+DOCKER_API = "unix:///run/podman/podman.sock"
+
+
 def service_pids(docker_host: str = "") -> list[int]:
     """The podman API services (answering on ``docker_host``, when given)."""
     found = subprocess.run(["pgrep", "-f", f"^podman system service .*{docker_host}"],
@@ -43,7 +47,7 @@ def docker_host(container_image: str) -> Iterator[str]:
     after them too. TorchX's network (``torchx``) stays, as TorchX leaves it: the conformance
     matrix's local_docker cells may be using it (``podman network rm -f`` stops every
     container on a network)."""
-    before = service_pids()
+    before = service_pids(DOCKER_API)  # this socket's: the conformance matrix runs its own
     api = start_docker_api()
     host = [line for line in api.stdout.splitlines() if line.startswith("DOCKER_HOST=")][-1]
     host = host.split("=", 1)[1]
