@@ -165,8 +165,8 @@ def build(workspace: Workspace, err: IO[str]) -> None:
                         "the working directory, which needs podman or docker here: install "
                         "one, or set workspace.ship: never and image: an image of your own "
                         "that holds the code")
-    if is_kit_image(workspace.base) and not is_registry(workspace.base):
-        ensure_image(Path(engine).name, workspace.base, err)  # missing, or another trainer's
+    if is_kit_image(workspace.base):  # missing here, or another trainer's (a registry's: left)
+        ensure_image(Path(engine).name, workspace.base, err)
     with tempfile.TemporaryDirectory(prefix="torchjob-workspace-") as tmp:
         context = Path(tmp)
         for path, relative in files(workspace.root):

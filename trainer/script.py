@@ -92,10 +92,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-# Every exception ``failed`` saw, kept until the process exits (os._exit: ``leave``, or the
-# fork server's child): its traceback holds the model, and freeing DDP's reducer once a peer's
-# container is gone blocked in ProcessGroupGloo's destructor for minutes, so that the node never
-# heard that another had failed the job (trainer/train.py's REFUSED, for a run refused early).
+# Every exception ``failed`` saw, and a run the trainer refused, kept until the process exits
+# (os._exit: ``leave``, or the fork server's child): its traceback holds the model, and freeing
+# DDP's reducer once a peer's container is gone blocked in ProcessGroupGloo's destructor for
+# minutes, so that the node never heard that another had failed the job.
 RAISED: list[BaseException] = []
 
 

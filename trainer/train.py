@@ -38,16 +38,9 @@ from torchjob.trainer.profiling import StepProfiler
 from torchjob.trainer.preempt import StopRequest
 from torchjob.trainer.report import Reporter
 from torchjob.trainer.samples import SampleLog
-from torchjob.trainer.script import record
+from torchjob.trainer.script import RAISED, record
 from torchjob.trainer.tasks import Task, build_task
 
-
-
-# A refused run's exception, kept until the process exits: its traceback holds the model, and
-# freeing DDP's reducer once the process group was left can block for good in
-# ProcessGroupGloo's destructor (seen in containers, the peer rank refused too and gone). The
-# agent's workers exit without that teardown (os._exit in the forkserver child).
-REFUSED: list[ConfigError] = []
 
 
 def main(argv: Sequence[str] | None = None, *, stopped_after_the_work: int = 0) -> int:
@@ -66,7 +59,7 @@ def main(argv: Sequence[str] | None = None, *, stopped_after_the_work: int = 0) 
     except ConfigError as exc:
         tell(f"trainer [rank {env.rank}]: {exc}")
         record(exc)  # the agent's last line then says why
-        REFUSED.append(exc)
+        RAISED.append(exc)  # kept until the process exits (trainer.script.RAISED)
         return EXIT_CONFIG
     finally:
         stop.restore()

@@ -21,7 +21,7 @@ from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobSt
 from torchjob.jobs.backends.torchx import needs, runner
 from torchjob.jobs.backends.torchx.render import appdef_text, render_appdef
 from torchjob.jobs.hosts import on_one_host, run_binds
-from torchjob.jobs.images import ensure_image, invoking_user, is_registry, prepare_dirs
+from torchjob.jobs.images import ensure_image, invoking_user, prepare_dirs
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.trainer_args import trainer_argv
 from torchjob.jobs.checks import gpus_asked
@@ -96,9 +96,8 @@ class TorchxBackend(Backend):
         self._need_scheduler()
         spec = request.spec
         if self.scheduler == "local_docker":  # as the docker backend does
-            engine = needs.docker_engine()
-            if is_kit_image(spec.image) and not is_registry(spec.image) and engine is not None:
-                ensure_image(engine, spec.image, sys.stderr)
+            if is_kit_image(spec.image) and (engine := needs.docker_engine()) is not None:
+                ensure_image(engine, spec.image, sys.stderr)  # (a registry's: left to pull)
             prepare_dirs(spec, Path(request.context.workdir))  # writable by the image's user
         return self.parse_handle(runner.schedule(request.data, self._held()))
 
