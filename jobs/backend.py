@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import IO, Any, Callable, TypeVar
 
-from torchjob.jobs.preflight import check_checkpoints, check_dirs, check_shadowing
+from torchjob.jobs.preflight import (check_checkpoints, check_dirs, check_shadowing,
+                                     check_syntax)
 from torchjob.jobs.progress import Progress, from_run_dir, from_stamped_logs
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.stops import stop_signals
@@ -196,10 +197,16 @@ class Backend(abc.ABC):
                             f"(export {missing[0]}=... first)")
         if self.image_field(spec) is None or request.context.workspace is not None:
             check_shadowing(workdir)  # the nodes start in it, or in an image built from it
+        check_syntax(spec, workdir, self.nodes_python(request))
         self.ready(request)
         if self.sees_run_dir:
             check_dirs(spec, workdir)
             check_checkpoints(spec, workdir)
+
+    def nodes_python(self, request: Request) -> str | None:
+        """The interpreter of this machine that the nodes run the job's code with; None when
+        they run an image's or a cluster's own (jobs.preflight.check_syntax)."""
+        return None
 
     def ready(self, request: Request) -> None:
         """Part of preflight: the tools and cluster this backend needs, and the files its

@@ -67,6 +67,10 @@ class SlurmBackend(Backend):
         except ValueError as exc:
             raise UserError(str(exc)) from None
 
+    def nodes_python(self, request: Request) -> str | None:
+        # without a container the nodes run this interpreter from the shared file system
+        return request.context.python if request.spec.slurm.container == "none" else None
+
     def ready(self, request: Request) -> None:
         spec = request.spec
         cluster.preflight(partition=spec.slurm.partition, min_nodes=spec.nnodes.min,

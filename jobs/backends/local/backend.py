@@ -30,6 +30,9 @@ class LocalBackend(launcher.LaunchedHere):
                             run_id=context.run_id, cpu_count=context.cpu_count)
         return Request(self.name, spec.name, plan, render_text(plan), spec, context)
 
+    def nodes_python(self, request: Request) -> str | None:
+        return request.context.python
+
     def ready(self, request: Request) -> None:
         script = request.spec.trainer.script
         if script is not None and not os.path.isfile(os.path.join(request.context.workdir,

@@ -58,6 +58,10 @@ class TorchxBackend(Backend):
                                "torchx:slurm, torchx:kubernetes, ...")
         return self.scheduler
 
+    def nodes_python(self, request: Request) -> str | None:
+        # local_cwd runs this interpreter (render_appdef); elsewhere the nodes' own python
+        return request.context.python if self.scheduler == "local_cwd" else None
+
     def ready(self, request: Request) -> None:
         if self.scheduler:
             needs.reachable(self.scheduler)
