@@ -126,13 +126,18 @@ def test_torchjob_run_builds_the_kits_image_it_lacks(container_image: str, docke
                                                      tmp_path: Path) -> None:
     """``torchjob run --to torchx:local_docker`` with the kit's image missing here builds it,
     as ``--to docker`` does, for the built-in trainer and as the base of a script's workspace
-    image: TorchX itself would try to pull it from a registry and fail."""
+    image: TorchX itself would try to pull it from a registry and fail. The script reads a
+    directory mounted from a relative source, as --to docker reads one (TorchX would make
+    ``./data`` a volume of that name)."""
     image = f"localhost/torchjob:tx-missing-{os.getpid()}"
     env = {**os.environ, "DOCKER_HOST": docker_host, "OMP_NUM_THREADS": "1"}
-    (tmp_path / "train.py").write_text("import os\nprint('trained as rank', os.environ['RANK'])\n")
+    (tmp_path / "train.py").write_text("import os\nprint('trained as rank', os.environ['RANK'], "
+                                       "'on', open('/data/x.txt').read())\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.txt").write_text("mounted data")
     runs: list[tuple[str, ...]] = [
         ("--set", "trainer.args.epochs=1", f"{ROOT}/jobs/examples/default.yaml"),
-        ("train.py",)]
+        ("--set", "mounts=[{source: ./data, target: /data, read_only: true}]", "train.py")]
     out = ""
     try:
         for argv in runs:
@@ -143,7 +148,8 @@ def test_torchjob_run_builds_the_kits_image_it_lacks(container_image: str, docke
             remove_app_containers(out)
             assert proc.returncode == 0, out[-3000:]
             assert f"torchjob: image {image} is missing; building it" in out, out[-3000:]
-        assert "trained as rank 0" in out and "building localhost/torchjob-workspace:" in out
+        assert "trained as rank 0 on mounted data" in out, out[-3000:]
+        assert "building localhost/torchjob-workspace:" in out
     finally:
         subprocess.run(["podman", "rmi", "-f", image, *re.findall(
             r"building (localhost/torchjob-workspace:\S+):", out)], capture_output=True,

@@ -80,3 +80,29 @@ def test_local_docker_requests_mount_the_run_dir_and_carry_the_stop_grace(
     monkeypatch.setattr(os, "getuid", lambda: 0)
     as_root = plan(backend, spec, fresh=False, source=None)[0].data.request.containers[0].kwargs
     assert "user" not in as_root and "userns_mode" not in as_root
+
+
+def test_a_relative_mount_source_starts_where_torchjob_runs_or_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``./data`` binds the working directory's data/ where the nodes see this machine
+    (local_docker, as --to docker; the AppDef of --to torchx), and is refused where they do
+    not (kubernetes); a bare name stays a volume. TorchX itself would make ``./data`` a volume
+    of that name."""
+    from torchjob.jobs import api
+    from torchjob.jobs import backend as registry
+    from torchjob.jobs.invocation import plan
+    from torchjob.jobs.values import SpecError
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".torchxconfig").write_text("[kubernetes]\nqueue = default\n")
+    spec = api.load(ROOT / "jobs/examples/default.yaml", [
+        "mounts=[{source: ./data/../data, target: /data, read_only: true}, "
+        "{source: cache, target: /cache}]"])
+    (docker,) = plan(registry.get("torchx:local_docker"), spec, fresh=False, source=None)
+    kwargs = docker.data.request.containers[0].kwargs
+    assert [(m["Type"], m["Source"], m["Target"], m["ReadOnly"]) for m in kwargs["mounts"]][:2] \
+        == [("bind", f"{tmp_path}/data", "/data", True), ("volume", "cache", "/cache", False)]
+    (bare,) = plan(registry.get("torchx"), spec, fresh=False, source=None)
+    assert bare.data.roles[0].mounts[0].src_path == f"{tmp_path}/data"
+    with pytest.raises(SpecError, match=r"mounts\[0\]\.source: './data/../data' is a path on "
+                       "this machine .* give the directory's path on the nodes"):
+        plan(registry.get("torchx:kubernetes"), spec, fresh=False, source=None)

@@ -82,10 +82,12 @@ class TorchxBackend(Backend):
     def render(self, spec: JobSpec, context: Context) -> Request:
         # local_cwd runs here, in this interpreter's environment; elsewhere the image's python
         local_docker = self.scheduler == "local_docker"
+        # relative mount sources are this machine's: for schedulers whose nodes see it
+        sees = not self.scheduler or self.scheduler in (*runner.LOCAL_SCHEDULERS, "slurm")
         app = render_appdef(spec, python=context.python if self.scheduler == "local_cwd"
                             else "python", kubelet=self.scheduler in KUBERNETES_SCHEDULERS,
                             binds=tuple(run_binds(spec, context.workdir, context.workdir))
-                            if local_docker else ())
+                            if local_docker else (), workdir=context.workdir if sees else None)
         if not self.scheduler:  # the AppDef itself, for any scheduler
             return Request(self.name, spec.name, app, appdef_text(app), spec, context)
         info = runner.dryrun(app, self.scheduler, log_dir=f"{spec.run_dir}/torchx")

@@ -1,6 +1,7 @@
 """TorchX components for torchjob (``torchx run jobs/backends/torchx/components.py:train``): a
 JobSpec built by the spec loader, rendered as ``torchjob render --to torchx`` renders it."""
 
+import os
 import re
 from typing import Dict, List, Optional
 
@@ -62,9 +63,11 @@ def train(
         "rdzv": {"port": rdzv_port}, "trainer": trainer,
     }
     # the scheduler is unknown here (Kubernetes or not): env goes into the script, where the
-    # kubelet's $(VAR) expansion cannot reach it (render.shell_word)
+    # kubelet's $(VAR) expansion cannot reach it (render.shell_word); a relative bind source
+    # starts where `torchx run` runs, as --to docker reads one
     return render_appdef(build(data, source="torchx component"), extra_args=script_args,
-                         max_retries=max_retries, named_resource=h, env_in_script=True)
+                         max_retries=max_retries, named_resource=h, env_in_script=True,
+                         workdir=os.getcwd())
 
 
 def spec_mounts(words: List[str]) -> List[Dict[str, object]]:

@@ -19,7 +19,7 @@ import yaml
 from torchx import specs
 
 from torchjob.jobs.command import agent_command, kubelet_literal
-from torchjob.jobs.hosts import refuse_system_dir
+from torchjob.jobs.hosts import host_path, refuse_system_dir
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import SpecError
 from torchjob.trainer.contract import thread_env
@@ -54,22 +54,37 @@ def rdzv_endpoint(spec: JobSpec) -> Macro:
     return Macro(f"$${{{specs.macros.rank0_env}:=localhost}}:{spec.rdzv.port}")
 
 
+def bind_source(path: str, source: str, workdir: str | None) -> str | None:
+    """The host path a mount's ``source`` binds (``/...``; ``./...`` under ``workdir``), never
+    a system directory; None for a volume's name (TorchX's ``VolumeMount``)."""
+    if not (source.startswith(("/", "./", "../")) or source in (".", "..")):
+        return None
+    if workdir is None and not source.startswith("/"):
+        raise SpecError(path, f"{source!r} is a path on this machine (relative to where "
+                        "torchjob runs), and this scheduler's nodes do not see it: give the "
+                        "directory's path on the nodes (/...), or a volume's name")
+    refuse_system_dir(path, source, workdir)
+    return host_path(workdir, source) if workdir is not None else source
+
+
 def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retries: int = 0,
                   named_resource: str | None = None, python: str = "python",
                   kubelet: bool = False, env_in_script: bool = False,
-                  binds: tuple[tuple[str, str], ...] = ()) -> specs.AppDef:
+                  binds: tuple[tuple[str, str], ...] = (),
+                  workdir: str | None = None) -> specs.AppDef:
     """The AppDef that ``torchx run`` / ``torchjob submit --to torchx:SCHEDULER`` submits.
     ``kubelet``: for a Kubernetes scheduler, whose pods' command and env the kubelet expands
     too (``$(VAR)``), user strings are escaped for it as well. ``env_in_script``: the user's
     env as ``env NAME=VALUE`` words of the script, for a caller that does not know the
     scheduler. ``binds``: (host, container) directories mounted besides the spec's mounts
-    (local_docker's run directory, ``torchjob.jobs.hosts.run_binds``)."""
+    (local_docker's run directory, ``torchjob.jobs.hosts.run_binds``). ``workdir``: where a
+    relative mount source (``./data``) starts, as --to docker reads it; None: the nodes do not
+    see this machine, and one is refused."""
     if spec.secrets:
         raise SpecError("secrets", "TorchX has no secret references: for local schedulers "
                         "put the variable in env, on Kubernetes use --to k8s")
-    for i, mount in enumerate(spec.mounts):
-        if mount.source.startswith("/"):
-            refuse_system_dir(f"mounts[{i}].source", mount.source)
+    sources = [bind_source(f"mounts[{i}].source", m.source, workdir)
+               for i, m in enumerate(spec.mounts)]
     endpoint = rdzv_endpoint(spec)
     command = agent_command(spec, python=python, rdzv_endpoint=endpoint,
                             run_id=Macro(specs.macros.app_id), extra_args=extra_args)
@@ -94,10 +109,10 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
         resource = specs.Resource(cpu=math.ceil(spec.resources.cpu or procs),
                                   gpu=spec.resources.gpus, memMB=mem)
     mounts: list[specs.BindMount | specs.VolumeMount | specs.DeviceMount] = [
-        specs.BindMount(src_path=m.source, dst_path=m.target, read_only=m.read_only)
-        if m.source.startswith("/") else
+        specs.BindMount(src_path=source, dst_path=m.target, read_only=m.read_only)
+        if source is not None else
         specs.VolumeMount(src=m.source, dst_path=m.target, read_only=m.read_only)
-        for m in spec.mounts]
+        for m, source in zip(spec.mounts, sources)]
     mounts += [specs.BindMount(src_path=source, dst_path=target) for source, target in binds]
     role = specs.Role(
         name=ROLE, image=spec.image, entrypoint="bash", args=["-c", script],
