@@ -15,7 +15,7 @@ from typing import Callable
 
 from torchjob.jobs import api, report, timeouts
 from torchjob.jobs import backend as registry
-from torchjob.jobs.backend import Context, JobStatus, Request
+from torchjob.jobs.backend import BackendError, Context, JobStatus, Request
 from torchjob.jobs.invocation import finish_target, job_timeouts, requests
 from torchjob.jobs.load import SpecError, parse_yaml, with_overrides
 from torchjob.jobs.parser import build_parser
@@ -147,10 +147,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def spec_problems(text: str, name: str, to: str | None) -> list[str] | None:
-    """A job spec's problems (none: valid), or None when ``text`` is not a job spec (a
-    Kubernetes manifest has apiVersion and kind). With ``to``, also what that backend refuses
-    when it renders the job."""
+def spec_problems(text: str, name: str, to: str | None) -> tuple[list[str], str] | None:
+    """A job spec's problems (none: valid) and the verdict, or None when ``text`` is not a job
+    spec (a Kubernetes manifest has apiVersion and kind). With ``to``, also what that backend
+    refuses when it renders the job; a backend that cannot render here (a scheduler's missing
+    package or setting) leaves the spec valid, its rendering unchecked."""
     try:
         data = parse_yaml(text, name)
     except SpecError:
@@ -165,9 +166,12 @@ def spec_problems(text: str, name: str, to: str | None) -> list[str] | None:
             backend.render(spec, Context(run_id=spec.name, python=sys.executable,
                                          workdir=os.getcwd(), port=spec.rdzv.port,
                                          cpu_count=os.cpu_count() or 1, source=name))
+    except BackendError as exc:
+        return [str(exc)], f"a valid job spec, not checked against {to}, which cannot " \
+            "render it here (above)"
     except (SpecError, UserError) as exc:
-        return [str(exc)]
-    return []
+        return [str(exc)], "not a valid job spec"
+    return [], "valid job spec"
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -182,11 +186,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
             raise UserError(f"{name}: cannot read it ({exc.strerror})") from None
         found = spec_problems(text, name, args.to)
         if found is not None:
-            for problem in found:
+            for problem in found[0]:
                 print(problem if problem.startswith(f"{name}:") else f"{name}: {problem}",
                       file=sys.stderr)
-            print(f"{name}: {'valid job spec' if not found else 'not a valid job spec'}")
-            failed += bool(found)
+            print(f"{name}: {found[1]}")
+            failed += bool(found[0])
             continue
         backend = registry.get(args.to or "k8s")
         problems = backend.validate(text, strict=not args.no_pod_security)

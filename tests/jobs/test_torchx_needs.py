@@ -83,6 +83,11 @@ def test_schedulers_without_their_packages_or_commands_name_them() -> None:
     said(torchjob("run", "--to", "torchx:lsf", DEFAULT),
          "TorchX's lsf scheduler runs the cluster's commands (bhosts, bsub, bjobs, bkill), and "
          "this machine has no bhosts on PATH")
+    # validate: the spec is valid; its rendering for that scheduler could not be checked
+    out = torchjob("validate", "--to", "torchx:ray", DEFAULT)
+    assert out.returncode == 2 and "pip install 'ray[default]'" in out.stderr, out.stderr
+    assert out.stdout == f"{DEFAULT}: a valid job spec, not checked against torchx:ray, which " \
+        "cannot render it here (above)\n", out.stdout
 
 
 def test_slurm_without_its_commands_on_path_names_them() -> None:

@@ -16,10 +16,11 @@ from collections.abc import Iterator
 
 from torchx.schedulers import get_scheduler_factories
 
+from torchjob.jobs.backend import BackendError
 from torchjob.jobs.values import UserError
 
 
-class TorchxError(UserError):
+class TorchxError(BackendError):
     """A scheduler or handle TorchX cannot use: one line, exit 2."""
 
 
