@@ -125,12 +125,25 @@ def prepare_dirs(spec: JobSpec, cwd: Path) -> Path:
     return host_dirs(spec, cwd)[0]
 
 
-def invoking_user(*, podman: bool) -> tuple[str | None, str | None]:
-    """The ids containers of the kit's image run as, and their user namespace mode: the
-    invoking user's (``UID:GID``), so that a home directory only they can read (mode 700) is
-    readable in the containers and what the job writes is theirs, with podman in ``keep-id``
-    mode (rootless podman: the same ids on the host); root keeps the image's own user (uid
-    1000): (None, None)."""
+def invoking_user(*, rootless: bool) -> str | None:
+    """The ids (``UID:GID``) containers of the kit's image run as when the invoking user is not
+    root, so that what a job writes into the directories mounted from here is theirs and a home
+    directory only they can read (mode 700) is readable in the containers: the container's root
+    under a ``rootless`` engine (podman run by a user, rootless Docker), which is that user on
+    the host; their own ids under a daemon that runs as root (Docker, for the docker group).
+    Root: None, the image's own user (uid 1000)."""
     if os.getuid() == 0:
-        return None, None
-    return f"{os.getuid()}:{os.getgid()}", "keep-id" if podman else None
+        return None
+    return "0:0" if rootless else f"{os.getuid()}:{os.getgid()}"
+
+
+def rootless(engine: str) -> bool:
+    """Whether containers that ``engine``'s command (podman, docker) starts for this user run in
+    a user namespace of theirs: podman run by a user always does; Docker when its daemon is
+    rootless (``docker info``). False for root."""
+    if os.getuid() == 0:
+        return False
+    if engine == "podman":
+        return True
+    proc = run_captured([engine, "info", "--format", "{{json .SecurityOptions}}"], timeout=60)
+    return "rootless" in proc.stdout

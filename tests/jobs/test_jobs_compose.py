@@ -302,22 +302,28 @@ def test_a_node_that_failed_for_good_ends_the_job_after_the_grace(
 
 
 def test_containers_run_as_the_invoking_user_unless_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not root: the node containers run as the caller's ids (a 700 home directory is readable
-    in them, what they write is the caller's), with podman in keep-id mode (rootless: the same
-    ids on the host). Root keeps the image's user, uid 1000. (Rendered here; the suite runs as
-    root, where the containers themselves are tested.)"""
+    """Not root: the node containers run as the caller (a 700 home directory is readable in
+    them, what they write is the caller's): under rootless podman as the container's root,
+    which is the caller on the host (podman-compose 1.0 drops ``userns_mode``, so keep-id
+    never reached podman, and uid 1234 in the container was a sub-uid on the host); under
+    Docker's daemon as the caller's ids. Root keeps the image's user, uid 1000. (Rendered
+    here; tests/containers/test_nonroot.py runs them as a user who is not root.)"""
     from torchjob.jobs.backends.docker import backend as docker_backend
+    from torchjob.jobs import images
     spec = load(EXAMPLES / "default.yaml")
     monkeypatch.setattr(os, "getuid", lambda: 1234)
     monkeypatch.setattr(os, "getgid", lambda: 567)
     monkeypatch.setattr(docker_backend.shutil, "which", lambda name: f"/usr/bin/{name}")
-    assert docker_backend.invoking_user(spec) == ("1234:567", "keep-id")
-    doc = render_compose(spec, user="1234:567", userns="keep-id")
+    assert docker_backend.invoking_user(spec) == "0:0"
+    doc = render_compose(spec, user="0:0")
     nodes = [s for name, s in doc["services"].items() if name.startswith("node")]
-    assert nodes and all(s["user"] == "1234:567" and s["userns_mode"] == "keep-id"
-                         for s in nodes)
+    assert nodes and all(s["user"] == "0:0" and "userns_mode" not in s for s in nodes)
     docker = load(EXAMPLES / "default.yaml", ["docker.engine=docker"])
-    assert docker_backend.invoking_user(docker) == ("1234:567", None)
+    for said, user in (("[\"name=seccomp,profile=builtin\"]", "1234:567"),
+                       ("[\"name=seccomp,profile=builtin\",\"name=rootless\"]", "0:0")):
+        monkeypatch.setattr(images, "run_captured", lambda argv, **_: subprocess.CompletedProcess(
+            argv, 0, said + "\n", ""))
+        assert docker_backend.invoking_user(docker) == user
     monkeypatch.setattr(os, "getuid", lambda: 0)
-    assert docker_backend.invoking_user(spec) == (None, None)
+    assert docker_backend.invoking_user(spec) is None
     assert "user" not in render_compose(spec)["services"]["node0"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,29 +56,30 @@ def test_local_docker_requests_mount_the_run_dir_and_carry_the_stop_grace(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """torchx:local_docker's request: every container mounts the run directory from where
     torchjob runs (at the image's working directory), carries the job's stop_grace for the
-    cancel, and runs as the invoking user where that is not root (podman: keep-id), as the
-    docker backend's containers do. (Rendered in this process: the suite runs as root, where
-    the containers themselves are tested, tests/containers/test_torchx_local_docker.py.)"""
+    cancel, and runs as the invoking user where that is not root (under a rootless engine the
+    container's root, which is that user on the host), as the docker backend's containers do.
+    (Rendered in this process; tests/containers/test_nonroot.py runs them as a user.)"""
     from torchjob.jobs import api
     from torchjob.jobs import backend as registry
+    from torchjob.jobs.backends.torchx import needs
     from torchjob.jobs.invocation import plan
     monkeypatch.chdir(tmp_path)
     backend = registry.get("torchx:local_docker")
     spec = api.load(ROOT / "jobs/examples/default.yaml", ["nnodes=2", "stop_grace=77"])
     monkeypatch.setattr(os, "getuid", lambda: 1234)
     monkeypatch.setattr(os, "getgid", lambda: 567)
-    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
-    containers = plan(backend, spec, fresh=False, source=None)[0].data.request.containers
-    assert len(containers) == 2
-    for container in containers:
-        mounts = [(m["Source"], m["Target"]) for m in container.kwargs["mounts"]]
-        assert mounts == [(f"{tmp_path}/runs", "/workspace/runs")]
-        assert container.kwargs["labels"]["io.torchjob.stop-grace"] == "77"
-        assert (container.kwargs["user"], container.kwargs["userns_mode"]) == ("1234:567",
-                                                                               "keep-id")
+    for rootless, user in ((False, "1234:567"), (True, "0:0")):
+        monkeypatch.setattr(needs, "docker_rootless", lambda: rootless)
+        containers = plan(backend, spec, fresh=False, source=None)[0].data.request.containers
+        assert len(containers) == 2
+        for container in containers:
+            mounts = [(m["Source"], m["Target"]) for m in container.kwargs["mounts"]]
+            assert mounts == [(f"{tmp_path}/runs", "/workspace/runs")]
+            assert container.kwargs["labels"]["io.torchjob.stop-grace"] == "77"
+            assert container.kwargs["user"] == user and "userns_mode" not in container.kwargs
     monkeypatch.setattr(os, "getuid", lambda: 0)
     as_root = plan(backend, spec, fresh=False, source=None)[0].data.request.containers[0].kwargs
-    assert "user" not in as_root and "userns_mode" not in as_root
+    assert "user" not in as_root
 
 
 def test_a_relative_mount_source_starts_where_torchjob_runs_or_is_refused(

@@ -19,12 +19,12 @@ from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.checks import gpus_asked
 
 
-def invoking_user(spec: JobSpec) -> tuple[str | None, str | None]:
-    """The ids the node containers run as (``torchjob.jobs.images.invoking_user``), with
-    podman's user namespace mode where compose drives podman."""
+def invoking_user(spec: JobSpec) -> str | None:
+    """The ids the node containers run as (``torchjob.jobs.images.invoking_user``) under the
+    engine compose drives."""
     podman = spec.docker.engine == "podman" or (
         spec.docker.engine == "auto" and shutil.which("podman") and shutil.which("podman-compose"))
-    return images.invoking_user(podman=bool(podman))
+    return images.invoking_user(rootless=images.rootless("podman" if podman else "docker"))
 
 
 class DockerBackend(launcher.LaunchedHere):
@@ -35,8 +35,7 @@ class DockerBackend(launcher.LaunchedHere):
         gpus_asked(spec.nproc_per_node, spec.resources.gpus, "docker")
 
     def render(self, spec: JobSpec, context: Context) -> Request:
-        user, userns = invoking_user(spec)
-        doc = render_compose(spec, workdir=context.workdir, user=user, userns=userns)
+        doc = render_compose(spec, workdir=context.workdir, user=invoking_user(spec))
         return Request(self.name, spec.name, doc, compose_text(doc, source=context.source),
                        spec, context)
 

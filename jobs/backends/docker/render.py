@@ -148,16 +148,13 @@ def _from_host_dir(volume: Obj) -> Obj:
 
 
 def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python",
-                   workdir: str | None = None, user: str | None = None,
-                   userns: str | None = None) -> Obj:
+                   workdir: str | None = None, user: str | None = None) -> Obj:
     """The compose document: one service per node (nnodes MAX, at most MAX_HOST_NODES), a
     shared run directory. ``host_dir`` ``.`` (the default) makes relative host paths start at
     ``$TORCHJOB_HOST_DIR`` (default ``.``, the compose file's directory); the rendezvous id is
     ``$TORCHJOB_RUN_ID`` (default the job's name). ``workdir``: where the run starts, against
     which relative bind sources are checked (no system directory). ``user`` (``UID:GID``) runs
-    the node containers as those ids instead of the image's user, in user namespace mode
-    ``userns`` (podman's ``keep-id``: the same ids on the host, so that files are shared as
-    the invoking user's)."""
+    the node containers as those ids instead of the image's user (``images.invoking_user``)."""
     store = own_store(spec)
     command = list(agent_command(spec, python=python,
                                  rdzv_endpoint=f"{STORE_SERVICE if store else RDZV_HOST}:"
@@ -182,8 +179,6 @@ def render_compose(spec: JobSpec, *, host_dir: str = ".", python: str = "python"
                         "restart": "no"}
         if user is not None:
             service["user"] = user
-            if userns is not None:
-                service["userns_mode"] = userns
         if deploy := resources(spec):
             service["deploy"] = {"resources": deploy}
         if store:  # started first, so that its name resolves

@@ -7,7 +7,6 @@ Handles are TorchX's own app handles behind ``torchx:`` (``torchx:local_cwd://to
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,7 +94,7 @@ class TorchxBackend(Backend):
             runner.grace_pods(info, spec.stop_grace)
         elif local_docker:
             runner.local_containers(info, spec.stop_grace,
-                                    *invoking_user(podman=bool(shutil.which("podman"))))
+                                    invoking_user(rootless=needs.docker_rootless()))
         return Request(self.name, spec.name, info, f"{info}\n", spec, context)
 
     def submit(self, request: Request) -> Handle:

@@ -114,6 +114,23 @@ def docker_engine() -> str | None:
     return engine if shutil.which(engine) else None
 
 
+def docker_rootless() -> bool:
+    """Whether the engine behind the Docker API runs containers in a user namespace of this
+    user's (rootless podman or Docker); False for root, or when no API answers."""
+    if os.getuid() == 0:
+        return False
+    import docker
+    client = docker.from_env(timeout=10)
+    try:
+        info = client.info()
+    except docker.errors.DockerException:
+        return False
+    finally:
+        client.close()
+    return info.get("Rootless") is True or \
+        any("rootless" in str(option) for option in info.get("SecurityOptions") or ())
+
+
 def _kubeconfig(scheduler: str) -> None:
     """TorchX's Kubernetes schedulers read a kubeconfig alone (not a pod's service account)."""
     from kubernetes import client, config

@@ -2,16 +2,20 @@
 ``stopped`` reads as ``exited``, ``configured`` as ``created``, ``stopping`` as ``running``,
 and an unknown state as UNKNOWN rather than a crash; and a stop as the kit's: a cancel gives
 every container its stop grace, and an app whose nodes stopped after a checkpoint (exit 143)
-reads as CANCELLED, as local_cwd reports a cancelled app. pyproject.toml registers it in TorchX's ``torchx.schedulers`` entry points,
-beside every other built-in scheduler (docs/internals.md).
+reads as CANCELLED, as local_cwd reports a cancelled app; and TorchX's network made under a
+lock file of the user's own. pyproject.toml registers it in TorchX's ``torchx.schedulers``
+entry points, beside every other built-in scheduler (docs/internals.md).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 from typing import Any
 
-from torchx.schedulers.docker_scheduler import CONTAINER_STATE, DockerScheduler
+from torchx.schedulers import docker_scheduler
+from torchx.schedulers.docker_scheduler import CONTAINER_STATE, NETWORK, DockerScheduler
 from torchx.schedulers.api import DescribeAppResponse
 from torchx.specs import AppState
 
@@ -77,5 +81,23 @@ class DockerOrPodmanScheduler(DockerScheduler):
                              name=f"stop {container.name}", daemon=True).start()
 
 
+def ensure_network(client: Any = None) -> None:
+    """TorchX's ``ensure_network`` (its network, made once however many submit at a time),
+    locked by a file of this user's: TorchX's own, one lock file in /tmp made by whichever user
+    ran first (mode 644), cannot be opened by any other (PermissionError at every submit)."""
+    import docker
+    import filelock
+
+    lock = os.path.join(tempfile.gettempdir(), f"torchx_docker_network_lock-{os.getuid()}")
+    with filelock.FileLock(lock, timeout=10):
+        try:
+            (client or docker.from_env()).networks.create(name=NETWORK, driver="bridge",
+                                                          check_duplicate=True)
+        except docker.errors.APIError as exc:
+            if "already exists" not in str(exc):
+                raise
+
+
 def create_scheduler(session_name: str, **kwargs: Any) -> DockerScheduler:
+    docker_scheduler.ensure_network = ensure_network  # what DockerScheduler.schedule calls
     return DockerOrPodmanScheduler(session_name=session_name)

@@ -85,20 +85,17 @@ def grace_pods(info: AppDryRunInfo, seconds: int) -> None:
     walk(getattr(info.request, "resource", None))
 
 
-def local_containers(info: AppDryRunInfo, seconds: int, user: str | None,
-                     userns: str | None) -> None:
+def local_containers(info: AppDryRunInfo, seconds: int, user: str | None) -> None:
     """Every container of a local_docker request labelled with ``seconds`` between its stop
     signal and the kill, the job's ``stop_grace``, which the scheduler's cancel gives it
     (``torchjob.jobs.backends.torchx.podman``: docker's run call has no such setting); run as
-    ``user`` in user namespace mode ``userns`` where given (``images.invoking_user``), so that
-    the run directory it mounts from here is written as the invoking user's."""
+    ``user`` where given (``images.invoking_user``), so that the run directory it mounts from
+    here is written as the invoking user's."""
     for container in getattr(info.request, "containers", ()):
         labels = container.kwargs.setdefault("labels", {})
         labels[STOP_GRACE_LABEL] = str(seconds)
         if user is not None:
             container.kwargs["user"] = user
-            if userns is not None:
-                container.kwargs["userns_mode"] = userns
 
 
 def _runner(held: Runner | None) -> ContextManager[Runner]:
