@@ -327,6 +327,24 @@ def test_gpus_the_engine_did_not_give_stop_the_job_with_the_fix(container_image:
     assert_nothing_left(project)
 
 
+def test_a_container_that_cannot_start_ends_the_run_with_the_engines_error(
+        container_image: str, tmp_path: Path) -> None:
+    """An image without ``python`` (the kit's debootstrap base: python3 alone): podman-compose
+    ends 0 with the container left created, and the run waited for it for ever, past Ctrl-C.
+    Now: exit 2 with the engine's own error, nothing left."""
+    logfile = tmp_path / "nostart.log"
+    with running(run_args("default.yaml", "image=localhost/torchjob-base:bookworm",
+                          f"run_dir={tmp_path}/run"), tmp_path / "job", logfile) as proc:
+        project = project_of(logfile)
+        code = proc.wait(timeout=300)
+    out = logfile.read_text()
+    assert code == 2, out[-4000:]
+    assert re.search(r"torchjob: node0's container could not start: .*\"python\": executable "
+                     r"file not found in \$PATH.* \(image localhost/torchjob-base:bookworm\)",
+                     out), out[-4000:]
+    assert_nothing_left(project)
+
+
 def test_the_readme_docker_quickstart(container_image: str, tmp_path: Path) -> None:
     """The quickstart's script in two node containers, no YAML: the working directory (a copy
     of jobs/examples, which the containers see mounted) readable by the image's user."""

@@ -246,6 +246,19 @@ def _up(run: _Run, spec: JobSpec, cwd: Path, err: IO[str]) -> bool:
         tail = "\n".join((up.stdout + up.stderr).splitlines()[-20:])
         print(f"torchjob: compose up failed (exit {up.returncode}):\n{tail}", file=err)
         return False
+    # podman-compose 1.0 ends 0 when a container could not be started (its command not in the
+    # image, a mount refused): one left created is started here, and its error said
+    run.refresh()
+    for node in run.nodes:
+        if node.status not in ("created", "configured"):
+            continue
+        started = _run([run.engine.name, "start", node.cid], timeout=120)
+        if started.returncode != 0:
+            why = (started.stderr.strip() or started.stdout.strip()).splitlines()
+            print(f"torchjob: {node.name}'s container could not start: "
+                  f"{why[-1] if why else f'{run.engine.name} start exit {started.returncode}'}"
+                  f" (image {spec.image})", file=err, flush=True)
+            return False
     return True
 
 
