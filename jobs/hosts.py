@@ -63,12 +63,17 @@ def _inside(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+def is_path(source: str) -> bool:
+    """Whether a mount's ``source`` names a directory (``/...``, ``./...``, ``../...``, ``.``,
+    ``..``), which is bind-mounted, rather than a volume (a bare name, as compose reads it)."""
+    return source.startswith(("/", "./", "../")) or source in (".", "..")
+
+
 def host_path(host_dir: str, path: str) -> str:
     """``path`` on the host: relative ones under ``host_dir``, kept looking like a path
     (``./x``: compose reads a bare ``x`` as a volume name)."""
     joined = posixpath.normpath(posixpath.join(host_dir, path))
-    return joined if joined.startswith(("/", "./", "../")) or joined in (".", "..") \
-        else f"./{joined}"
+    return joined if is_path(joined) else f"./{joined}"
 
 
 def run_binds(spec: JobSpec, host_dir: str, workdir: str | None = None, *,

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from torchjob.jobs.command import agent_command, own_store, store_command
-from torchjob.jobs.hosts import host_path, refuse_system_dir, run_binds
+from torchjob.jobs.hosts import host_path, is_path, refuse_system_dir, run_binds
 from torchjob.jobs.spec import JobSpec
 from torchjob.trainer.contract import thread_env
 
@@ -71,7 +71,7 @@ def spec_mounts(spec: JobSpec, host_dir: str, workdir: str | None = None
     mounts: list[Obj] = []
     named: Obj = {}
     for i, mount in enumerate(spec.mounts):
-        if mount.source.startswith(("/", "./", "../")) or mount.source in (".", ".."):
+        if is_path(mount.source):
             refuse_system_dir(f"mounts[{i}].source", mount.source, workdir)
             mounts.append({"type": "bind", "source": host_path(host_dir, mount.source),
                            "target": mount.target, "read_only": mount.read_only})

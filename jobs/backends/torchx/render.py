@@ -19,7 +19,7 @@ import yaml
 from torchx import specs
 
 from torchjob.jobs.command import agent_command, kubelet_literal
-from torchjob.jobs.hosts import host_path, refuse_system_dir
+from torchjob.jobs.hosts import host_path, is_path, refuse_system_dir
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import SpecError
 from torchjob.trainer.contract import thread_env
@@ -57,7 +57,7 @@ def rdzv_endpoint(spec: JobSpec) -> Macro:
 def bind_source(path: str, source: str, workdir: str | None) -> str | None:
     """The host path a mount's ``source`` binds (``/...``; ``./...`` under ``workdir``), never
     a system directory; None for a volume's name (TorchX's ``VolumeMount``)."""
-    if not (source.startswith(("/", "./", "../")) or source in (".", "..")):
+    if not is_path(source):
         return None
     if workdir is None and not source.startswith("/"):
         raise SpecError(path, f"{source!r} is a path on this machine (relative to where "
