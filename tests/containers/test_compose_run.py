@@ -77,6 +77,17 @@ def project_of(log: Path) -> str:
     return str(wait_for(find, 120, "the launcher's project line"))
 
 
+def ended(tmp_path: Path, *sets: str) -> tuple[int, str, str]:
+    """``torchjob run --to docker`` of the default example with ``sets`` (its run directory
+    under ``tmp_path``), to its end: its exit code, its output and its compose project."""
+    logfile = tmp_path / "run.log"
+    with running(run_args("default.yaml", *sets, f"run_dir={tmp_path}/run"), tmp_path / "job",
+                 logfile) as proc:
+        project = project_of(logfile)
+        code = proc.wait(timeout=300)
+    return code, logfile.read_text(), project
+
+
 def container(project: str, service: str) -> str:
     proc = podman("ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={project}",
                   "--filter", f"label=com.docker.compose.service={service}")
@@ -313,12 +324,7 @@ def test_gpus_the_engine_did_not_give_stop_the_job_with_the_fix(container_image:
     podman: no GPU, no CDI spec) starts the container anyway, and the job trained on the CPU.
     Now each node's agent finds fewer GPUs than asked: exit 2, the fix, no worker started. The
     kit's image carries a CPU build of torch, which no engine's GPUs would help: said first."""
-    logfile = tmp_path / "gpus.log"
-    with running(run_args("default.yaml", "resources.gpus=1", "nproc_per_node=1",
-                          f"run_dir={tmp_path}/run"), tmp_path / "job", logfile) as proc:
-        project = project_of(logfile)
-        code = proc.wait(timeout=300)
-    out = logfile.read_text()
+    code, out, project = ended(tmp_path, "resources.gpus=1", "nproc_per_node=1")
     assert code == 2, out[-4000:]
     assert re.match(r"torchjob: the job failed: the job asks for 1 GPU\(s\) per node "
                     r"\(resources.gpus\), but torch \S+ on node0 is built for the CPU alone",
@@ -332,12 +338,7 @@ def test_a_container_that_cannot_start_ends_the_run_with_the_engines_error(
     """An image without ``python`` (the kit's debootstrap base: python3 alone): podman-compose
     ends 0 with the container left created, and the run waited for it for ever, past Ctrl-C.
     Now: exit 2 with the engine's own error, nothing left."""
-    logfile = tmp_path / "nostart.log"
-    with running(run_args("default.yaml", "image=localhost/torchjob-base:bookworm",
-                          f"run_dir={tmp_path}/run"), tmp_path / "job", logfile) as proc:
-        project = project_of(logfile)
-        code = proc.wait(timeout=300)
-    out = logfile.read_text()
+    code, out, project = ended(tmp_path, "image=localhost/torchjob-base:bookworm")
     assert code == 2, out[-4000:]
     assert re.search(r"torchjob: node0's container could not start: .*\"python\": executable "
                      r"file not found in \$PATH.* \(image localhost/torchjob-base:bookworm\)",
