@@ -219,7 +219,8 @@ class Backend(abc.ABC):
     def run(self, request: Request) -> int:
         """Submit, print the job's lines as they come, and return its exit code. The first
         Ctrl-C (or SIGTERM) cancels the job (its workers checkpoint) and goes on following it;
-        a second leaves it stopping on its own (exit 143)."""
+        a second leaves it stopping on its own (exit 143), or kills it where it cannot
+        outlive the run (``ends_with_run``)."""
         handle = self.submit(request)
         print(f"torchjob: submitted {handle}", file=sys.stderr, flush=True)
         closings = ClosingLines()
@@ -229,12 +230,16 @@ class Backend(abc.ABC):
             while True:
                 if stops.count > acted:
                     acted = stops.count
-                    if acted > 1:
+                    if acted > 1 and self.ends_with_run:
+                        print(f"torchjob: {self.kill_now(handle)}", file=sys.stderr, flush=True)
+                    elif acted > 1:
                         print(f"torchjob: {handle} goes on stopping on its own; `torchjob "
                               f"status {handle}` follows it", file=sys.stderr, flush=True)
                         return EXIT_STOPPED
-                    print(f"torchjob: {self.cancel(handle)}; Ctrl-C again to stop waiting",
-                          file=sys.stderr, flush=True)
+                    else:
+                        again = "kills it now" if self.ends_with_run else "to stop waiting"
+                        print(f"torchjob: {self.cancel(handle)}; Ctrl-C again {again}",
+                              file=sys.stderr, flush=True)
                 try:
                     item = ended.get(timeout=STOP_POLL_S)
                 except queue.Empty:
@@ -251,6 +256,17 @@ class Backend(abc.ABC):
         if code not in (EXIT_OK, EXIT_STOPPED):
             closings.report(self.logs_place(handle, request), sys.stderr)
         return code
+
+    @property
+    def ends_with_run(self) -> bool:
+        """Whether a job lives only as long as its ``run`` (TorchX's local schedulers keep it
+        in that process): a second stop kills it (``kill_now``) rather than leaving it."""
+        return False
+
+    def kill_now(self, handle: Handle) -> str:
+        """Kill the job at once (``run``'s second stop, where ``ends_with_run``); what was
+        done."""
+        raise self._unsupported("kill")
 
     def follow(self, handle: Handle, request: Request) -> Iterator[str]:
         """``run``'s lines of the job, until it has ended."""

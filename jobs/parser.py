@@ -166,8 +166,9 @@ def add_job_commands(sub: SubParsers) -> None:
     run.add_argument("--dry-run", action="store_true", help="print what would run and exit")
     run.add_argument("--grace", type=float, metavar="SECONDS",
                      help="after Ctrl-C/SIGTERM, how long workers may take to checkpoint "
-                          "before they are killed (local and docker; default: the spec's "
-                          "stop_grace, itself above its checkpoint_budget)")
+                          "before they are killed (local, docker, torchx:local_cwd and "
+                          "torchx:local_docker; default: the spec's stop_grace, itself above "
+                          "its checkpoint_budget)")
     render = spec_command(sub, "render", "print exactly what would be run or submitted (pure: "
                           "starts nothing)", "local")
     sweep_option(render)

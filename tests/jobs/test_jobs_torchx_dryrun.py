@@ -6,6 +6,7 @@ The scheduler's request is compared with a golden file after replacing the rando
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -80,6 +81,25 @@ def test_local_docker_requests_mount_the_run_dir_and_carry_the_stop_grace(
     monkeypatch.setattr(os, "getuid", lambda: 0)
     as_root = plan(backend, spec, fresh=False, source=None)[0].data.request.containers[0].kwargs
     assert "user" not in as_root
+
+
+def test_local_requests_carry_the_runs_grace(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait between a cancel's stop signal and the kill, in local_cwd's request (TorchX's
+    own is 10 s) and on local_docker's containers: the spec's stop_grace, or run --grace."""
+    from torchjob.jobs import api
+    from torchjob.jobs import backend as registry
+    from torchjob.jobs.invocation import plan
+    monkeypatch.chdir(tmp_path)
+    spec = api.load(ROOT / "jobs/examples/default.yaml", ["stop_grace=77"])
+    for grace, expected in ((None, 77), (90.5, 90.5)):
+        cwd = plan(registry.get("torchx:local_cwd"), spec, fresh=False, source=None,
+                   grace=grace)[0]
+        assert cwd.data.request.stop_grace == expected
+        assert f"'stop_grace': {expected}" in cwd.text
+        docker = plan(registry.get("torchx:local_docker"), spec, fresh=False, source=None,
+                      grace=grace)[0].data.request.containers[0].kwargs
+        assert docker["labels"]["io.torchjob.stop-grace"] == str(math.ceil(expected))
 
 
 def test_a_relative_mount_source_starts_where_torchjob_runs_or_is_refused(

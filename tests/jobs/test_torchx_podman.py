@@ -1,4 +1,5 @@
-"""TorchX's scheduler table as torchjob registers it, and the podman-aware local_docker.
+"""TorchX's scheduler table as torchjob registers it, and the podman-aware local_docker
+(local_cwd's own: tests/jobs/test_torchx_local.py).
 
 The real check (a container caught in podman's ``stopped`` state, and ``torchx run -s
 local_docker --wait`` to the end) is in tests/containers/test_torchx_local_docker.py.
@@ -17,12 +18,13 @@ from torchx.specs import AppState
 from torchjob.jobs.backends.torchx.podman import DockerOrPodmanScheduler
 
 
-def test_the_registered_table_is_torchx_own_but_for_local_docker() -> None:
+def test_the_registered_table_is_torchx_own_but_for_the_local_schedulers() -> None:
     registered = {ep.name: ep.value for ep in
                   metadata.entry_points().select(group="torchx.schedulers")}
     expected = {name: f"{module}:create_scheduler"
                 for name, module in DEFAULT_SCHEDULER_MODULES.items()}
     expected["local_docker"] = "torchjob.jobs.backends.torchx.podman:create_scheduler"
+    expected["local_cwd"] = "torchjob.jobs.backends.torchx.local:create_scheduler"
     assert registered == expected
 
 

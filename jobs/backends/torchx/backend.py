@@ -6,6 +6,7 @@ Handles are TorchX's own app handles behind ``torchx:`` (``torchx:local_cwd://to
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from torchx.specs import AppStatus
 from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobStatus, Request,
                                    State)
 from torchjob.jobs.backends.torchx import needs, runner
+from torchjob.jobs.backends.torchx.local import with_grace
 from torchjob.jobs.backends.torchx.render import appdef_text, render_appdef
 from torchjob.jobs.hosts import on_one_host, run_binds
 from torchjob.jobs.images import ensure_image, invoking_user, prepare_dirs
@@ -92,9 +94,11 @@ class TorchxBackend(Backend):
         info = runner.dryrun(app, self.scheduler, log_dir=f"{spec.run_dir}/torchx")
         if self.scheduler in KUBERNETES_SCHEDULERS:
             runner.grace_pods(info, spec.stop_grace)
-        elif local_docker:
-            runner.local_containers(info, spec.stop_grace,
+        elif local_docker:  # the run's grace (--grace, else the spec's), as --to docker's
+            runner.local_containers(info, math.ceil(context.grace),
                                     invoking_user(rootless=needs.docker_rootless()))
+        elif self.scheduler == "local_cwd":
+            with_grace(info, context.grace)
         return Request(self.name, spec.name, info, f"{info}\n", spec, context)
 
     def submit(self, request: Request) -> Handle:
@@ -156,6 +160,15 @@ class TorchxBackend(Backend):
     def cancel(self, handle: Handle) -> str:
         runner.cancel(handle.id, self._held())
         return f"cancelled {handle} (its workers checkpoint and exit 143)"
+
+    @property
+    def ends_with_run(self) -> bool:
+        # local_cwd's nodes are this process's children; local_docker's containers the engine's
+        return self.scheduler == "local_cwd" and self._session is not None
+
+    def kill_now(self, handle: Handle) -> str:
+        runner.cancel(handle.id, self._held())  # a second cancel kills (torchx.local)
+        return f"killing {handle} now"
 
     def list(self) -> list[JobStatus]:
         out = []
