@@ -64,14 +64,21 @@ def partitions() -> dict[str, list[str]]:
 
 
 def check_accounting() -> None:
-    """submitit reads job states from ``sacct``: without accounting it cannot follow a job."""
+    """submitit reads job states from ``sacct``: without accounting it cannot follow a job.
+    Accounting turned off and its daemon unreachable are told apart: they are fixed apart."""
     proc = run(["sacct", "--noheader", "--allocations", "--starttime=now", "--format=JobID"])
-    if proc.returncode != 0:
-        raise SlurmError(f"sacct failed ({_first_line(proc.stderr)}): this cluster has no job "
-                         "accounting, and submitit follows jobs (and their requeues) through "
-                         "it. Enable slurmdbd (AccountingStorageType=accounting_storage/"
-                         f"slurmdbd in slurm.conf), or use `torchjob render --to slurm` and "
-                         f"sbatch the script yourself; {_DEVCLUSTER}")
+    if proc.returncode == 0:
+        return
+    said = _first_line(proc.stderr)
+    if "disabled" in proc.stderr.lower():
+        raise SlurmError(f"sacct failed ({said}): this cluster has no job accounting, and "
+                         "submitit follows jobs (and their requeues) through it. Enable "
+                         "slurmdbd (AccountingStorageType=accounting_storage/slurmdbd in "
+                         "slurm.conf), or use `torchjob render --to slurm` and sbatch the "
+                         f"script yourself; {_DEVCLUSTER}")
+    raise SlurmError(f"sacct failed ({said}): the cluster's accounting (slurmdbd) did not "
+                     "answer, and submitit follows jobs (and their requeues) through it: is "
+                     f"slurmdbd running? Check `sacctmgr show cluster`; {_DEVCLUSTER}")
 
 
 def preflight(*, partition: str | None, min_nodes: int, max_nodes: int) -> None:
@@ -80,8 +87,8 @@ def preflight(*, partition: str | None, min_nodes: int, max_nodes: int) -> None:
     for command in ("sbatch", "srun"):
         if shutil.which(command) is None:
             run([command])  # raises the SlurmError naming the command
+    parts = partitions()  # the controller first: without it, accounting says little
     check_accounting()
-    parts = partitions()
     key = partition or ""
     if key not in parts:
         known = ", ".join(sorted(p for p in parts if p)) or "none"

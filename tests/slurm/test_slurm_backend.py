@@ -275,16 +275,21 @@ def refused(backend: SlurmBackend, spec: JobSpec, match: str) -> SlurmError:
     return info.value
 
 
-def fake_bin(tmp_path: Path, *, without: str = "", failing: str = "") -> str:
+NO_ACCOUNTING = "sacct: error: Slurm accounting storage is disabled"
+NO_SLURMDBD = ("sacct: error: slurm_persist_conn_open_without_init: failed to open persistent "
+               "connection to host:localhost:6819: Connection refused")
+
+
+def fake_bin(tmp_path: Path, *, without: str = "", failing: str = "",
+             says: str = NO_ACCOUNTING) -> str:
     """A PATH with the real Slurm commands, minus ``without``, and ``failing`` as a stub that
-    fails like a cluster without accounting."""
+    fails saying ``says`` (sacct's words on a cluster without accounting)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in SLURM_COMMANDS:
         real = subprocess.run(["which", name], capture_output=True, text=True).stdout.strip()
         if name == failing:
-            (bin_dir / name).write_text("#!/bin/sh\necho 'sacct: error: Slurm accounting "
-                                        "storage is disabled' >&2\nexit 1\n")
+            (bin_dir / name).write_text(f"#!/bin/sh\necho '{says}' >&2\nexit 1\n")
             (bin_dir / name).chmod(0o755)
         elif name != without and real:
             (bin_dir / name).symlink_to(real)
@@ -306,14 +311,17 @@ def test_what_the_cluster_cannot_take(slurm_cluster: SlurmCluster, tmp_path: Pat
 
 @pytest.mark.integration
 @pytest.mark.slurm
-@pytest.mark.parametrize("without, failing, match", [
-    ("", "sacct", r"no job accounting.*slurmdbd"),
-    ("sbatch", "", r"`sbatch` is not on PATH.*slurm-client"),
+@pytest.mark.parametrize("without, failing, says, match", [
+    ("", "sacct", NO_ACCOUNTING, r"no job accounting.*Enable slurmdbd"),
+    ("", "sacct", NO_SLURMDBD, r"Connection refused\): the cluster's accounting \(slurmdbd\) "
+     r"did not answer.*is slurmdbd running\?"),
+    ("sbatch", "", "", r"`sbatch` is not on PATH.*slurm-client"),
 ])
 def test_a_host_without_what_slurm_needs(slurm_cluster: SlurmCluster, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch, without: str,
-                                         failing: str, match: str) -> None:
-    monkeypatch.setenv("PATH", fake_bin(tmp_path, without=without, failing=failing))
+                                         failing: str, says: str, match: str) -> None:
+    monkeypatch.setenv("PATH", fake_bin(tmp_path, without=without, failing=failing,
+                                        says=says))
     refused(create("sbatch"), job_spec(tmp_path), match)
 
 
