@@ -228,18 +228,10 @@ class Backend(abc.ABC):
             ended = _follow_and_wait(self, handle, request)
             acted = 0  # the stops acted on
             while True:
-                if stops.count > acted:
-                    acted = stops.count
-                    if acted > 1 and self.ends_with_run:
-                        print(f"torchjob: {self.kill_now(handle)}", file=sys.stderr, flush=True)
-                    elif acted > 1:
-                        print(f"torchjob: {handle} goes on stopping on its own; `torchjob "
-                              f"status {handle}` follows it", file=sys.stderr, flush=True)
+                while stops.count > acted:  # each in turn: two at once still cancel first
+                    acted += 1
+                    if self._on_stop(handle, acted):
                         return EXIT_STOPPED
-                    else:
-                        again = "kills it now" if self.ends_with_run else "to stop waiting"
-                        print(f"torchjob: {self.cancel(handle)}; Ctrl-C again {again}",
-                              file=sys.stderr, flush=True)
                 try:
                     item = ended.get(timeout=STOP_POLL_S)
                 except queue.Empty:
@@ -256,6 +248,21 @@ class Backend(abc.ABC):
         if code not in (EXIT_OK, EXIT_STOPPED):
             closings.report(self.logs_place(handle, request), sys.stderr)
         return code
+
+    def _on_stop(self, handle: Handle, nth: int) -> bool:
+        """``run``'s ``nth`` stop signal: the first cancels the job, the second kills it
+        (``ends_with_run``) or leaves it stopping (True: ``run`` ends); later ones nothing."""
+        if nth == 1:
+            again = "kills it now" if self.ends_with_run else "to stop waiting"
+            print(f"torchjob: {self.cancel(handle)}; Ctrl-C again {again}", file=sys.stderr,
+                  flush=True)
+        elif nth == 2 and self.ends_with_run:
+            print(f"torchjob: {self.kill_now(handle)}", file=sys.stderr, flush=True)
+        elif nth == 2:
+            print(f"torchjob: {handle} goes on stopping on its own; `torchjob status {handle}` "
+                  "follows it", file=sys.stderr, flush=True)
+            return True
+        return False
 
     @property
     def ends_with_run(self) -> bool:

@@ -28,8 +28,8 @@ from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import UserError
 from torchjob.slurm.backend import SlurmBackend, create
 from torchjob.slurm.cluster import SlurmError
-from tests.procs import (PYTHON, ROOT, env_for_tests, is_fork_server, last_step, parent, torchjob,
-                         wait_for)
+from tests.procs import (PYTHON, ROOT, TORCHJOB, env_for_tests, is_fork_server, last_step, parent,
+                         torchjob, wait_for)
 from tests.readme_sessions import run_session, sessions
 from tests.slurm.conftest import step_processes
 from torchjob.trainer.contract import log_prefix
@@ -235,6 +235,55 @@ def test_cancel_checkpoints_and_stops_for_good(slurm_cluster: SlurmCluster,
     stopped = re.search(r"stopped by SIGTERM after step (\d+)", text)
     assert stopped and (run_dir / "checkpoints" / f"step_{int(stopped[1]):08d}").is_dir(), text
     assert backend.cancel(handle) == f"{handle} had already ended"
+
+
+STOPS_ON_TERM = """
+import os, signal, sys, time
+def stop(signum, frame):
+    open(os.path.join(os.environ["TORCHJOB_RUN_DIR"], "stopped"), "w").close()
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+open(os.path.join(os.environ["TORCHJOB_RUN_DIR"], "started"), "w").close()
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.slurm
+def test_two_stops_at_once_still_cancel_the_job(slurm_cluster: SlurmCluster,
+                                                tmp_path: Path) -> None:
+    """Two stop signals before `torchjob run` looked (Ctrl-C, and the SIGINT that `timeout`
+    passes on; Ctrl-C and a SIGTERM): the run said the job 'goes on stopping on its own' and left, but it had
+    never cancelled it, and the job ran on. Now the first stop cancels, the second leaves."""
+    (tmp_path / "loop.py").write_text(STOPS_ON_TERM)
+    (tmp_path / "job.yaml").write_text(f"name: twice-{uuid.uuid4().hex[:6]}\n"
+                                       "nproc_per_node: 1\ntrainer: {script: loop.py}\n")
+    run = subprocess.Popen([*TORCHJOB, "run", "--to", "slurm", "job.yaml"], cwd=tmp_path,
+                           env=env_for_tests(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: list(tmp_path.glob("runs/*/started")) or run.poll() is not None, 120,
+                 "the script to start on Slurm")
+        assert run.poll() is None, run.communicate()[0]
+        run.send_signal(signal.SIGINT)  # two signals: Python runs a handler once per kind
+        run.send_signal(signal.SIGTERM)
+        out, _ = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    found = re.search(r"submitted slurm:(\d+)", out)
+    assert found, out
+    with cancelled_on_failure(found[1]):
+        assert run.returncode == 143, out
+        assert "asked" in out and "goes on stopping on its own" in out, out
+        wait_for(lambda: not queued(found[1]), 90, f"job {found[1]} to leave the queue")
+    assert list(tmp_path.glob("runs/*/stopped")), out
+
+
+def queued(job_id: str) -> bool:
+    return bool(subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True,
+                               env=env_for_tests(), check=False).stdout.strip())
 
 
 @pytest.mark.integration
