@@ -1,25 +1,39 @@
 """Counting the stop signals a torchjob command gets (Ctrl-C, SIGTERM) instead of dying of
-them: the first stops the job, a second stops it more firmly (kills it, or stops waiting)."""
+them: the first stops the job, a second stops it more firmly (kills it, or stops waiting);
+a second within ``SAME_STOP_S`` of the first is the same stop passed on again."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from torchjob.trainer.contract import COMMAND_STOP_SIGNALS
 
 
+# A stop signal this soon after the one counted before is the same stop: a wrapper that
+# passes signals on (timeout, a shell's trap) gets the terminal's Ctrl-C with the command and
+# sends it again at once, so one Ctrl-C arrived twice and killed the job without its
+# checkpoint. Short: a handler runs when the main thread next looks (up to STOP_POLL_S late),
+# and a person's second Ctrl-C, after reading what the first did, must count.
+SAME_STOP_S = 0.25
+
+
 class Stops:
-    """The stop signals counted so far."""
+    """The stop signals counted so far (one per ``SAME_STOP_S``)."""
 
     def __init__(self) -> None:
         self.count = 0
+        self._last: float | None = None  # when the last one counted came
 
     def _got(self, signum: int, frame: Any) -> None:
-        self.count += 1
+        now = time.monotonic()
+        if self._last is None or now - self._last >= SAME_STOP_S:
+            self.count += 1
+            self._last = now
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -184,6 +185,15 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def stop_again(proc: subprocess.Popen[Any], first: float) -> None:
+    """A second Ctrl-C to ``proc``, the first having been sent at ``first`` (monotonic): a
+    second after it at the earliest, as a person's second press comes, well past
+    ``SAME_STOP_S`` (torchjob takes one sooner for the first passed on again by a wrapper)
+    and the lag of a signal handler in the main thread (up to a look of its loop)."""
+    time.sleep(max(0.0, first + 1.0 - time.monotonic()))
+    proc.send_signal(signal.SIGINT)
 
 
 def last_step(run_dir: Path) -> int:

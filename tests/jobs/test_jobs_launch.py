@@ -20,7 +20,7 @@ from torchjob.jobs.backends.local.nodes import run_local
 from torchjob.jobs.backends.local.render import LocalPlan
 from torchjob.jobs.invocation import EPHEMERAL_RANGE, LOW_PORTS, free_port as find_free_port
 from torchjob.jobs.launcher import Stops
-from tests.procs import ROOT, TORCHJOB
+from tests.procs import ROOT, TORCHJOB, stop_again
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +38,12 @@ if mode in ("exit0", "exit1"):
     sys.exit(int(mode[-1]))
 if mode == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+elif mode == "slow":  # a checkpoint that takes a moment
+    def save(*_):
+        time.sleep(2)
+        open(os.path.join(out, f"saved-{os.getpid()}"), "w").close()
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, save)
 else:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 while True:
@@ -130,10 +136,10 @@ def test_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
     launcher = start(tmp_path, "stubborn")
     wait_for_workers(tmp_path, 2, launcher)
     pids = recorded(tmp_path)
+    first = time.monotonic()
     launcher.send_signal(signal.SIGINT)
-    time.sleep(1)
+    stop_again(launcher, first)
     started = time.monotonic()
-    launcher.send_signal(signal.SIGINT)
     code, output = finish(launcher, timeout=30)
     assert code == 143 and time.monotonic() - started < 15, output
     assert_all_gone(pids)
@@ -149,6 +155,22 @@ def test_a_stop_before_the_nodes_start_starts_none_and_exits_143(tmp_path: Path)
     assert run_local(plan, stops=stops, echo=False, err=err) == 143
     assert not (tmp_path / "started").exists()
     assert err.getvalue() == "torchjob: stopping: before any node started\n"
+
+
+def test_one_stop_passed_on_by_a_wrapper_is_one_stop(tmp_path: Path) -> None:
+    """`timeout 3h torchjob run ...` and Ctrl-C: the terminal's SIGINT reaches torchjob, and
+    timeout sends it on; two stops that close together were a second Ctrl-C, and every node was
+    killed before its checkpoint (1 time in 3 by hand). Here the two come as SIGINT and SIGTERM
+    back to back (Python runs a handler once for two signals of one kind)."""
+    launcher = start(tmp_path, "slow")
+    wait_for_workers(tmp_path, 2, launcher)
+    pids = recorded(tmp_path)
+    launcher.send_signal(signal.SIGINT)
+    launcher.send_signal(signal.SIGTERM)
+    code, output = finish(launcher)
+    assert code == 143, output
+    assert "killing" not in output and len(list(tmp_path.glob("saved-*"))) == 2, output
+    assert_all_gone(pids)
 
 
 def test_success_exits_0(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from torchx.schedulers import get_scheduler_factories
 from torchx.specs import AppState, is_terminal
 
 from torchjob.jobs.backends.torchx.local import GracefulLocalScheduler
-from tests.procs import ROOT, TORCHJOB, alive, env_for_tests, wait_for
+from tests.procs import ROOT, TORCHJOB, alive, env_for_tests, stop_again, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -127,9 +127,10 @@ def logged(tmp_path: Path, text: str) -> bool:
 def test_a_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
     run = start(tmp_path)
     pids = stopped(tmp_path, run, 1)
+    first = time.monotonic()
     wait_for(lambda: logged(tmp_path, "rank 0 saving"), 30, "the rank to hear the stop")
+    stop_again(run, first)
     begun = time.monotonic()
-    run.send_signal(signal.SIGINT)
     code, out = ended(run, pids)
     assert code == 1, out
     assert "Ctrl-C again kills it now" in out and "torchjob: killing torchx:local_cwd://" in out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -20,7 +21,7 @@ from torchjob.k8s.backend import STATES
 from torchjob.k8s.client import ENDED, readable_run
 from torchjob.k8s.follow import labelled, node_rank, split_lines, unstamped
 from tests.k8s.emulator import Emulator
-from tests.procs import ROOT, TORCHJOB, env_for_tests
+from tests.procs import ROOT, TORCHJOB, env_for_tests, stop_again
 from torchjob.trainer.contract import log_prefix
 
 JOB = ("pytorchjobs", "default", "digits")
@@ -207,6 +208,7 @@ def test_ctrl_c_of_a_run_cancels_the_job_as_on_every_backend(emulator: Emulator,
     submitted(emulator)
     emulator.add_pod("default", "digits-master-0", labels("master", 0), "training\n")
     run.expect("[node 0] training")
+    first = time.monotonic()
     run.proc.send_signal(signal.SIGINT)
     emulator.wait(lambda: JOB not in emulator.objects, WAIT_S,
                   f"the PyTorchJob to be deleted; {run.saw()}")
@@ -214,7 +216,7 @@ def test_ctrl_c_of_a_run_cancels_the_job_as_on_every_backend(emulator: Emulator,
     with run.seen:
         assert run.seen.wait_for(lambda: cancelled in run.stderr, WAIT_S), run.saw()
     if twice:
-        run.proc.send_signal(signal.SIGINT)
+        stop_again(run.proc, first)
         assert run.exit_code() == 143, run.saw()
         assert run.stderr[-1].startswith("torchjob: k8s:default/digits goes on stopping on "
                                          "its own"), run.saw()
