@@ -220,7 +220,8 @@ class Backend(abc.ABC):
         """Submit, print the job's lines as they come, and return its exit code. The first
         Ctrl-C (or SIGTERM) cancels the job (its workers checkpoint) and goes on following it;
         a second leaves it stopping on its own (exit 143), or kills it where it cannot
-        outlive the run (``ends_with_run``)."""
+        outlive the run (``ends_with_run``). A hang-up (SIGHUP) leaves a job that can outlive
+        it running (a Slurm job, a PyTorchJob); one that cannot, it stops as Ctrl-C does."""
         handle = self.submit(request)
         print(f"torchjob: submitted {handle}", file=sys.stderr, flush=True)
         closings = ClosingLines()
@@ -230,6 +231,8 @@ class Backend(abc.ABC):
             while True:
                 while stops.count > acted:  # each in turn: two at once still cancel first
                     acted += 1
+                    if stops.hung_up and not self.ends_with_run:
+                        return EXIT_STOPPED  # no one follows it now: the job goes on
                     if self._on_stop(handle, acted):
                         return EXIT_STOPPED
                 try:

@@ -1,10 +1,12 @@
 """Counting the stop signals a torchjob command gets (Ctrl-C, SIGTERM) instead of dying of
 them: the first stops the job, a second stops it more firmly (kills it, or stops waiting);
-a second within ``SAME_STOP_S`` of the first is the same stop passed on again."""
+a second within ``SAME_STOP_S`` of the first is the same stop passed on again. A hang-up
+(SIGHUP) is a stop too; a job that outlives the command (a cluster's) is left running."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -23,27 +25,45 @@ SAME_STOP_S = 0.25
 
 
 class Stops:
-    """The stop signals counted so far (one per ``SAME_STOP_S``)."""
+    """The stop signals counted so far (one per ``SAME_STOP_S``), and whether the terminal
+    hung up (SIGHUP: an ssh session dropped, a terminal closed)."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.hung_up = False
         self._last: float | None = None  # when the last one counted came
 
     def _got(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGHUP and not self.hung_up:
+            self.hung_up = True
+            _quiet()
         now = time.monotonic()
         if self._last is None or now - self._last >= SAME_STOP_S:
             self.count += 1
             self._last = now
 
 
+def _quiet() -> None:
+    """Standard output and error to /dev/null: the terminal is gone, and each write to it
+    would fail (EIO), in the middle of stopping the job. What the job wrote is in its run
+    record and logs."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+
+
 @contextlib.contextmanager
 def stop_signals() -> Iterator[Stops]:
-    """Count Ctrl-C and SIGTERM during the block; the handlers from before are back after it.
-    Only the main thread can set handlers: elsewhere nothing is counted."""
+    """Count Ctrl-C, SIGTERM and SIGHUP (unless ignored, as under nohup) during the block;
+    the handlers from before are back after it. Only the main thread can set handlers:
+    elsewhere nothing is counted. A hang-up killed the command, and the nodes of a local run
+    (each in a session of its own) trained on, headless, until a write to the dead pipe."""
     stops = Stops()
     before = {}
     if threading.current_thread() is threading.main_thread():
-        before = {s: signal.signal(s, stops._got) for s in COMMAND_STOP_SIGNALS}
+        hangup = () if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else (signal.SIGHUP,)
+        before = {s: signal.signal(s, stops._got) for s in (*COMMAND_STOP_SIGNALS, *hangup)}
     try:
         yield stops
     finally:

@@ -196,6 +196,56 @@ def stop_again(proc: subprocess.Popen[Any], first: float) -> None:
     proc.send_signal(signal.SIGINT)
 
 
+class Terminal:
+    """``argv`` run in a terminal of its own (a pseudo-terminal that is its controlling one,
+    as an ssh session's is), its output read as it comes; ``hang_up`` closes the terminal, as
+    a dropped ssh connection or a closed window does (the kernel sends SIGHUP)."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:
+        import pty
+        master, slave = pty.openpty()
+        self.proc = subprocess.Popen(["setsid", "--ctty", *argv], cwd=cwd, env=env,
+                                     stdin=slave, stdout=slave, stderr=slave)
+        os.close(slave)
+        self.master = master
+        self.output = bytearray()
+        self._hang_up = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        """Its output until the hang-up, then the terminal closed here: a read in progress
+        would hold it open (and the kernel would send no SIGHUP)."""
+        import select
+        try:
+            while not self._hang_up.is_set():
+                if select.select([self.master], [], [], 0.05)[0]:
+                    try:
+                        chunk = os.read(self.master, 65536)
+                    except OSError:  # the command ended: its side closed
+                        chunk = b""
+                    if not chunk:
+                        self._hang_up.wait()
+                    self.output += chunk
+        finally:
+            os.close(self.master)
+
+    def text(self) -> str:
+        return self.output.decode(errors="replace")
+
+    def hang_up(self) -> None:
+        self._hang_up.set()
+        self._reader.join(timeout=10)
+        assert not self._reader.is_alive(), "the terminal was not closed"
+
+    def close(self) -> None:
+        """Hung up, and the command killed if it is still running."""
+        self.hang_up()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def last_step(run_dir: Path) -> int:
     """The highest training step logged to RUN_DIR/metrics.jsonl so far."""
     path = run_dir / "metrics.jsonl"

@@ -20,7 +20,8 @@ from torchjob.jobs.backends.local.nodes import run_local
 from torchjob.jobs.backends.local.render import LocalPlan
 from torchjob.jobs.invocation import EPHEMERAL_RANGE, LOW_PORTS, free_port as find_free_port
 from torchjob.jobs.launcher import Stops
-from tests.procs import ROOT, TORCHJOB, stop_again
+from torchjob.jobs.stops import stop_signals
+from tests.procs import ROOT, TORCHJOB, Terminal, stop_again
 
 pytestmark = pytest.mark.integration
 
@@ -53,14 +54,19 @@ while True:
 
 def start(tmp_path: Path, mode: str, *, nodes: int = 1, nproc: int = 2, restarts: int = 0,
           extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    write_job(tmp_path, mode, nodes=nodes, nproc=nproc, restarts=restarts)
+    return subprocess.Popen([*TORCHJOB, "run", "job.yaml", *extra], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def write_job(tmp_path: Path, mode: str, *, nodes: int = 1, nproc: int = 2,
+              restarts: int = 0) -> None:
     (tmp_path / "tinyworker.py").write_text(WORKER)
     (tmp_path / "job.yaml").write_text(
         f"name: tiny\nnnodes: {nodes}\nnproc_per_node: {nproc}\nmax_restarts: {restarts}\n"
         f"env: {{PYTHONPATH: {os.pathsep.join([str(tmp_path), str(ROOT)])!r}}}\n"
         f"rdzv: {{join_timeout: 60}}\n"
         f"trainer: {{module: tinyworker, args: {{out: {str(tmp_path)!r}, mode: {mode}}}}}\n")
-    return subprocess.Popen([*TORCHJOB, "run", "job.yaml", *extra], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def recorded(tmp_path: Path) -> set[int]:
@@ -171,6 +177,37 @@ def test_one_stop_passed_on_by_a_wrapper_is_one_stop(tmp_path: Path) -> None:
     assert code == 143, output
     assert "killing" not in output and len(list(tmp_path.glob("saved-*"))) == 2, output
     assert_all_gone(pids)
+
+
+def test_a_hang_up_stops_the_run_as_ctrl_c_does(tmp_path: Path) -> None:
+    """The terminal closed (an ssh session dropped): the workers checkpoint and exit 143, as
+    at Ctrl-C, and nothing is left. The hang-up killed torchjob, and its nodes, each in a
+    session of its own, trained on headless and were never stopped."""
+    write_job(tmp_path, "slow")
+    terminal = Terminal([*TORCHJOB, "run", "job.yaml"], tmp_path, os.environ)
+    try:
+        wait_for_workers(tmp_path, 2, terminal.proc)
+        pids = recorded(tmp_path)
+        terminal.hang_up()
+        code = terminal.proc.wait(timeout=60)
+    finally:
+        terminal.close()
+    assert code == 143, terminal.text()
+    assert len(list(tmp_path.glob("saved-*"))) == 2, terminal.text()
+    assert_all_gone(pids)
+
+
+def test_a_hang_up_ignored_stays_ignored() -> None:
+    """Under nohup a hang-up is ignored: torchjob leaves it so, and counts none."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stop_signals() as stops:
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert stops.count == 0 and not stops.hung_up
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 def test_success_exits_0(tmp_path: Path) -> None:

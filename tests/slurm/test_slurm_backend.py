@@ -30,7 +30,7 @@ from torchjob.jobs.values import UserError
 from torchjob.slurm.backend import SlurmBackend, create
 from torchjob.slurm.cluster import SlurmError
 from tests.procs import (PYTHON, ROOT, TORCHJOB, env_for_tests, is_fork_server, last_step, parent,
-                         stop_again, torchjob, wait_for)
+                         Terminal, stop_again, torchjob, wait_for)
 from tests.readme_sessions import run_session, sessions
 from tests.slurm.conftest import step_processes
 from torchjob.trainer.contract import log_prefix
@@ -248,7 +248,11 @@ def stop(signum, frame):
     sys.exit(143)
 signal.signal(signal.SIGTERM, stop)
 open(os.path.join(run, "started"), "w").close()
+beat = 0
 while True:
+    beat += 1
+    with open(os.path.join(run, "beats"), "w") as f:  # how long it has run, in tenths
+        f.write(str(beat))
     time.sleep(0.1)
 """
 
@@ -286,6 +290,38 @@ def test_a_second_stop_leaves_the_job_stopping(slurm_cluster: SlurmCluster,
         assert "asked" in out and "goes on stopping on its own" in out, out
         wait_for(lambda: not queued(found[1]), 90, f"job {found[1]} to leave the queue")
     assert list(tmp_path.glob("runs/*/stopped")), out
+
+
+@pytest.mark.integration
+@pytest.mark.slurm
+def test_a_hang_up_leaves_the_slurm_job_running(slurm_cluster: SlurmCluster,
+                                                tmp_path: Path) -> None:
+    """The terminal of `torchjob run --to slurm` closed (an ssh session dropped): the run
+    ends, and the job goes on on the cluster, as sbatch's would; Ctrl-C would cancel it."""
+    (tmp_path / "loop.py").write_text(STOPS_SLOWLY)
+    (tmp_path / "job.yaml").write_text(f"name: hup-{uuid.uuid4().hex[:6]}\n"
+                                       "nproc_per_node: 1\ntrainer: {script: loop.py}\n")
+    terminal = Terminal([*TORCHJOB, "run", "--to", "slurm", "job.yaml"], tmp_path,
+                        env_for_tests())
+    try:
+        wait_for(lambda: list(tmp_path.glob("runs/*/started")) or terminal.proc.poll()
+                 is not None, 120, "the script to start on Slurm")
+        found = re.search(r"submitted slurm:(\d+)", terminal.text())
+        assert found and terminal.proc.poll() is None, terminal.text()
+        terminal.hang_up()
+        terminal.proc.wait(timeout=30)
+    finally:
+        terminal.close()
+    with cancelled_on_failure(found[1]):
+        beats = next(tmp_path.glob("runs/*/beats"))
+        ended = int(beats.read_text() or 0)
+        # two seconds more of the script's life after its run ended: a cancel would have
+        # reached it (its SIGTERM comes within a second of torchjob's scancel)
+        wait_for(lambda: int(beats.read_text() or 0) >= ended + 20, 60,
+                 "the job to run on for 2 s after its run ended")
+        assert not list(tmp_path.glob("runs/*/stopping")), "the job was asked to stop"
+        assert queued(found[1]), "the job left the queue"
+    subprocess.run(["scancel", found[1]], env=env_for_tests(), check=True)
 
 
 def queued(job_id: str) -> bool:
