@@ -104,13 +104,6 @@ class GracefulLocalScheduler(LocalScheduler):
                 app.state = found.state = AppState.CANCELLED
         return found
 
-    def close(self) -> None:
-        """Every app still running killed now (a second Ctrl-C left its run, and the app
-        lives only as long as its run), then TorchX's close."""
-        for app in self._apps.values():
-            _signal(app, signal.SIGKILL)
-        super().close()
-
 
 def create_scheduler(session_name: str, cache_size: int = 100, **kwargs: Any
                      ) -> GracefulLocalScheduler:
