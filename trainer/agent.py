@@ -37,7 +37,7 @@ from torchjob.trainer.contract import (AGENT_ENV_OPTIONS, CHECKPOINT_BUDGET_ENV,
                                        seconds_from)
 from torchjob.trainer.dirs import unusable
 from torchjob.trainer.gpus import missing, nproc_per_node
-from torchjob.trainer.orphans import die_with_parent
+from torchjob.trainer.orphans import die_with_parent, stop_when_orphaned
 from torchjob.trainer.runlock import RunDirBusy, RunLock
 
 FAST_MODULE = "torchjob.trainer"
@@ -165,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     loglines.install()  # whole lines under each rank's prefix
 
     signal.signal(signal.SIGTERM, stop_as_torch_does)  # torch's handler once workers start
+    stop_when_orphaned()  # a launcher killed outright: the job stops after a checkpoint
     # a stop raises from here on: what this agent makes, it makes inside the try that removes it
     progress_dir = own_log_dir = lock = None
     try:

@@ -21,7 +21,7 @@ from torchjob.jobs.backends.local.render import LocalPlan
 from torchjob.jobs.invocation import EPHEMERAL_RANGE, LOW_PORTS, free_port as find_free_port
 from torchjob.jobs.launcher import Stops
 from torchjob.jobs.stops import stop_signals
-from tests.procs import ROOT, TORCHJOB, Terminal, stop_again
+from tests.procs import ROOT, TORCHJOB, Terminal, stop_again, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -194,6 +194,20 @@ def test_a_hang_up_stops_the_run_as_ctrl_c_does(tmp_path: Path) -> None:
         terminal.close()
     assert code == 143, terminal.text()
     assert len(list(tmp_path.glob("saved-*"))) == 2, terminal.text()
+    assert_all_gone(pids)
+
+
+def test_a_launcher_killed_outright_stops_its_job(tmp_path: Path) -> None:
+    """`torchjob run` killed with SIGKILL (nothing of it runs to stop anything): each agent
+    sees its launcher gone and stops as at a stop signal; the workers checkpoint, nothing is
+    left. Its nodes, each in a session of its own, had trained on headless."""
+    launcher = start(tmp_path, "slow")
+    wait_for_workers(tmp_path, 2, launcher)
+    pids = recorded(tmp_path)
+    launcher.kill()
+    launcher.wait()
+    wait_for(lambda: len(list(tmp_path.glob("saved-*"))) == 2, 60,
+             "both workers to checkpoint after their launcher was killed")
     assert_all_gone(pids)
 
 
