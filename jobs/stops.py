@@ -6,7 +6,6 @@ a second within ``SAME_STOP_S`` of the first is the same stop passed on again. A
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import time
@@ -14,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from torchjob.trainer.contract import COMMAND_STOP_SIGNALS
+from torchjob.trainer.orphans import output_to_devnull
 
 
 # A stop signal this soon after the one counted before is the same stop: a wrapper that
@@ -36,21 +36,11 @@ class Stops:
     def _got(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGHUP and not self.hung_up:
             self.hung_up = True
-            _quiet()
+            output_to_devnull()  # the terminal is gone; the run record and logs keep it all
         now = time.monotonic()
         if self._last is None or now - self._last >= SAME_STOP_S:
             self.count += 1
             self._last = now
-
-
-def _quiet() -> None:
-    """Standard output and error to /dev/null: the terminal is gone, and each write to it
-    would fail (EIO), in the middle of stopping the job. What the job wrote is in its run
-    record and logs."""
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 1)
-    os.dup2(null, 2)
-    os.close(null)
 
 
 @contextlib.contextmanager

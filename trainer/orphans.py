@@ -45,10 +45,17 @@ def stop_when_orphaned(interval: float = 0.5) -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(interval)
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        os.close(null)
+        output_to_devnull()
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="torchjob-orphan-watch", daemon=True).start()
+
+
+def output_to_devnull() -> None:
+    """Standard output and error (the file descriptors, whatever holds them) to /dev/null,
+    where whoever read them is gone (a launcher killed, a terminal closed): each write would
+    fail (EPIPE, EIO) in the middle of a stop."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
