@@ -12,12 +12,15 @@ import importlib.util
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from torchx.schedulers import get_scheduler_factories
 
 from torchjob.jobs.backend import BackendError
 from torchjob.jobs.values import UserError
+
+T = TypeVar("T")
 
 
 class TorchxError(BackendError):
@@ -98,17 +101,25 @@ def _docker_api() -> None:
                           f"{DOCKER_API_FIX}") from None
 
 
-def docker_engine() -> str | None:
-    """The engine behind the Docker API (``podman`` or ``docker``) when its command is here,
-    to build the kit's image with as ``torchjob run --to docker`` does; else None."""
+def _ask_docker_api(ask: Callable[[Any], T]) -> T | None:
+    """``ask(client)`` of the Docker API (``DOCKER_HOST``, else the default socket); None
+    when none answers."""
     import docker
     client = docker.from_env(timeout=10)
     try:
-        parts = client.version().get("Components") or []
+        return ask(client)
     except docker.errors.DockerException:
         return None
     finally:
         client.close()
+
+
+def docker_engine() -> str | None:
+    """The engine behind the Docker API (``podman`` or ``docker``) when its command is here,
+    to build the kit's image with as ``torchjob run --to docker`` does; else None."""
+    parts = _ask_docker_api(lambda client: client.version().get("Components") or [])
+    if parts is None:
+        return None
     engine = "podman" if any("podman" in str(part.get("Name", "")).lower() for part in parts) \
         else "docker"
     return engine if shutil.which(engine) else None
@@ -119,14 +130,9 @@ def docker_rootless() -> bool:
     user's (rootless podman or Docker); False for root, or when no API answers."""
     if os.getuid() == 0:
         return False
-    import docker
-    client = docker.from_env(timeout=10)
-    try:
-        info = client.info()
-    except docker.errors.DockerException:
+    info = _ask_docker_api(lambda client: client.info())
+    if info is None:
         return False
-    finally:
-        client.close()
     return info.get("Rootless") is True or \
         any("rootless" in str(option) for option in info.get("SecurityOptions") or ())
 
