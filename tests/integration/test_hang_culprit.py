@@ -32,6 +32,6 @@ def test_a_timed_out_collective_names_the_rank_it_waited_for(tmp_path: Path, sha
 def test_a_rank_that_never_reaches_init_is_named_when_the_store_host_gives_up(
         tmp_path: Path) -> None:
     # its node-mate is named only when it waited INIT_WAIT_S in init_process_group before rank
-    # 0 gave up: rank 0's timeout is the margin for the two nodes' start-up skew under load
-    # (5 s: missed once in a loaded CI run, the node-mate lost its peers without that wait)
+    # 0 gave up: rank 0 enters init after every other rank (hang_shapes.all_at_init), as a
+    # timeout alone (5 s, then 10 s) was no margin for the nodes' start-up skew in loaded CI
     trial(tmp_path, "local", "io", on_node=1, name="init-timeout", pg_timeout=10)

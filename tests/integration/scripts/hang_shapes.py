@@ -4,7 +4,8 @@ step AT (before that step's all-reduce; 1: before the first collective of all) o
 (before init_process_group) while the others wait for it in the all-reduce or in
 init_process_group: ``hang_shapes.py SHAPE CULPRIT AT [TIMEOUT]`` with SHAPE stop (SIGSTOP:
 state T), loop (a Python busy loop), sleep (time.sleep) or io (a read of a pipe nobody
-writes); TIMEOUT: the process group's timeout in seconds (torch's default when absent)."""
+writes); TIMEOUT: the process group's timeout in seconds (torch's default when absent). At init, rank
+0 enters init_process_group only once every other rank is about to (``all_at_init``)."""
 
 import datetime
 import os
@@ -43,11 +44,30 @@ def hang(shape: str, rank: int) -> None:
     SHAPES[shape]()
 
 
+def all_at_init(culprit: int) -> None:
+    """Rank 0, the store's host, enters init_process_group (where its timeout starts) only
+    once every other rank but the culprit is about to: a node that started later (under
+    load, by more than the timeout) lost its peers without having waited there, which is
+    not the case under test. Each says so by a file in the run directory (one host)."""
+    run, rank = os.environ["TORCHJOB_RUN_DIR"], int(os.environ["RANK"])
+    if rank != 0:
+        open(os.path.join(run, f"at-init-{rank}"), "w").close()
+        return
+    others = [r for r in range(1, int(os.environ["WORLD_SIZE"])) if r != culprit]
+    deadline = time.monotonic() + 300
+    while not all(os.path.exists(os.path.join(run, f"at-init-{r}")) for r in others):
+        if time.monotonic() > deadline:
+            sys.exit(f"rank 0: ranks {others} did not all reach init within 300 s")
+        time.sleep(0.05)
+
+
 def main() -> None:
     shape, culprit, at = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     if at == "init" and int(os.environ["RANK"]) == culprit and first:
         hang(shape, culprit)
+    if at == "init" and first:
+        all_at_init(culprit)
     timeout = {"timeout": datetime.timedelta(seconds=float(sys.argv[4]))} \
         if len(sys.argv) > 4 else {}
     dist.init_process_group("gloo", **timeout)
