@@ -2,16 +2,19 @@
 returns, a line the worker has not ended yet included: a last line without its newline ran
 into the next rank's line (under that rank's prefix, and out of ``logs --rank``), and a line
 written in two parts got two prefixes. ``install`` puts a tail that prints whole lines only in
-its place."""
+its place. Every rank's tail writes to the agent's one stdout: each line is written under one
+lock, or a long one (a pipe takes 64 KiB at a time) was cut by another rank's line, and its
+rest lost its prefix."""
 
 from __future__ import annotations
 
 import os
 import time
-from threading import Event
+from threading import Event, Lock
 from typing import Callable, TextIO
 
 MAX_PART = 1 << 16  # a longer unended line is printed as it is (with a newline): no buffer
+_WRITING = Lock()  # one line at a time on the agent's stdout, whichever rank's
 
 
 def tail_logfile(header: str, file: str, dst: TextIO, finished: Event, interval_sec: float,
@@ -37,7 +40,8 @@ def tail_logfile(header: str, file: str, dst: TextIO, finished: Event, interval_
                     break
             line, part = part if part.endswith("\n") else part + "\n", ""
             if log_line_filter and log_line_filter(line):
-                dst.write(f"{header}{line}")
+                with _WRITING:
+                    dst.write(f"{header}{line}")
 
 
 def install() -> None:

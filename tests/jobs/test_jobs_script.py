@@ -253,6 +253,8 @@ r = os.environ["RANK"]
 print(f"R{r} in two", end="", flush=True)
 time.sleep(0.5)  # its tail reads the first part alone
 print(f" parts {r}", flush=True)
+sys.stdout.buffer.write(b"R%s bytes \\xff not utf-8\\n" % r.encode())
+print(f"R{r} long " + "x" * (1 << 21), flush=True)  # both ranks at once: many pipe writes
 print(f"R{r} unended", end="")
 """
 
@@ -262,7 +264,8 @@ def test_every_line_of_a_script_is_whole_under_its_own_rank(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
     """A line written in two parts is one line; a last line without its newline gets one and
-    never runs into another rank's; ``logs(rank=R)`` finds each."""
+    never runs into another rank's, nor does a long line (2 MiB, written by both ranks at
+    once) or one of bytes that are not UTF-8; ``logs(rank=R)`` finds each."""
     from torchjob.jobs.api import load, logs, submit, wait
 
     (tmp_path / "unended.py").write_text(UNENDED)
@@ -274,4 +277,10 @@ def test_every_line_of_a_script_is_whole_under_its_own_rank(tmp_path: Path,
     for rank in (0, 1):
         said = [line.split("] ", 1)[-1] for line in logs(handle, rank=rank)
                 if line.startswith(f"[node 0 rank {rank} ")]
-        assert said == [f"R{rank} in two parts {rank}", f"R{rank} unended"], list(logs(handle))
+        long = f"R{rank} long " + "x" * (1 << 21)
+        assert said[:2] == [f"R{rank} in two parts {rank}", f"R{rank} bytes \ufffd not utf-8"]
+        assert said[-1] == f"R{rank} unended", [line[:80] for line in said]
+        assert "".join(said[2:-1]) == long, [line[:80] for line in said]  # whole, or in parts
+    strays = [line[:80] for line in logs(handle) if not line.startswith("[node 0 rank ")
+              and ("R0" in line or "R1" in line or "xxxx" in line)]
+    assert not strays, strays
