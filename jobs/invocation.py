@@ -254,6 +254,8 @@ def plan(backend: Backend, spec: JobSpec, *, fresh: bool, source: str | None,
         refuse_system_dirs(spec, workdir=os.getcwd())
     shipped = None
     if (field := backend.image_field(spec)) is not None:  # the code reaches them in an image
+        kit = workspace.is_kit_image(workspace.image_of(spec, field))
+        spec = workspace.script_in_workdir(spec, os.getcwd(), kit_image=kit)
         found = workspace.decide(spec, os.getcwd(), field)
         if found is not None:
             spec = workspace.with_image(spec, field, found.tag)

@@ -58,12 +58,46 @@ def is_kit_image(image: str) -> bool:
     return repo.rpartition("/")[2] == "torchjob"
 
 
+def script_in_workdir(spec: JobSpec, workdir: str, *, kit_image: bool) -> JobSpec:
+    """``spec`` for nodes that see the working directory ``workdir`` only as the image's
+    WORKDIR (docker's mount of it, an image built from it): a script that is a file under it
+    is given relative to it, so ``$PWD/train.py`` works; a SpecError (exit 2, before anything
+    starts) for a file of this machine outside it, which the kit's ``image`` cannot hold. With
+    an image of your own, a path outside it is the image's."""
+    script = spec.trainer.script
+    if script is None or not (Path(workdir) / script).is_file():
+        return spec  # not on this machine: the image's, or missing there too
+    if (relative := _under(Path(workdir), script)) is not None:
+        trainer = dataclasses.replace(spec.trainer, script=relative)
+        return dataclasses.replace(spec, trainer=trainer)
+    if not kit_image:
+        return spec
+    raise SpecError("trainer.script", f"{script!r} is outside the working directory "
+                    f"{os.path.abspath(workdir)}, and the containers get nothing of this "
+                    f"machine but that directory (at {IMAGE_WORKDIR}): start torchjob from a "
+                    "directory that holds the script (relative paths count from there), or set "
+                    "image: an image of your own that holds it at that path")
+
+
+def _under(root: Path, script: str) -> str | None:
+    """``script`` (relative to ``root``, or absolute) as a path relative to ``root``; None
+    when it lies outside. The file itself may be a link (its name counts), the folders are
+    compared as given and resolved (a working directory reached through a link)."""
+    path = Path(os.path.normpath(Path(os.path.abspath(root)) / script))
+    for base, found in ((Path(os.path.abspath(root)), path),
+                        (root.resolve(), path.parent.resolve() / path.name)):
+        if found.is_relative_to(base) and found != base:
+            return found.relative_to(base).as_posix()
+    return None
+
+
 def local_code(spec: JobSpec, root: Path) -> Path | None:
     """The job's code as found under ``root``: a relative script, or the top package or module
     of ``trainer.module``; None when it is not there."""
     if spec.trainer.script is not None:
-        script = Path(spec.trainer.script)
-        return root / script if not script.is_absolute() and (root / script).is_file() \
+        script = spec.trainer.script
+        relative = None if Path(script).is_absolute() else _under(root, script)
+        return root / relative if relative is not None and (root / relative).is_file() \
             else None
     top = spec.trainer.module.partition(".")[0]
     for found in (root / f"{top}.py", root / top):
@@ -83,7 +117,7 @@ def decide(spec: JobSpec, cwd: str, image_field: str) -> Workspace | None:
     code could reach no node."""
     if spec.trainer.builtin:
         return None
-    image = str(_get(spec, image_field))
+    image = image_of(spec, image_field)
     root = Path(cwd).resolve()
     code = local_code(spec, root)
     if spec.workspace.ship == "never":
@@ -116,11 +150,12 @@ def decide(spec: JobSpec, cwd: str, image_field: str) -> Workspace | None:
     return Workspace(root, image, tag, is_registry(spec.workspace.repo))
 
 
-def _get(spec: JobSpec, field: str) -> object:
+def image_of(spec: JobSpec, field: str) -> str:
+    """The image named by ``field`` (``image``, ``SECTION.NAME``)."""
     value: object = spec
     for part in field.split("."):
         value = getattr(value, part)
-    return value
+    return str(value)
 
 
 def with_image(spec: JobSpec, image_field: str, tag: str) -> JobSpec:

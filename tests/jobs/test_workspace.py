@@ -116,3 +116,28 @@ def test_a_workspace_too_large_for_an_image_is_refused(tmp_path: Path,
                                         ("localhost/torchjob-workspace:x-1", False)])
 def test_which_images_are_the_kits(image: str, kit: bool) -> None:
     assert workspace.is_kit_image(image) is kit
+
+
+@pytest.mark.parametrize("to", [*IMAGE_BACKENDS, "docker"])
+def test_a_script_outside_the_working_directory_is_refused_and_one_inside_is_made_relative(
+        tmp_path: Path, to: str) -> None:
+    """A container sees this machine's files only through the working directory (docker's
+    mount of it, an image built from it): ``$PWD/train.py`` is ``train.py`` there; a file of
+    this machine outside it is refused before anything starts, not left to fail in a node."""
+    (tmp_path / "project").mkdir()
+    folder = project(tmp_path / "project")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "train.py").write_text("print('outside')\n")
+    for outside in (str(tmp_path / "other" / "train.py"), "../other/train.py"):
+        for command in (["render"], ["submit"], ["run"]):
+            assert_user_error(torchjob(*command, "--to", to, outside, cwd=folder, timeout=60),
+                              f"trainer.script: {outside!r} is outside the working directory",
+                              "start torchjob from a directory that holds the script")
+    inside = torchjob("render", "--to", to, str(folder / "train.py"), cwd=folder, timeout=60)
+    assert inside.returncode == 0, inside.stderr
+    body = "".join(line for line in inside.stdout.splitlines(True)
+                   if not line.lstrip().startswith("#"))  # not the comment naming the command
+    assert str(folder / "train.py") not in body and re.search(r"\btrain\.py\b", body), body
+    own = torchjob("render", "--to", to, "--set", "image=reg.example/team/img:1",
+                   str(tmp_path / "other" / "train.py"), cwd=folder, timeout=60)
+    assert own.returncode == 0, own.stderr  # an image of one's own may hold it there

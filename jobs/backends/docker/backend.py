@@ -13,10 +13,11 @@ from torchjob.jobs.backend import Context, Request, no_variant
 from torchjob.jobs.backends.docker import containers
 from torchjob.jobs.backends.docker.engine import find_engine
 from torchjob.jobs.hosts import on_one_host
-from torchjob.jobs.backends.docker.render import compose_text, render_compose
+from torchjob.jobs.backends.docker.render import compose_text, mounts_workdir, render_compose
 from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.checks import gpus_asked
+from torchjob.jobs.workspace import is_kit_image, script_in_workdir
 
 
 def invoking_user(spec: JobSpec) -> str | None:
@@ -35,6 +36,8 @@ class DockerBackend(launcher.LaunchedHere):
         gpus_asked(spec.nproc_per_node, spec.resources.gpus, "docker")
 
     def render(self, spec: JobSpec, context: Context) -> Request:
+        if mounts_workdir(spec):  # the containers see the working directory at /workspace
+            spec = script_in_workdir(spec, context.workdir, kit_image=is_kit_image(spec.image))
         doc = render_compose(spec, workdir=context.workdir, user=invoking_user(spec))
         return Request(self.name, spec.name, doc, compose_text(doc, source=context.source),
                        spec, context)
