@@ -27,7 +27,7 @@ from torch.distributed.elastic.utils import store as store_util
 
 from torchjob.trainer import ledger
 from torchjob.trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FINISHED, HANG_ACTION,
-                                       HANG_LINE, HEARD_FAIL, HEARD_RESTART, MAX_STALLED_DEFAULT,
+                                       HANG_LINE, HEARD_RESTART, MAX_STALLED_DEFAULT,
                                        RUN_DIR_ENV, log_prefix)
 from torchjob.trainer.failures import (RESTARTING, Failure, Verdict, exception_line, judge,
                                        within)
@@ -36,14 +36,9 @@ from torchjob.trainer.hang import Looked, Seen, Watchdog, stuck_line
 from torchjob.trainer.stacks import half_started, kill, kill_deaf
 from torchjob.trainer.membership import MembershipWatch, watched
 from torchjob.trainer.pace import Pace
+from torchjob.trainer.round_verdict import VERDICT_WAIT_S, RoundVerdict, cause
 
 BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at signals)
-# A node whose workers only lost a peer waits this long for the verdict of the node where the
-# failure began (its agent decides within a monitor interval); none by then: the node is gone,
-# restart. A node that fails the job waits as long for the others to have read that.
-VERDICT_WAIT_S = 10.0
-VERDICT_KEY = "torchjob.verdict"  # in the round's own store: each round decides afresh
-VERDICT_READ_KEY = "torchjob.verdict.read"
 # A finished job's nodes leave together (``_leave_together``): each says so, the last one
 # releases every node's wait. The store's host must not close it while another node still
 # talks to it: that node's client prints C++ stack traces (a clean finish must be quiet).
@@ -68,10 +63,6 @@ class NoWorkerTraceback(logging.Filter):
 
 
 mp_api.logger.addFilter(NoWorkerTraceback())
-
-
-def _cause(verdict: Verdict) -> str:
-    return verdict.cause.describe() if verdict.cause else "a worker failed"
 
 
 def attempt_base(environ: Mapping[str, str]) -> int:
@@ -114,6 +105,8 @@ class Agent(LocalElasticAgent):
             say=lambda line: log.warning("%s", line))
         self._pace = Pace(self._run_dir) if self._run_dir else None  # RUN_DIR/progress.json
         self._looked: Looked | None = None  # what _look_before_close found
+        self._other_failed: str | None = None  # why, when another node failed the job after
+        # this one's workers finished (_exit_barrier)
 
     def run(self, role: str = agent_api.DEFAULT_ROLE) -> agent_api.RunResult:
         started = time.time()
@@ -128,13 +121,18 @@ class Agent(LocalElasticAgent):
         """``summary.json`` from node 0 when the workers wrote none in this run (a script, a
         failed run): how it ended, its restarts, changes of membership and hangs."""
         if self._run_dir is not None and (self._worker_group.group_rank or 0) == 0:
-            ledger.summarize(self._run_dir, self._run_id, started, state=result.state.name,
-                             attempt=self.attempt(),
-                             failure=Agent.closing[0] if Agent.closing else None)
+            failure = Agent.closing[0] if Agent.closing else self._other_failed
+            state = "FAILED" if self._other_failed else result.state.name
+            ledger.summarize(self._run_dir, self._run_id, started, state=state,
+                             attempt=self.attempt(), failure=failure)
 
     def _monitor_workers(self, worker_group: agent_api.WorkerGroup) -> agent_api.RunResult:
         result = super()._monitor_workers(worker_group)
         result, hung = self._watch(worker_group, result)
+        if result.state == agent_api.WorkerState.SUCCEEDED and \
+                (shared := self._round()) is not None and (heard := shared.finish()):
+            log.warning("torchjob: this node's workers finished, but %s", heard.why)
+            return agent_api.RunResult(state=agent_api.WorkerState.UNHEALTHY)  # restart too
         if result.state in {agent_api.WorkerState.FAILED, agent_api.WorkerState.UNHEALTHY}:
             node = worker_group.group_rank or 0
             failures = [Failure(node, rank, f.exitcode, exception_line(f.message),
@@ -164,8 +162,8 @@ class Agent(LocalElasticAgent):
             return verdict
         why = ledger.storm_line(stalled, mark)
         ledger.append(self._run_dir, "storm", run=self._run_id, checkpoint=mark,
-                      restarts=len(stalled), cause=_cause(verdict))
-        return Verdict(False, verdict.cause, f"{_cause(verdict)}: {why}")
+                      restarts=len(stalled), cause=cause(verdict))
+        return Verdict(False, verdict.cause, f"{cause(verdict)}: {why}")
 
     def _note(self, event: str, verdict: Verdict, mark: str | None, **extra: Any) -> None:
         """A restart's line in the ledger: where and how the workers failed, and what the next
@@ -285,7 +283,8 @@ class Agent(LocalElasticAgent):
         wait, which the store answers to every node at once: no look after the release."""
         group, store = self._worker_group, self._store
         nodes = group.group_world_size or 1
-        if store is None or nodes == 1 or group.state != agent_api.WorkerState.SUCCEEDED:
+        if store is None or nodes == 1 or group.state != agent_api.WorkerState.SUCCEEDED or \
+                self._other_failed:
             return
         # the rendezvous' close is each node's last use of the store: here, before the node
         # hosting it may leave (torch closes it after the agent's run, which a node without
@@ -299,60 +298,21 @@ class Agent(LocalElasticAgent):
         except Exception as exc:  # a node that never came, or the store already gone
             log.info("leaving without the other nodes: %s", type(exc).__name__)
 
+    def _round(self) -> RoundVerdict | None:
+        """The verdict of this round, shared through its store; None alone (nothing to share)."""
+        group, store = self._worker_group, self._store
+        nodes = group.group_world_size or 1
+        return None if store is None or nodes == 1 else \
+            RoundVerdict(store, nodes, group.group_rank or 0)
+
     def _shared(self, verdict: Verdict) -> Verdict:
-        """The verdict every node of the round acts on: a node where the failure began says
-        it (a failure beats a restart); a node that only lost a peer waits to hear it."""
-        store, nodes = self._store, self._worker_group.group_world_size or 1
-        if store is None or nodes == 1:
+        """The verdict every node of the round acts on (torchjob.trainer.round_verdict)."""
+        if (shared := self._round()) is None:
             return verdict if verdict.restart is not None else \
-                Verdict(True, verdict.cause, f"{_cause(verdict)}{RESTARTING}")
-        if verdict.restart is None:
-            heard = self._hear(store)
-            if heard is None:
-                return Verdict(True, verdict.cause, f"{_cause(verdict)}; no other node said "
-                               f"why within {VERDICT_WAIT_S:g} s{RESTARTING}")
-            return heard
-        if verdict.restart:
-            try:  # the first to say restart, unless another node already failed the job
-                now = store.compare_set(VERDICT_KEY, "", verdict.encode())
-                said = Verdict.decode(now.decode() if isinstance(now, bytes) else str(now))
-                store.add(VERDICT_READ_KEY, 1)
-            except DistError:
-                return verdict
-            return verdict if said.restart else said
-        self._publish(store, nodes, verdict)
+                Verdict(True, verdict.cause, f"{cause(verdict)}{RESTARTING}")
+        verdict = shared.share(verdict)
+        Agent.store_lost = Agent.store_lost or shared.store_lost
         return verdict
-
-    def _hear(self, store: Any) -> Verdict | None:
-        deadline = time.monotonic() + VERDICT_WAIT_S
-        try:
-            while not store.check([VERDICT_KEY]):
-                if time.monotonic() > deadline:
-                    return None
-                time.sleep(BARRIER_SLICE_S / 4)
-            text = store.get(VERDICT_KEY).decode()
-            store.add(VERDICT_READ_KEY, 1)
-        except DistError:  # the store is lost (or its host left): a retryable end
-            Agent.store_lost = True
-            return Verdict(False, None, "the rendezvous store is gone (lost, or its node "
-                           "left): stopping")
-        heard = Verdict.decode(text)
-        return Verdict(heard.restart, None, (HEARD_RESTART if heard.restart else HEARD_FAIL)
-                       + heard.why)
-
-    @staticmethod
-    def _publish(store: Any, nodes: int, verdict: Verdict) -> None:
-        """Fail the job on every node: say so in the round's store, then give the other
-        nodes time to read it (this node may host the store, which ends with it)."""
-        try:
-            store.set(VERDICT_KEY, verdict.encode())
-            read = store.add(VERDICT_READ_KEY, 1)
-            deadline = time.monotonic() + VERDICT_WAIT_S
-            while read < nodes and time.monotonic() < deadline:
-                time.sleep(BARRIER_SLICE_S / 4)
-                read = store.add(VERDICT_READ_KEY, 0)
-        except DistError:
-            pass  # the store is gone: the other nodes fail on their own
 
     def attempt(self) -> int:
         """The attempt the workers started next run: the scheduler's base plus the restarts."""
@@ -415,6 +375,11 @@ class Agent(LocalElasticAgent):
                        ledger.checkpoint_mark(self._checkpoint_dir), membership=True)
         super()._restart_workers(worker_group)
 
+    def _say_finished(self) -> None:
+        group = self._worker_group
+        if group.state == agent_api.WorkerState.SUCCEEDED and group.group_rank == 0:
+            print(self._finished_line(), file=sys.stderr, flush=True)
+
     def _exit_barrier(self) -> None:
         # torch's own: one store.wait() of up to exit_barrier_timeout, deaf to signals
         group, store = self._worker_group, self._store
@@ -422,8 +387,7 @@ class Agent(LocalElasticAgent):
             return super()._exit_barrier()
         log.info("local workers finished (%s): waiting up to %s s for the other nodes",
                  group.state, self._exit_barrier_timeout)
-        if group.state == agent_api.WorkerState.SUCCEEDED and group.group_rank == 0:
-            print(self._finished_line(), file=sys.stderr, flush=True)
+        shared = RoundVerdict(store, group.group_world_size, group.group_rank or 0)
         self._in_exit_barrier = True
         try:
             last = store_util._barrier_nonblocking(  # the same keys as torch's barrier
@@ -431,11 +395,19 @@ class Agent(LocalElasticAgent):
                 key_prefix=agent_api._TERMINAL_STATE_SYNC_ID)
             deadline = time.monotonic() + self._exit_barrier_timeout
             while not store.check([last]):
+                if (why := shared.failed()) is not None:  # the others will not come
+                    log.warning("torchjob: this node's workers finished, but another node "
+                                "failed the job: %s", why)
+                    self._other_failed = why  # done with the store before its node leaves
+                    group.spec.rdzv_handler.shutdown()
+                    shared.read()
+                    return
                 if time.monotonic() > deadline:
                     log.warning("the other nodes did not finish within %s s: exiting anyway",
                                 self._exit_barrier_timeout)
                     return
                 time.sleep(BARRIER_SLICE_S)  # a signal's handler runs here
+            self._say_finished()
         except SignalException as exc:
             log.warning("%s while waiting for the other nodes: stopping", exc.sigval.name)
             raise
@@ -444,6 +416,7 @@ class Agent(LocalElasticAgent):
             # stopped): between two looks, this one can find the store gone
             log.info("the rendezvous store closed while waiting for the other nodes (%s): "
                      "done waiting", type(exc).__name__)
+            self._say_finished()
         except Exception as exc:  # as torch's barrier: log it and go on exiting
             log.warning("error while waiting for the other nodes at the end: %s", exc)
         finally:
