@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
 STOPPED = ("T", "t")  # /proc/PID/stat states: stopped by a signal, stopped by a tracer
+AT_EXIT = "its script ended, but its exit waits for "  # + its threads (trainer.failures)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class RankView:
     wchan: str = ""
     outside: bool = False  # its frame read from outside now, not its last heartbeat's
     waited_s: float = 0.0
+    exiting: str = ""  # its script returned; its exit waits for this (its threads)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,15 +83,16 @@ class Finding:
 
 def hung(views: Iterable[RankView], timeout: float) -> bool:
     """A hang: a rank silent for ``timeout``, a rank that reports steps idle that long, a rank
-    without progress that long while some rank waits for another, or (in start-up too) a rank
-    inside one collective that long while another has not entered it."""
+    without progress that long while some rank waits for another, (in start-up too) a rank
+    inside one collective that long while another has not entered it, or a rank whose script
+    returned that long ago while a thread of its own holds its exit."""
     views = list(views)
     seqs = {v.seq for v in views}
     waits = any(v.in_collective for v in views) or len(seqs) > 1
     apart = len(seqs) > 1 or not all(v.in_collective for v in views)
     return any(v.silent and v.idle_s >= timeout or v.step >= 0 and v.idle_s >= timeout
                or waits and v.idle_s >= timeout or apart and v.waited_s >= timeout
-               for v in views)
+               or bool(v.exiting) and v.idle_s >= timeout for v in views)
 
 
 def ranks(views: Iterable[RankView]) -> str:
@@ -106,8 +109,11 @@ def find(views: Iterable[RankView], timeout: float, stalled: str = "") -> Findin
     silent = [v for v in views if v.silent]
     seqs, steps = sorted({v.seq for v in views}), sorted({v.step for v in views})
     inside = [v for v in views if v.in_collective]
+    exiting = [v for v in views if v.exiting]
     if silent:
         culprits, why = silent, "stuck"
+    elif exiting:
+        culprits, why = exiting, f"{AT_EXIT}{exiting[0].exiting} (not a daemon)"
     elif len(seqs) > 1:
         culprits = [v for v in views if v.seq == seqs[0]]
         behind = seqs[1] - seqs[0]

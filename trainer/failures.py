@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from torchjob.trainer.contract import EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED
+from torchjob.trainer.culprit import AT_EXIT
 
 # what a collective raises when another process of the group is gone (gloo's transport,
 # NCCL's abort); torch's own DistError types are recognised by class
@@ -101,6 +102,11 @@ class Failure:
             return "killed"
         return "error"
 
+    @property
+    def at_exit(self) -> bool:
+        """Hung once its script had returned: a thread of its own held its exit."""
+        return AT_EXIT in self.hung
+
     def describe(self) -> str:
         """``node 0 rank 1 raised ValueError: bad`` / ``... was killed by SIGKILL``."""
         where = f"node {self.node} rank {self.rank}"
@@ -178,6 +184,11 @@ def judge(failures: list[Failure], *, retry_on_error: bool) -> Verdict:
     if cause := first("config"):
         return Verdict(False, cause, f"{cause.describe()}: a configuration error is never "
                        "retried; fix it and run again")
+    held = [f for f in failures if f.at_exit]
+    if held and not retry_on_error:
+        return Verdict(False, held[0], f"{held[0].describe()}: not retried (a restart would "
+                       "run the script again to the same end; end or join the thread before "
+                       "the script returns, or make it a daemon)")
     if (cause := first("error")) and not retry_on_error:
         return Verdict(False, cause, f"{cause.describe()}: not retried (a restart is for a "
                        "lost worker, not a bug; retry_on_error: true retries it)")

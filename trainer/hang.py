@@ -43,7 +43,8 @@ WAITING_KEY = "torchjob.hang.waiting"
 class Seen:
     """One local worker as this agent last saw it (times on the agent's monotonic clock):
     ``step_at`` is its last progress (a step, a collective or an optimizer step) or its start,
-    ``entered_at`` the first read that saw it inside the collective it is in."""
+    ``entered_at`` the first read that saw it inside the collective it is in, ``exiting_at``
+    the first that saw its script returned and its exit held by a thread of its own."""
 
     local_rank: int
     rank: int
@@ -53,6 +54,7 @@ class Seen:
     step_at: float = 0.0
     beat_at: float = 0.0
     entered_at: float = 0.0
+    exiting_at: float = 0.0
     state: str = "?"  # /proc state letter; "" when the process is gone
     outside: str = ""  # while silent: its frame read from outside (stacks.frame_of)
     looks: int = 0  # tries at that since it went silent
@@ -84,6 +86,8 @@ class Seen:
             self.beat_at, self.outside, self.looks = now, "", 0
         if record.in_collective and (not old.in_collective or record.seq != old.seq):
             self.entered_at = now
+        if record.exiting and not old.exiting:
+            self.exiting_at = now
         self.record = record
 
     def silent(self, now: float) -> bool:
@@ -92,14 +96,15 @@ class Seen:
 
     def view(self, now: float, node: int) -> RankView:
         r = self.record or Record()
-        idle = now - (self.step_at if self.counted else self.beat_at)
+        idle = now - (self.exiting_at if r.exiting else self.step_at if self.counted
+                      else self.beat_at)
         silent = self.silent(now)
         outside = silent and bool(self.outside)  # else its last heartbeat's frame
         return RankView(self.rank, node, r.step, r.seq, self.counted, r.in_collective,
                         self.state, self.outside if outside else r.frame, round(idle, 1),
                         round(now - self.beat_at, 1), silent,
                         wchan(self.pid) if self.state not in ("R", "") else "", outside,
-                        round(now - self.entered_at, 1) if r.in_collective else 0.0)
+                        round(now - self.entered_at, 1) if r.in_collective else 0.0, r.exiting)
 
     def look(self, now: float) -> None:
         """While silent (its heartbeat cannot tell where it is): its frame from outside, a

@@ -44,10 +44,12 @@ class Record:
     in_collective: bool = False
     frame: str = ""
     total: int = -1
+    exiting: str = ""  # its script returned; what the exit waits for (its threads, named)
 
     def encode(self) -> bytes:
         payload = json.dumps([self.step, self.beats, self.pid, self.seq, self.optimizer_steps,
-                              int(self.in_collective), self.frame[:600], self.total])
+                              int(self.in_collective), self.frame[:600], self.total,
+                              self.exiting[:200]])
         line = f"{payload}\t{zlib.crc32(payload.encode()):08x}"
         return line.ljust(RECORD_BYTES - 1).encode()[:RECORD_BYTES - 1] + b"\n"
 
@@ -58,9 +60,9 @@ class Record:
             payload, crc = data.decode().strip().rsplit("\t", 1)
             if int(crc, 16) != zlib.crc32(payload.encode()):
                 return None
-            step, beats, pid, seq, opt, coll, frame, *total = json.loads(payload)
+            step, beats, pid, seq, opt, coll, frame, *more = json.loads(payload)
             return cls(int(step), int(beats), int(pid), int(seq), int(opt), bool(coll), str(frame),
-                       int(total[0]) if total else -1)
+                       int(more[0]) if more else -1, str(more[1]) if len(more) > 1 else "")
         except (ValueError, TypeError, UnicodeDecodeError):
             return None
 
@@ -130,6 +132,19 @@ def start() -> None:
     atexit.register(_last_word)  # the steps of the last second, for the agent's count (status)
     threading.Thread(target=_reporter.beat_forever, name="torchjob-heartbeat",
                      daemon=True).start()
+
+
+def exiting(threads: list[threading.Thread]) -> None:
+    """The script returned and its exit waits for ``threads`` (not daemons): the heartbeat
+    tells so, and where the first of them is, for the agent's hang watchdog."""
+    reporter = _reporter
+    if reporter is None or reporter.pid != os.getpid() or not threads:
+        return
+    names = ", ".join(repr(t.name) for t in threads[:4])
+    reporter.record.exiting = f"its thread{'s' * (len(threads) > 1)} {names}"
+    reporter.main = threads[0].ident
+    reporter.look()
+    reporter.write()
 
 
 def _last_word() -> None:

@@ -284,3 +284,35 @@ def test_every_line_of_a_script_is_whole_under_its_own_rank(tmp_path: Path,
     strays = [line[:80] for line in logs(handle) if not line.startswith("[node 0 rank ")
               and ("R0" in line or "R1" in line or "xxxx" in line)]
     assert not strays, strays
+
+
+HELD = """import os, threading, time
+import torch, torch.distributed as dist
+def upload():
+    time.sleep(3600)  # never ends, never joined
+dist.init_process_group("gloo")
+for _ in range(3):
+    dist.all_reduce(torch.ones(1))
+dist.destroy_process_group()
+if os.environ["RANK"] == "1":
+    threading.Thread(target=upload, name="uploader").start()
+print("main done", flush=True)
+"""
+
+
+@pytest.mark.integration
+def test_a_script_whose_exit_waits_for_its_own_thread_fails_naming_it(tmp_path: Path) -> None:
+    """Its last line ran, but a thread that is not a daemon holds rank 1's exit: before, the
+    job waited for ever (nothing waits in a collective, so no rule saw a hang); now the hang
+    timeout names the rank, the thread and its line, and the job fails without a restart
+    (one would end the same way)."""
+    (tmp_path / "held.py").write_text(HELD)
+    out = torchjob("run", "--nproc-per-node", "2", "--set", "hang_timeout=12", "--set",
+                   "checkpoint_budget=5", "--set", "stop_grace=8", "held.py", cwd=tmp_path,
+                   env=env_for_tests(), timeout=120)
+    assert out.returncode == 1, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert "the job failed: node 0 rank 1 hung" in last and "at held.py:4 in upload" in last \
+        and "its script ended, but its exit waits for its thread 'uploader'" in last \
+        and "not retried" in last, last
+    assert "attempt 1" not in out.stdout + out.stderr

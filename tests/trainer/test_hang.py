@@ -22,6 +22,7 @@ from torchjob.trainer import frames, progress, stragglers
 from torchjob.trainer.agent import hang_timeout
 from torchjob.trainer.culprit import RankView, find, hung
 from torchjob.trainer.contract import EXIT_RETRY
+from torchjob.trainer.failures import Failure, judge
 from torchjob.trainer.hang import INIT_WAIT_S, WAITING_KEY, Seen, Watchdog, read_record
 from torchjob.trainer.progress import Record
 from torchjob.trainer.stacks import kill_stopped, process_state, stack_of
@@ -80,6 +81,34 @@ def test_outside_a_collective_and_behind_in_steps() -> None:
     steps = [view(0, step=8, coll=False), view(1, step=7, coll=False)]
     assert [v.rank for v in find(steps, T).culprits] == [1]
     assert "behind the others (steps [7, 8])" in find(steps, T).why
+
+
+def test_a_rank_whose_exit_waits_for_its_own_thread_is_named_and_not_retried() -> None:
+    """Its script ended, but a thread that is not a daemon (an uploader never joined) holds
+    its exit: alone and outside any collective, it is a hang once that lasts the timeout
+    (timed from the first read that saw it exiting), and its failure is not retried."""
+    w = Seen(0, 1, os.getpid(), 0.0)
+    w.state = "S"
+    w.read(Record(beats=1, pid=w.pid, seq=5), 1.0)
+    w.read(Record(beats=50, pid=w.pid, seq=5, exiting="its thread 'uploader'",
+                  frame="up.py:4 in upload"), 50.0)
+    w.read(Record(beats=60, pid=w.pid, seq=5, exiting="its thread 'uploader'",
+                  frame="up.py:4 in upload"), 60.0)
+    assert w.view(60.0, 0).idle_s == 10.0 and not hung([w.view(60.0, 0)], T)
+    w.read(Record(beats=70, pid=w.pid, seq=5, exiting="its thread 'uploader'",
+                  frame="up.py:4 in upload"), 70.0)
+    held = w.view(71.0, 0)
+    assert hung([held], T) and not hung([replace(held, exiting="")], T)
+    found = find([view(0, coll=False), held], T)
+    assert [v.rank for v in found.culprits] == [1], found.why
+    assert "at up.py:4 in upload) its script ended, but its exit waits for its thread " \
+        "'uploader' (not a daemon)" in found.why
+    failure = Failure(0, 1, -9, "", 0.0, hung=f"no step yet; {found.reason}")
+    verdict = judge([failure], retry_on_error=False)
+    assert verdict.restart is False and "not retried (a restart would run the script " \
+        "again" in verdict.why, verdict
+    assert Record.decode(Record(exiting="its thread 'x'").encode()) == Record(
+        exiting="its thread 'x'")
 
 
 def test_a_deadlock_names_no_culprit() -> None:
