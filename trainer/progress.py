@@ -98,10 +98,21 @@ class _Reporter:
                 pass  # the agent removed the folder (it is ending): nothing to tell
 
     def look(self) -> None:
-        """Where the main thread is, and the process group's count."""
+        """Where the main thread is (once the script ended: the first thread its exit still
+        waits for), and the process group's count."""
+        if self.record.exiting:
+            self.hold(holding())
         self.record.seq = collective_seq()
         top: FrameType | None = sys._current_frames().get(self.main or 0)
         self.record.in_collective, self.record.frame = frames.where(top)
+
+    def hold(self, threads: list[threading.Thread]) -> bool:
+        """Tell that the exit waits for ``threads`` (whether any)."""
+        if threads:
+            names = ", ".join(repr(t.name) for t in threads[:4])
+            self.record.exiting = f"its thread{'s' * (len(threads) > 1)} {names}"
+            self.main = threads[0].ident
+        return bool(threads)
 
     def beat_forever(self) -> None:
         while True:
@@ -134,17 +145,22 @@ def start() -> None:
                      daemon=True).start()
 
 
-def exiting(threads: list[threading.Thread]) -> None:
-    """The script returned and its exit waits for ``threads`` (not daemons): the heartbeat
-    tells so, and where the first of them is, for the agent's hang watchdog."""
+def holding() -> list[threading.Thread]:
+    """The threads an exit waits for: alive, not daemons, not the main one; those the exit
+    ends itself (an idle ThreadPoolExecutor's, at threading's own atexit) last."""
+    main = threading.main_thread()
+    found = [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+    return sorted(found, key=lambda t: t.name.startswith("ThreadPoolExecutor"))
+
+
+def exiting() -> None:
+    """The script ended and its exit waits for threads that are not daemons (``holding``):
+    the heartbeat tells so, with their names, and where the first of them is, for the agent's
+    hang watchdog; nothing when none is left."""
     reporter = _reporter
-    if reporter is None or reporter.pid != os.getpid() or not threads:
-        return
-    names = ", ".join(repr(t.name) for t in threads[:4])
-    reporter.record.exiting = f"its thread{'s' * (len(threads) > 1)} {names}"
-    reporter.main = threads[0].ident
-    reporter.look()
-    reporter.write()
+    if reporter is not None and reporter.pid == os.getpid() and reporter.hold(holding()):
+        reporter.look()
+        reporter.write()
 
 
 def _last_word() -> None:

@@ -144,8 +144,7 @@ def leave(code: int) -> NoReturn:
     """Exit with ``code`` as the interpreter would, without its C++ teardown (module doc)."""
     shutdown = getattr(threading, "_shutdown", None)  # joins non-daemon threads, as at exit
     if shutdown is not None:
-        progress.exiting([t for t in threading.enumerate() if not t.daemon and t.is_alive()
-                          and t is not threading.current_thread()])
+        progress.exiting()  # the threads it waits for, to the hang watchdog
         shutdown()
     atexit._run_exitfuncs()
     flush_files()
