@@ -104,6 +104,16 @@ def assert_nothing_left(project: str) -> None:
     assert nets.stdout.split() == [], f"networks left behind: {nets.stdout}"
 
 
+def open_to_the_image(folder: Path) -> None:
+    """``folder`` readable by the image's user, as a working directory the containers mount
+    must be (pytest's temporary directories are private)."""
+    folder.chmod(0o755)
+    for parent in folder.parents:
+        if parent == Path("/tmp"):
+            break
+        parent.chmod(parent.stat().st_mode | 0o005)
+
+
 def world_sizes(out: str) -> list[int]:
     """World size of each process group formed, in order (rank 0's ``joined`` line)."""
     return [int(m) for m in re.findall(r"\[rank 0/(\d+)\] joined:", out)]
@@ -285,11 +295,7 @@ def test_user_scripts_run_from_the_working_directory_and_their_exceptions_are_no
     refused = torchjob(*run_args("script.yaml", *nodes), cwd=cwd, env=env_for_tests())
     assert refused.returncode == 2, refused.stderr
     assert f"chmod o+rx {cwd}" in refused.stderr and "Traceback" not in refused.stderr
-    cwd.chmod(0o755)
-    for parent in cwd.parents:  # pytest's temporary directories are private
-        if parent == Path("/tmp"):
-            break
-        parent.chmod(parent.stat().st_mode | 0o005)
+    open_to_the_image(cwd)
 
     # torchrun's form, no YAML (the same job as script.yaml)
     cli = ["run", "--to", "docker", "--nnodes", "2", "--nproc-per-node", "1", "--name",
@@ -349,11 +355,7 @@ def test_a_container_that_cannot_start_ends_the_run_with_the_engines_error(
 def test_the_readme_docker_quickstart(container_image: str, tmp_path: Path) -> None:
     """The quickstart's script in two node containers, no YAML: the working directory (a copy
     of jobs/examples, which the containers see mounted) readable by the image's user."""
-    for parent in tmp_path.parents:  # pytest's temporary directories are private
-        if parent == Path("/tmp"):
-            break
-        parent.chmod(parent.stat().st_mode | 0o005)
-    tmp_path.chmod(0o755)
+    open_to_the_image(tmp_path)
     run_session(sessions()["quick-docker"], tmp_path, copy=True)
 
 
@@ -432,3 +434,42 @@ def test_an_elastic_job_survives_losing_any_node(request: pytest.FixtureRequest,
         if problem:
             failures.append(f"trial {trial}: {problem}\n{out[-3000:]}")
     assert not failures, f"{len(failures)}/{TRIALS} trials failed:\n" + "\n".join(failures)
+
+
+SAVES_ON_SIGTERM = """\
+import os, signal, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+def saved(*_):
+    open(os.path.join(os.environ["TORCHJOB_RUN_DIR"], f"saved-{dist.get_rank()}"), "w").close()
+    sys.exit(143)
+signal.signal(signal.SIGTERM, saved)
+print(f"rank {dist.get_rank()} in its loop", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_launcher_killed_outright_leaves_no_container_and_its_workers_save(
+        container_image: str, tmp_path: Path) -> None:
+    """kill -9 of ``torchjob run --to docker``: no handler of its runs, and its containers ran
+    on for ever with nobody following them. Its watch (a process of its own session whose
+    stdin was the launcher's pipe) stops them as a Ctrl-C does, then removes them."""
+    (tmp_path / "saves.py").write_text(SAVES_ON_SIGTERM)
+    open_to_the_image(tmp_path)
+    logfile = tmp_path / "run.log"
+    with running(["run", "--to", "docker", "--nnodes", "2", "saves.py"], tmp_path,
+                 logfile) as proc:
+        project = project_of(logfile)
+        wait_for(lambda: logfile.read_text().count(" in its loop") == 2
+                 or proc.poll() is not None, 300, "both ranks in their loop")
+        proc.kill()
+        proc.wait(timeout=60)
+    run_dir = tmp_path / "runs" / "saves"
+    def left() -> str:  # the containers, then the network: removed last
+        return (podman("ps", "-a", "-q", "--filter", f"label=com.docker.compose.project="
+                       f"{project}").stdout + podman("network", "ls", "-q", "--filter",
+                       f"label=io.podman.compose.project={project}").stdout).strip()
+    wait_for(lambda: not left(), 180, f"no container or network of {project} left")
+    assert (run_dir / "saved-0").exists() and (run_dir / "saved-1").exists(), \
+        "\n".join(p.read_text() for p in run_dir.rglob("reaper.log"))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO
 
 import yaml
+from torchjob.jobs.backends.docker import reaper
 from torchjob.jobs.backends.docker.engine import Engine
 from torchjob.jobs.backends.docker.render import (HOST_DIR_VAR, RESTARTS, RUN_ID_VAR,
                                                   mounts_workdir, service_name)
@@ -217,6 +218,7 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops, cwd
     print(f"torchjob: {spec.name}: {spec.nnodes.max} node container(s) x "
           f"{spec.procs_text} with {engine.name}, project {run.project}, "
           f"compose file {file}", file=err, flush=True)
+    watcher = reaper.watch(engine, project, file, grace, run_dir, record.path / "reaper.log")
     try:
         if stops.count:
             print("torchjob: stopping: before any container started", file=err, flush=True)
@@ -231,6 +233,7 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops, cwd
         _wait(run, spec, grace, err)
     finally:
         _tear_down(run, output, run_dir)
+        reaper.release(watcher)  # ended here: its watch has nothing to do
     code = result(spec, run.nodes, stops.count > 0)
     if code not in (EXIT_OK, EXIT_STOPPED):
         output.report([(i, node.code) for i, node in enumerate(run.nodes) if node.code], err)
