@@ -20,7 +20,7 @@ from typing import IO
 
 import yaml
 from torchjob.jobs.backends.docker import reaper
-from torchjob.jobs.backends.docker.engine import Engine
+from torchjob.jobs.backends.docker.engine import PROJECT_LABEL, Engine, down
 from torchjob.jobs.backends.docker.render import (HOST_DIR_VAR, RESTARTS, RUN_ID_VAR,
                                                   mounts_workdir, service_name)
 from torchjob.jobs.images import ensure_image, prepare_dirs
@@ -34,7 +34,6 @@ from torchjob.trainer.contract import (EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, EXIT_
                                        nodes_exit_code)
 from torchjob.trainer.runlock import clear as clear_lock
 
-PROJECT_LABEL = "com.docker.compose.project"  # set by docker compose and podman-compose
 SERVICE_LABEL = "com.docker.compose.service"
 FINISH_GRACE_S = 60.0  # once a node finished training or failed, the others' time to end too
 _POLL_S = 1.0
@@ -178,16 +177,6 @@ def _containers(run: _Run, nnodes: int) -> list[_Node]:
         if ids:
             nodes.append(_Node(name, ids[0]))
     return nodes
-
-
-def down(engine: Engine, project: str, file: Path) -> None:
-    """Remove the project's containers and network (podman-compose 1.0 leaves the network)."""
-    _run(engine.compose_argv(project, file, "down", "-t", "1"), timeout=300)
-    if engine.name == "podman":
-        nets = _run(["podman", "network", "ls", "-q", "--filter",
-                     f"label=io.podman.compose.project={project}"], timeout=60).stdout.split()
-        if nets:
-            _run(["podman", "network", "rm", "-f", *nets], timeout=60)
 
 
 def result(spec: JobSpec, nodes: list[_Node], signalled: bool) -> int:

@@ -11,6 +11,7 @@ from typing import Callable
 from torchjob.jobs.images import run_captured
 from torchjob.jobs.values import UserError
 
+PROJECT_LABEL = "com.docker.compose.project"  # set by docker compose and podman-compose
 INSTALL_HINT = ("install podman and podman-compose (Debian/Ubuntu: apt-get install podman "
                 "podman-compose, or scripts/container-setup engine) or Docker with its compose "
                 "plugin (docker compose version must work)")
@@ -40,3 +41,14 @@ def find_engine(choice: str, which: Callable[[str], str | None] = shutil.which) 
                         "on PATH",
               "docker": "docker.engine is docker, but 'docker compose' does not work"}[choice]
     raise UserError(f"{wanted}: {INSTALL_HINT}")
+
+
+def down(engine: Engine, project: str, file: Path) -> None:
+    """Remove the project's containers and network (podman-compose 1.0 leaves the network)."""
+    run_captured(engine.compose_argv(project, file, "down", "-t", "1"), timeout=300)
+    if engine.name == "podman":
+        nets = run_captured(["podman", "network", "ls", "-q", "--filter",
+                             f"label=io.podman.compose.project={project}"],
+                            timeout=60).stdout.split()
+        if nets:
+            run_captured(["podman", "network", "rm", "-f", *nets], timeout=60)

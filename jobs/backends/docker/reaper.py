@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torchjob.jobs.backends.docker.engine import Engine
+from torchjob.jobs.backends.docker.engine import PROJECT_LABEL, Engine, down
+from torchjob.trainer.runlock import clear as clear_lock
 
 DONE = b"done"
 
@@ -41,9 +42,6 @@ def release(reaper: subprocess.Popen[bytes]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from torchjob.jobs.backends.docker.containers import PROJECT_LABEL, down
-    from torchjob.trainer.runlock import clear as clear_lock
-
     name, count = argv[0], int(argv[1])
     engine = Engine(name, tuple(argv[2:2 + count]))
     project, file, grace, run_dir = argv[2 + count:]
