@@ -27,7 +27,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handl
 from torchjob.trainer.failures import RESTARTING, Verdict
 from torchjob.trainer.membership import MembershipWatch
 from torchjob.trainer.rendezvous import KeyedRendezvousHandler
-from torchjob.trainer.torchrun_agent import Agent as KitAgent
+from torchjob.trainer.round_verdict import RoundVerdict
 
 MONITOR_INTERVAL_S = 0.1  # the agent's --monitor-interval (jobs/command.py; torchrun's default)
 JOIN_TIMEOUT_S = 600  # the kit's rdzv.join_timeout default (jobs/spec.py)
@@ -147,19 +147,6 @@ class SimAgent:
         self.done = time.time()
 
 
-class VerdictNode:
-    """The kit agent's verdict exchange (torchrun_agent.Agent._shared) on one agent's round
-    store: the node where a failure (a hang) began says restart, the others hear it."""
-
-    _shared = KitAgent._shared
-    _hear = KitAgent._hear
-    _publish = staticmethod(KitAgent._publish)
-
-    def __init__(self, store: Any, nodes: int) -> None:
-        self._store = store
-        self._worker_group = argparse.Namespace(group_world_size=nodes)
-
-
 def each(agents: list[SimAgent], work: Callable[[SimAgent], Any]) -> list[str]:
     """``work`` on every live agent at once, a thread each; the errors, as lines."""
     live = [a for a in agents if a.alive]
@@ -215,14 +202,15 @@ def steady(agents: list[SimAgent], seconds: float) -> dict[str, Any]:
 
 
 def verdict(agents: list[SimAgent], nodes: int) -> dict[str, Any]:
-    """A hang's verdict exchanged as the kit's agents do: agent 0 says restart, the rest hear."""
+    """A hang's verdict exchanged as the kit's agents do (trainer.round_verdict): agent 0 says
+    restart, the rest hear."""
     totals(agents)
     said = Verdict(True, None, f"no progress for 60 s (simulated hang){RESTARTING}")
     heard: list[bool] = []
 
     def exchange(a: SimAgent) -> None:
         mine = said if a.index == 0 else Verdict(None, None, "a peer was lost")
-        heard.append(bool(VerdictNode(a.info.store, nodes)._shared(mine).restart))
+        heard.append(bool(RoundVerdict(a.info.store, nodes, a.index).share(mine).restart))
 
     errors = each(agents, exchange)
     return totals(agents, errors=errors, restarts=sum(heard))
