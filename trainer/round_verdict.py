@@ -23,6 +23,7 @@ POLL_S = 0.05  # how often a waiting node looks at the store
 VERDICT_WAIT_S = 10.0
 VERDICT_KEY = "torchjob.verdict"  # in the round's own store: each round decides afresh
 VERDICT_READ_KEY = "torchjob.verdict.read"
+FAILED_KEY = "torchjob.verdict.failed"  # set once VERDICT_KEY holds a failure: one check
 FINISHED_MARK = "finished\n"  # + the node: its workers all ended with 0 (not a verdict)
 
 
@@ -80,6 +81,7 @@ class RoundVerdict:
         nodes time to read it (this node may host the store, which ends with it)."""
         try:
             self.store.set(VERDICT_KEY, verdict.encode())
+            self.store.set(FAILED_KEY, "1")  # after it: whoever sees this reads the failure
             read = self.store.add(VERDICT_READ_KEY, 1)
             deadline = time.monotonic() + VERDICT_WAIT_S
             while read < self.nodes and time.monotonic() < deadline:
@@ -104,11 +106,11 @@ class RoundVerdict:
 
     def failed(self) -> str | None:
         """Why another node failed the job, once it said so, while this finished node waits
-        for the others; None until then. That node waits for ``read`` (its store with it)."""
-        if not self.store.check([VERDICT_KEY]):
+        for the others; None until then. That node waits for ``read`` (its store with it).
+        One ``check`` per look: VERDICT_KEY holds the finished mark until a failure."""
+        if not self.store.check([FAILED_KEY]):
             return None
-        text = _text(self.store.get(VERDICT_KEY))
-        return None if _finished(text) is not None else Verdict.decode(text).why
+        return Verdict.decode(_text(self.store.get(VERDICT_KEY))).why
 
     def read(self) -> None:
         """Tell the node that failed the job that this one has read it (and is done with the

@@ -387,7 +387,7 @@ class Agent(LocalElasticAgent):
             return super()._exit_barrier()
         log.info("local workers finished (%s): waiting up to %s s for the other nodes",
                  group.state, self._exit_barrier_timeout)
-        shared = RoundVerdict(store, group.group_world_size, group.group_rank or 0)
+        shared = self._round()  # None alone: nobody else to fail the job
         self._in_exit_barrier = True
         try:
             last = store_util._barrier_nonblocking(  # the same keys as torch's barrier
@@ -395,7 +395,8 @@ class Agent(LocalElasticAgent):
                 key_prefix=agent_api._TERMINAL_STATE_SYNC_ID)
             deadline = time.monotonic() + self._exit_barrier_timeout
             while not store.check([last]):
-                if (why := shared.failed()) is not None:  # the others will not come
+                # another node failed the job: the others will not come
+                if shared is not None and (why := shared.failed()) is not None:
                     log.warning("torchjob: this node's workers finished, but another node "
                                 "failed the job: %s", why)
                     self._other_failed = why  # done with the store before its node leaves
