@@ -6,6 +6,7 @@ damaged one is skipped with a warning naming what is wrong. Layout: docs/interna
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import os
@@ -15,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torchjob.trainer.config import ConfigError
 from torchjob.trainer.contract import MANIFEST
+from torchjob.trainer.dirs import free_space, write_failure, write_whole
 from torchjob.trainer.dist import from_rank0
 from torchjob.trainer.fingerprint import differences, digest, refusal
 
@@ -54,6 +56,10 @@ class Position:
 
 class CheckpointError(RuntimeError):
     pass
+
+
+class CheckpointWriteError(RuntimeError):
+    """A save the file system refused (full, over quota, read-only, an I/O error)."""
 
 
 def sha256(path: Path) -> str:
@@ -201,9 +207,7 @@ class Checkpointer:
             self.say(f"--fresh: the checkpoints already in {self.root} were moved to {aside}; "
                      "starting over")
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".tmp-{FRESH_MARKER}"
-        tmp.write_text(token)
-        os.replace(tmp, marker)
+        write_whole(marker, token, self.root / f".tmp-{FRESH_MARKER}")
 
     # -- save ----------------------------------------------------------------------------------
 
@@ -216,8 +220,9 @@ class Checkpointer:
         self.last_step = pos.step
         name = f"step_{pos.step:08d}"
         tmp = self.root / f".tmp-{name}-{self._shared_token()}"
-        tmp.mkdir(parents=True, exist_ok=True)
-        write(tmp / f"rng-rank{self.rank}.pt", get_rng_state())  # rank 0 fsyncs all files
+        with self._writing(tmp, name):
+            tmp.mkdir(parents=True, exist_ok=True)
+            write(tmp / f"rng-rank{self.rank}.pt", get_rng_state())  # rank 0 fsyncs all files
         background = self.async_save and not block
         if self.sharded:
             import torch.distributed.checkpoint as dcp
@@ -232,8 +237,9 @@ class Checkpointer:
                     upload = upload.upload_completion
                 self._pending = self._pool.submit(self._finish_after, upload, tmp, name, pos)
             else:  # returns on every rank once all shards and the metadata are written
-                dcp.save(state, checkpoint_id=str(tmp))
-                self._finish(tmp, name, pos)
+                with self._writing(tmp, name):
+                    dcp.save(state, checkpoint_id=str(tmp))
+                    self._finish(tmp, name, pos)
             return
         if dist.is_initialized():
             dist.barrier()  # every rank's RNG file is on disk before rank 0 can finish
@@ -335,13 +341,40 @@ class Checkpointer:
 
     def _write_and_finish(self, state: dict[str, Any], tmp: Path, name: str,
                           pos: Position) -> None:
-        write(tmp / "state.pt", state)
-        self._finish(tmp, name, pos)
+        with self._writing(tmp, name):
+            write(tmp / "state.pt", state)
+            self._finish(tmp, name, pos)
 
     def _finish_after(self, upload: concurrent.futures.Future[Any], tmp: Path, name: str,
                       pos: Position) -> None:
-        upload.result()  # on rank 0 this returns after every rank's shards and the metadata
-        self._finish(tmp, name, pos)
+        with self._writing(tmp, name):
+            upload.result()  # on rank 0: after every rank's shards and the metadata
+            self._finish(tmp, name, pos)
+
+    @contextlib.contextmanager
+    def _writing(self, tmp: Path, name: str) -> Iterator[None]:
+        """A save the file system refuses (a full disk, a quota, an I/O error) removes what
+        it wrote, which a full disk needs back, and fails with where, what is free there and
+        what to do; the checkpoints before it are untouched."""
+        try:
+            yield
+        except BaseException as exc:  # torch.distributed.checkpoint's is no Exception
+            if isinstance(exc, (CheckpointWriteError, KeyboardInterrupt, SystemExit)):
+                raise
+            cause = write_failure(exc)
+            if cause is None:
+                if isinstance(exc, Exception):
+                    raise
+                said = str(exc).splitlines()[:1]
+                raise RuntimeError(f"saving checkpoint {name} failed: {said}") from exc
+            shutil.rmtree(tmp, ignore_errors=True)
+            done = sorted(p.name for p in self.root.glob("step_*"))
+            kept = f"the newest one there is {done[-1]}" if done else "none was written before"
+            raise CheckpointWriteError(
+                f"cannot write checkpoint {name} in {self.root}: {cause} "
+                f"({free_space(self.root)} free there); {kept}. Free space there (or raise "
+                "the quota), or set checkpoint_dir to another file system, and run the job "
+                "again to resume") from exc
 
     def _finish(self, tmp: Path, name: str, pos: Position) -> None:
         """Rank 0: checksum every file, write the manifest, rename into place, prune."""

@@ -191,7 +191,8 @@ def judge(failures: list[Failure], *, retry_on_error: bool) -> Verdict:
                        "the script returns, or make it a daemon)")
     if (cause := first("error")) and not retry_on_error:
         return Verdict(False, cause, f"{cause.describe()}: not retried (a restart is for a "
-                       "lost worker, not a bug; retry_on_error: true retries it)")
+                       "lost worker, not for what the code raised; retry_on_error: true "
+                       "retries it)")
     cause = first("hung") or first("killed") or first("error") or first("stopped")
     if cause is None and not first("peer"):
         cause = first("terminated")  # SIGTERM from outside, to this node's workers alone

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from torchjob.trainer.contract import MANIFEST
+from torchjob.trainer.dirs import write_whole
 
 LEDGER = "ledger.jsonl"
 MAX_LINE = 4096  # one write of at most this: lines of concurrent writers do not interleave
@@ -221,9 +222,8 @@ def summarize(run_dir: str, run_id: str, started: float, **how: Any) -> None:
     data = {**how, "restarts": restarts(records, run_id),
             "membership": membership(records, run_id), "hangs": hangs(records, run_id)}
     try:
-        part = summary.with_name(".summary.json.part")
-        part.write_text(json.dumps(data, indent=1) + "\n")
-        part.replace(summary)
+        write_whole(summary, json.dumps(data, indent=1) + "\n",
+                    summary.with_name(".summary.json.part"))
     except OSError as exc:
         print(f"torchjob: cannot write {summary}: {exc}", file=sys.stderr)
 

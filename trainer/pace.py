@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torchjob.trainer.hang import Seen
+from torchjob.trainer.dirs import write_whole
 from torchjob.trainer.progress import NO_STEP
 
 PROGRESS_FILE = "progress.json"
@@ -63,9 +64,8 @@ class Pace:
             "steps_per_s": round((step - first) / (now - since), 4)
             if step > first and now > since else None}
         try:
-            tmp = self.file.with_name(f".{PROGRESS_FILE}.{os.getpid()}")
-            tmp.write_text(json.dumps(data) + "\n")
-            os.replace(tmp, self.file)
+            write_whole(self.file, json.dumps(data) + "\n",
+                        self.file.with_name(f".{PROGRESS_FILE}.{os.getpid()}"))
         except OSError:
             return None
         self.written = now

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from torchjob.trainer import ledger
+from torchjob.trainer.dirs import write_whole
 
 PREFIX = "torchjob_"
 # record key -> (metric name, help); eval scores not listed become torchjob_eval_<key>
@@ -113,9 +114,8 @@ class Prometheus:
 
     def write(self) -> None:
         """Atomically: the collector never reads half a file (the temporary name is no .prom)."""
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        temporary.write_text(self.text())
-        os.replace(temporary, self.path)
+        write_whole(self.path, self.text(),
+                    self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp"))
 
     def close(self) -> None:
         """The file stays: the last values of a finished run."""

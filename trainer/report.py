@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from torchjob.trainer import ledger
+from torchjob.trainer.dirs import write_whole, writing
 from torchjob.trainer.exporters import Exporters
 
 T = TypeVar("T")
@@ -136,8 +137,9 @@ class Reporter:
             self.exporters.record(record)
 
         def write() -> None:
-            with open(self.run_dir / "metrics.jsonl", "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            with writing(self.run_dir / "metrics.jsonl"):
+                with open(self.run_dir / "metrics.jsonl", "a") as fh:
+                    fh.write(json.dumps(record) + "\n")
         self.main(write)
 
     def step_times(self, step: int, restart: int, times: dict[str, float]) -> None:
@@ -181,9 +183,12 @@ class Reporter:
         on the last line, after ``lines`` (a nested part said in words)."""
         def write() -> None:
             self.close()
-            (self.run_dir / "summary.json").write_text(
-                json.dumps({**summary, **history(self.run_dir)}, indent=1) + "\n")
-            plot(self.run_dir / "metrics.jsonl", self.run_dir / "plot.png")
+            with writing(self.run_dir / "summary.json"):
+                write_whole(self.run_dir / "summary.json", json.dumps(
+                    {**summary, **history(self.run_dir)}, indent=1) + "\n",
+                    self.run_dir / ".summary.json.part")
+            with writing(self.run_dir / "plot.png"):
+                plot(self.run_dir / "metrics.jsonl", self.run_dir / "plot.png")
             for text in lines:
                 self.log.info(text)
             shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"

@@ -4,12 +4,14 @@ pod) stops with exit 2 and one clear line instead of a traceback at the first sa
 
 from __future__ import annotations
 
+import errno
+import pickle
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from torchjob.trainer.dirs import unusable
+from torchjob.trainer.dirs import WriteRefused, unusable, write_failure, write_whole, writing
 from tests.procs import PYTHON, env_for_tests
 
 
@@ -45,3 +47,48 @@ def test_the_trainer_and_the_agent_stop_before_training(tmp_path: Path, agent: b
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "afile (on its path) is a file, not a directory" in proc.stderr.splitlines()[-1]
     assert " step " not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_what_the_file_system_refused_is_found_behind_the_error_raised() -> None:
+    """torch.save reports a full disk as its zip writer's RuntimeError, raised while handling
+    the OSError; torch.distributed.checkpoint gathers each rank's error, pickled (what it was
+    raised while handling is lost), into one exception that is no Exception."""
+    def raised_while(handling: BaseException, then: BaseException) -> BaseException:
+        try:
+            try:
+                raise handling
+            except BaseException:
+                raise then
+        except BaseException as exc:
+            return exc
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    writer = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert write_failure(full) == "No space left on device"
+    assert write_failure(raised_while(full, writer)) == "No space left on device"
+
+    class CheckpointException(BaseException):
+        def __init__(self, failures: dict[int, tuple[BaseException, object]]) -> None:
+            self.failures = failures
+
+    gathered = CheckpointException({0: (pickle.loads(pickle.dumps(writer)), None)})
+    assert str(write_failure(gathered)).startswith("a write fell short, as on a full disk "
+                                                   "([enforce fail at inline_container.cc")
+    both = CheckpointException({0: (writer, None), 1: (full, None)})
+    assert write_failure(both) == "No space left on device"  # the errno, where one rank has it
+    assert write_failure(ValueError("not a write")) is None
+    assert write_failure(raised_while(ValueError("x"), KeyError("y"))) is None
+
+
+def test_a_whole_write_that_fails_leaves_no_half_file(tmp_path: Path) -> None:
+    target, tmp = tmp_path / "summary.json", tmp_path / "gone" / ".summary.json.part"
+    with pytest.raises(FileNotFoundError):
+        write_whole(target, "{}", tmp)
+    assert list(tmp_path.iterdir()) == []
+    write_whole(target, "{}\n", tmp_path / ".part")
+    assert target.read_text() == "{}\n" and not (tmp_path / ".part").exists()
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(WriteRefused, match=r"cannot write .*/adir: Is a directory "
+                       r"\(\d+ MiB free there\): free space there, or set run_dir"):
+        with writing(tmp_path / "adir"):
+            (tmp_path / "adir").write_text("")
