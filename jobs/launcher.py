@@ -138,10 +138,12 @@ class NodeOutput:
             if self.closed:  # a straggler after the end (the launcher waits 2 s for them)
                 return
             if self.record is not None:
-                if node not in self.files:
-                    self.files[node] = open(self.record.node_log(node), "ab", buffering=0)
-                self.files[node].write(raw)
-                self.record.append_output(raw)
+                with self.record.writing():
+                    if node not in self.files:
+                        self.files[node] = open(self.record.node_log(node), "ab", buffering=0)
+                    self.files[node].write(raw)
+                with self.record.writing():
+                    self.record.append_output(raw)
             stream = self.err if stderr else self.out
             if stream is not None:
                 try:
@@ -190,23 +192,27 @@ class Tee(io.TextIOBase):
         self.partial = ""  # output.log takes whole lines only
 
     def write(self, text: str) -> int:
-        self.file.write(text)
+        with self.record.writing():
+            self.file.write(text)
         whole, newline, self.partial = (self.partial + text).rpartition("\n")
         if newline:
-            self.record.append_output((whole + newline).encode())
+            with self.record.writing():
+                self.record.append_output((whole + newline).encode())
         if self.terminal is not None:
             self.terminal.write(text)
         return len(text)
 
     def flush(self) -> None:
         if not self.file.closed:
-            self.file.flush()
+            with self.record.writing():
+                self.file.flush()
         if self.terminal is not None:
             self.terminal.flush()
 
     def close(self) -> None:
         super().close()
-        self.file.close()
+        with self.record.writing():
+            self.file.close()
 
 
 def tee(record: Record, terminal: IO[str] | None) -> IO[str]:

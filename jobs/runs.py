@@ -9,11 +9,14 @@ A run's record, ``RUN_DIR/.torchjob/RUN_ID/``, is found through a per-user index
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ from typing import Any
 from torchjob.jobs.backend import BackendError, Handle, JobStatus, State
 from torchjob.jobs.values import UserError
 from torchjob.trainer.contract import EXIT_OK, EXIT_STOPPED
+from torchjob.trainer.dirs import write_whole
 from torchjob.trainer.runlock import pid_start
 
 RECORD_DIR = ".torchjob"  # under the run directory
@@ -97,6 +101,22 @@ class Record:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.unwritable: OSError | None = None  # the first write that failed, once running
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """A write to the record of a running job: one that fails (a full disk, a quota, a
+        file system gone read-only) must not end the launcher, which still follows and stops
+        the nodes. The first failure is said on stderr; later writes are tried again."""
+        try:
+            yield
+        except OSError as exc:
+            if self.unwritable is None:
+                self.unwritable = exc
+                with contextlib.suppress(OSError, ValueError):  # stderr may be on that disk
+                    print(f"torchjob: cannot write the run's record {self.path} ({exc}); the "
+                          "run goes on, but torchjob logs and status miss what was not "
+                          "written", file=sys.stderr, flush=True)
 
     @property
     def launcher_log(self) -> Path:
@@ -132,19 +152,29 @@ class Record:
     def update(self, **fields: Any) -> None:
         """Merge ``fields`` into run.json, atomically (readers see the old or the new)."""
         data = {**self.read(), **fields}
-        tmp = self.path / f".{RECORD}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-        os.replace(tmp, self.path / RECORD)
+        write_whole(self.path / RECORD, json.dumps(data, indent=1, default=str) + "\n",
+                    self.path / f".{RECORD}.{os.getpid()}.tmp")
 
     def launched(self) -> None:
-        """This process is the run's launcher, and the run has started."""
+        """This process is the run's launcher, and the run has started; a UserError when the
+        record cannot be written, before any node starts."""
         me = Proc.of(os.getpid())
-        self.update(state=State.RUNNING.value, started=time.time(),
-                    launcher=None if me is None else me.__dict__)
+        try:
+            self.update(state=State.RUNNING.value, started=time.time(),
+                        launcher=None if me is None else me.__dict__)
+        except OSError as exc:
+            raise unwritable(self.path, exc) from None
 
     def finished(self, code: int, detail: str = "") -> None:
-        self.update(state=state_of(code).value, exit_code=code, ended=time.time(),
-                    detail=detail)
+        with self.writing():
+            self.update(state=state_of(code).value, exit_code=code, ended=time.time(),
+                        detail=detail)
+
+
+def unwritable(path: Path, exc: OSError) -> UserError:
+    """Nothing started: the run's record cannot be written (a full disk, a quota, no right)."""
+    return UserError(f"cannot write the run's record in {path}: {exc}. Free space there (or "
+                     "fix its permissions), or set run_dir to another file system")
 
 
 def create(backend: str, run_id: str, run_dir: Path, *, name: str,
@@ -153,16 +183,19 @@ def create(backend: str, run_id: str, run_dir: Path, *, name: str,
     process is its launcher until ``detach`` hands over."""
     check_run_id(backend, run_id)
     path = run_dir.resolve() / RECORD_DIR / run_id
+    me = Proc.of(os.getpid())
     try:
         path.mkdir(parents=True)
+        (path / RECORD).write_text(json.dumps({
+            "backend": backend, "id": run_id, "name": name, "run_dir": str(run_dir.resolve()),
+            "created": time.time(), "state": State.PENDING.value, "exit_code": None,
+            "detail": "", "launcher": None if me is None else me.__dict__,
+            "request": dict(request)}, indent=1, default=str) + "\n")
     except FileExistsError:
         raise UserError(f"{backend}:{run_id} exists already ({path})") from None
-    me = Proc.of(os.getpid())
-    (path / RECORD).write_text(json.dumps({
-        "backend": backend, "id": run_id, "name": name, "run_dir": str(run_dir.resolve()),
-        "created": time.time(), "state": State.PENDING.value, "exit_code": None, "detail": "",
-        "launcher": None if me is None else me.__dict__, "request": dict(request),
-    }, indent=1, default=str) + "\n")
+    except OSError as exc:
+        shutil.rmtree(path, ignore_errors=True)  # what a full disk let it make, if anything
+        raise unwritable(path, exc) from None
     index = index_dir(backend)
     index.mkdir(parents=True, exist_ok=True)
     (index / run_id).write_text(str(path) + "\n")

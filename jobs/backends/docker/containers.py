@@ -214,7 +214,8 @@ def run_docker(spec: JobSpec, *, engine: Engine, grace: float, stops: Stops, cwd
             return EXIT_STOPPED
         if not _up(run, spec, cwd, err):
             return EXIT_CONFIG
-        record.update(containers=[node.cid for node in run.nodes])
+        with record.writing():  # the run goes on without it
+            record.update(containers=[node.cid for node in run.nodes])
         for index, node in enumerate(run.nodes):
             node.pump = threading.Thread(target=_follow, args=(run, index, node, output),
                                          daemon=True)

@@ -182,7 +182,8 @@ def run_local(plan: LocalPlan, *, stops: Stops, grace: float = GRACE_S,
         if not _start_nodes(plan, env, stops, nodes, pumps, output, err):
             return EXIT_CONFIG
         if record is not None:
-            record.update(nodes=[p.__dict__ for p in map(Proc.of, nodes.pids()) if p])
+            with record.writing():  # the run goes on without it
+                record.update(nodes=[p.__dict__ for p in map(Proc.of, nodes.pids()) if p])
         nodes.scan()
         if stops.count and not nodes.procs:
             print("torchjob: stopping: before any node started", file=err, flush=True)
