@@ -239,16 +239,16 @@ class LaunchedHere(runs.RecordedRuns, Backend):
         """What the record keeps of the request's data (JSON)."""
         return request.data
 
-    def _start(self, request: Request) -> tuple[Record, Launch]:
+    def _start(self, request: Request, foreground: bool) -> tuple[Record, Launch]:
         spec, context = request.spec, request.context
         record = runs.create(self.name, context.run_id, Path(context.workdir) / spec.run_dir,
-                             name=spec.name, request={
+                             name=spec.name, foreground=foreground, request={
                                  "text": request.text, "data": self.record_data(request),
                                  "context": dataclasses.asdict(context)})
         return record, self.launch(request, record)
 
     def run(self, request: Request) -> int:
-        record, body = self._start(request)
+        record, body = self._start(request, True)
         err = tee(record, sys.stderr)
         try:
             return perform(record, lambda stops: body(stops, True, err))
@@ -256,7 +256,7 @@ class LaunchedHere(runs.RecordedRuns, Backend):
             err.close()
 
     def submit(self, request: Request) -> Handle:
-        record, body = self._start(request)
+        record, body = self._start(request, False)
 
         def detached(stops: Stops) -> int:
             err = tee(record, None)  # launcher.log and output.log

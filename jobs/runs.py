@@ -178,9 +178,10 @@ def unwritable(path: Path, exc: OSError) -> UserError:
 
 
 def create(backend: str, run_id: str, run_dir: Path, *, name: str,
-           request: Mapping[str, Any]) -> Record:
+           request: Mapping[str, Any], foreground: bool = True) -> Record:
     """A new record in ``run_dir`` (made if need be), indexed under ``BACKEND/RUN_ID``; this
-    process is its launcher until ``detach`` hands over."""
+    process is its launcher until ``detach`` hands over. A job that cannot be indexed is
+    refused unless it runs in the ``foreground`` (submitted, nothing could find it)."""
     check_run_id(backend, run_id)
     path = run_dir.resolve() / RECORD_DIR / run_id
     me = Proc.of(os.getpid())
@@ -197,8 +198,18 @@ def create(backend: str, run_id: str, run_dir: Path, *, name: str,
         shutil.rmtree(path, ignore_errors=True)  # what a full disk let it make, if anything
         raise unwritable(path, exc) from None
     index = index_dir(backend)
-    index.mkdir(parents=True, exist_ok=True)
-    (index / run_id).write_text(str(path) + "\n")
+    try:
+        index.mkdir(parents=True, exist_ok=True)
+        (index / run_id).write_text(str(path) + "\n")
+    except OSError as exc:  # a home that is read-only (as on some clusters' nodes) or full
+        said = (f"cannot write the index of this machine's runs, {index} ({exc}): torchjob "
+                "status, cancel and list cannot find this run")
+        fix = "set XDG_STATE_HOME to a directory you can write"
+        if not foreground:
+            shutil.rmtree(path, ignore_errors=True)
+            raise UserError(f"{said} once submitted: {fix}, or use torchjob run") from None
+        print(f"torchjob: {said} (torchjob logs finds it with --log-dir {run_dir}); {fix}",
+              file=sys.stderr, flush=True)
     return Record(path)
 
 

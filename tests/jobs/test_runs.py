@@ -160,3 +160,23 @@ def test_a_stop_before_the_launcher_looks_is_counted_not_fatal(tmp_path: Path) -
     assert seen[0].count == 1
     assert (rec.read()["state"], rec.read()["exit_code"]) == ("STOPPED", 143)
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_home_that_cannot_be_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A read-only home (as on some clusters' nodes): a run in the foreground goes on, told
+    that only `torchjob logs --log-dir` finds it; a submitted one, which nothing could find,
+    is refused with the fix, and leaves no record behind."""
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "afile"))
+    found = record(tmp_path, "tiny-000001")
+    assert found.read()["state"] == "PENDING"
+    said = capsys.readouterr().err
+    assert "torchjob: cannot write the index of this machine's runs, " in said, said
+    assert f"(torchjob logs finds it with --log-dir {tmp_path / 'runs' / 'tiny'})" in said
+    assert runs.find("local", "tiny-000001", str(tmp_path / "runs" / "tiny")).path == found.path
+    with pytest.raises(UserError, match="cannot find this run once submitted: set "
+                                        "XDG_STATE_HOME to a directory you can write"):
+        runs.create("local", "tiny-000002", tmp_path / "runs" / "tiny", name="tiny",
+                    request={}, foreground=False)
+    assert not (tmp_path / "runs" / "tiny" / ".torchjob" / "tiny-000002").exists()
