@@ -220,6 +220,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``torchjob`` and ``python -m torchjob.jobs``; returns the exit code."""
     args = build_parser().parse_args(argv)
     try:
+        os.getcwd()
+    except FileNotFoundError:  # removed while the shell was in it: every path is relative to it
+        print("torchjob: the current directory no longer exists (it was removed while this "
+              "shell was in it): cd into a directory and run again", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
         if hasattr(args, "target"):
             finish_target(args, sys.argv[1:] if argv is None else argv)
         code: int = COMMANDS[args.command](args)

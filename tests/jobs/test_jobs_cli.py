@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import torchjob
+from tests.procs import TORCHJOB, env_for_tests, torchjob
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "jobs" / "examples"
 
@@ -313,3 +313,14 @@ def test_k8s_without_its_client_package_names_its_extra(tmp_path: Path) -> None:
     assert rendered.returncode == 0, rendered.stderr
     status = torchjob("status", "k8s:default/x", env=env, timeout=60)
     assert_user_error(status, "pip install 'torchjob[k8s]'")
+
+
+def test_a_current_directory_that_was_removed(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    proc = subprocess.run(["bash", "-c", f'cd "{gone}" && rmdir "{gone}" && exec "$@"', "-",
+                           *TORCHJOB, "run", "--nproc-per-node", "1", "train.py"],
+                          capture_output=True, text=True, env=env_for_tests(), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == ("torchjob: the current directory no longer exists (it was removed "
+                           "while this shell was in it): cd into a directory and run again\n")
