@@ -365,7 +365,7 @@ class Checkpointer:
             if cause is None:
                 if isinstance(exc, Exception):
                     raise
-                said = str(exc).splitlines()[:1]
+                said = (str(exc).splitlines() or [type(exc).__name__])[0]
                 raise RuntimeError(f"saving checkpoint {name} failed: {said}") from exc
             shutil.rmtree(tmp, ignore_errors=True)
             done = sorted(p.name for p in self.root.glob("step_*"))

@@ -79,7 +79,8 @@ def write_failure(exc: BaseException) -> str | None:
 
 
 def free_space(path: str | os.PathLike[str]) -> str:
-    """What is free on ``path``'s file system, for a message ("12 MiB", or "unknown")."""
+    """What is free on ``path``'s file system, for a message: "12 MiB" (or "an unknown
+    amount")."""
     try:
         return f"{shutil.disk_usage(path).free / 2**20:.0f} MiB"
     except OSError:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchjob.trainer.checkpoint import CheckpointError, Checkpointer, Position, verify
+from torchjob.trainer.checkpoint import (CheckpointError, Checkpointer, CheckpointWriteError,
+                                         Position, verify)
 from torchjob.trainer.config import ConfigError
 from torchjob.trainer.tasks import DigitsCNN
 
@@ -161,3 +162,28 @@ def test_a_position_written_in_micro_batches_is_read_in_samples() -> None:
     assert Position.from_manifest(old) == Position(40, 1, 6 * 32 * 2)
     new = {"position": {"step": 40, "epoch": 1, "samples": 384}, "world_size": 3, "config": {}}
     assert Position.from_manifest(new) == Position(40, 1, 384)
+
+
+def test_a_save_that_fails_for_another_reason_is_said_as_an_exception(tmp_path: Path) -> None:
+    """torch.distributed.checkpoint raises a BaseException (no Exception): torchrun's error
+    file and the agent's verdict see only Exceptions, so one that is no file system's refusal
+    becomes a RuntimeError naming the checkpoint; a plain Exception goes as it came."""
+    class CheckpointException(BaseException):
+        pass
+
+    ck = make(tmp_path)
+    with pytest.raises(RuntimeError, match=r"^saving checkpoint step_00000007 failed: "
+                                           r"CheckpointException ranks:dict_keys\(\[1\]\)$"):
+        with ck._writing(tmp_path / ".tmp-x", "step_00000007"):
+            raise CheckpointException("CheckpointException ranks:dict_keys([1])\nTraceback")
+    with pytest.raises(ValueError, match="^a bug$"):
+        with ck._writing(tmp_path / ".tmp-x", "step_00000007"):
+            raise ValueError("a bug")
+    (tmp_path / ".tmp-x").mkdir()
+    (tmp_path / "ck").mkdir()
+    with pytest.raises(CheckpointWriteError, match=r"^cannot write checkpoint step_00000007 in "
+                       r".*/ck: Disk quota exceeded \(\d+ MiB free there\); none was written"):
+        with ck._writing(tmp_path / ".tmp-x", "step_00000007"):
+            raise OSError(122, "Disk quota exceeded")
+    assert not (tmp_path / ".tmp-x").exists()  # what it wrote is removed
+    ck.close()
