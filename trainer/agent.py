@@ -159,12 +159,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     from torch.distributed.launcher import api as launcher_api
     from torch.distributed.run import get_args_parser
 
-    from torchjob.trainer import loglines
+    from torchjob.trainer import loglines, stop_heard
     from torchjob.trainer.torchrun_agent import Agent, attempt_base
 
     loglines.install()  # whole lines under each rank's prefix
 
     signal.signal(signal.SIGTERM, stop_as_torch_does)  # torch's handler once workers start
+    stop_heard.remember()  # never lost, even where what it raises is (trainer.stop_heard)
     stop_when_orphaned()  # a launcher killed outright: the job stops after a checkpoint
     # a stop raises from here on: what this agent makes, it makes inside the try that removes it
     progress_dir = own_log_dir = lock = None

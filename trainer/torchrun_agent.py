@@ -25,7 +25,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils import store as store_util
 
-from torchjob.trainer import ledger
+from torchjob.trainer import ledger, stop_heard
 from torchjob.trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FINISHED, HANG_ACTION,
                                        HANG_LINE, HEARD_RESTART, MAX_STALLED_DEFAULT,
                                        RUN_DIR_ENV, log_prefix)
@@ -127,6 +127,7 @@ class Agent(LocalElasticAgent):
                              attempt=self.attempt(), failure=failure)
 
     def _monitor_workers(self, worker_group: agent_api.WorkerGroup) -> agent_api.RunResult:
+        stop_heard.raise_if_heard()  # a stop whose exception was lost (trainer.stop_heard)
         result = super()._monitor_workers(worker_group)
         result, hung = self._watch(worker_group, result)
         if result.state == agent_api.WorkerState.SUCCEEDED and \
@@ -336,10 +337,13 @@ class Agent(LocalElasticAgent):
         if self._watchdog is not None:
             self._watchdog.clear()
         try:
+            stop_heard.raise_if_heard()
             pids = super()._start_workers(worker_group)
         except SignalException:  # in no context of torch's yet, one held the exit for 300 s
             kill(half_started(os.getpid()))
             raise
+        finally:
+            stop_heard.remember()  # torch's handlers, installed as it started the workers
         if self._watchdog is not None:
             self._watchdog.reset(((w.local_rank, w.global_rank, pids[w.local_rank])
                                   for w in worker_group.workers), node=node or 0,

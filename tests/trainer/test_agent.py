@@ -419,3 +419,36 @@ def test_a_node_dropped_from_its_round_rejoins_rather_than_train_on_alone(
     alone_after_the_stall = [line for line in out["b"].splitlines()
                              if "joined:" in line and "world_size 1 " in line]
     assert not alone_after_the_stall, out["b"][-3000:]
+
+
+LOST_IN_A_FINALIZER = """
+import gc, os, signal
+from torch.distributed.elastic.multiprocessing.api import SignalException, _terminate_process_handler
+from torchjob.trainer import stop_heard
+signal.signal(signal.SIGTERM, _terminate_process_handler)  # torch's, as it starts the workers
+stop_heard.remember()
+stop_heard.remember()  # once: a handler is wrapped one time only
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # heard here, where Python ignores what it raises
+        for _ in range(1000):
+            pass
+Finalized()
+gc.collect()
+print("went on", flush=True)
+try:
+    stop_heard.raise_if_heard()
+except SignalException as exc:
+    print("raised again:", exc.sigval.name)
+"""
+
+
+def test_a_stop_whose_exception_was_lost_is_raised_again() -> None:
+    """torch's handler raises SignalException wherever the main thread is: in a finalizer,
+    Python ignores it and goes on (a stop seen once in CI, sent as the first worker was forked,
+    let the job train to its end). The agent raises it again at its next look."""
+    proc = subprocess.run([PYTHON, "-c", LOST_IN_A_FINALIZER], capture_output=True, text=True,
+                          env=env_for_tests(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == "went on\nraised again: SIGTERM\n", (proc.stdout, proc.stderr)
+    assert "Exception ignored in" in proc.stderr, proc.stderr  # where it was lost before
