@@ -142,8 +142,7 @@ class NodeOutput:
                     if node not in self.files:
                         self.files[node] = open(self.record.node_log(node), "ab", buffering=0)
                     self.files[node].write(raw)
-                with self.record.writing():
-                    self.record.append_output(raw)
+                self.record.append_output(raw)
             stream = self.err if stderr else self.out
             if stream is not None:
                 try:
@@ -196,8 +195,7 @@ class Tee(io.TextIOBase):
             self.file.write(text)
         whole, newline, self.partial = (self.partial + text).rpartition("\n")
         if newline:
-            with self.record.writing():
-                self.record.append_output((whole + newline).encode())
+            self.record.append_output((whole + newline).encode())
         if self.terminal is not None:
             self.terminal.write(text)
         return len(text)

@@ -129,12 +129,13 @@ class Record:
 
     def append_output(self, raw: bytes) -> None:
         """One whole line onto ``output_log`` (O_APPEND: lines from the node pumps and the
-        launcher never split one another)."""
-        fd = os.open(self.output_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, raw)
-        finally:
-            os.close(fd)
+        launcher never split one another); one that cannot be written is said (``writing``)."""
+        with self.writing():
+            fd = os.open(self.output_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, raw)
+            finally:
+                os.close(fd)
 
     def node_log(self, node: int) -> Path:
         return self.path / f"node-{node}.log"

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from torchjob.trainer.hang import Seen
 from torchjob.trainer.dirs import write_whole
+from torchjob.trainer.hang import Seen
 from torchjob.trainer.progress import NO_STEP
 
 PROGRESS_FILE = "progress.json"
