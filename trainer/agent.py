@@ -39,6 +39,7 @@ from torchjob.trainer.dirs import unusable
 from torchjob.trainer.gpus import missing, nproc_per_node
 from torchjob.trainer.orphans import die_with_parent, stop_when_orphaned
 from torchjob.trainer.runlock import RunDirBusy, RunLock
+from torchjob.trainer.script import leave
 
 FAST_MODULE = "torchjob.trainer"
 # runs any other worker, as python would (trainer/script.py)
@@ -381,12 +382,28 @@ def ended(exc: Exception) -> int | None:
     return None
 
 
-if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, exit_at_once)  # before importing torch (seconds)
+def run() -> int:
+    """``main``'s exit code, as the interpreter would make it of how ``main`` ended."""
     try:
         main()
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
     except Exception as exc:
         code = ended(exc)
         if code is None:
-            raise
-        sys.exit(code)
+            import traceback
+            traceback.print_exc()
+            return 1
+        return code
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, exit_at_once)  # before importing torch (seconds)
+    # Not through the interpreter's teardown: a daemon thread (c10d's keep-alive) may be in a
+    # store call as the store's host goes; a teardown ends that thread as the call comes back
+    # from C++, and the agent aborts (exit 134; 139 as a container's PID 1) (script.leave).
+    leave(run())

@@ -44,3 +44,40 @@ def test_a_script_ends_as_under_python(tmp_path: Path, name: str) -> None:
     assert seen[1] == seen[0], seen
     if name == "unclosed":
         assert seen[0][2] == {"out.bin": b"bytes", "out.txt": b"never closed\n"}
+
+
+# The agent's own exit, with c10d's keep-alive as it was when a stop reached a pod whose
+# store pod went with it: a daemon thread in a store call as the store's host goes. Through
+# the interpreter's teardown that thread was ended coming back from C++: "terminate called
+# without an active exception", exit 134 (139 as a container's PID 1), not the agent's code.
+AGENT_AS_ITS_STORE_GOES = """
+import atexit, runpy, subprocess, sys, threading
+from datetime import timedelta
+from torch.distributed import TCPStore
+server = subprocess.Popen([sys.executable, "-c", "import time\\n"
+    "from torch.distributed import TCPStore\\n"
+    "store = TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\\n"
+    "print(store.port, flush=True)\\ntime.sleep(600)"], stdout=subprocess.PIPE, text=True)
+client = TCPStore("127.0.0.1", int(server.stdout.readline()), is_master=False,
+                  timeout=timedelta(seconds=60))
+calling = threading.Event()
+def keep_alive():
+    calling.set()
+    while True:
+        try:
+            client.compare_set("state", "", "mine")
+        except Exception:
+            pass
+threading.Thread(target=keep_alive, daemon=True).start()
+calling.wait()
+atexit.register(lambda: (server.kill(), server.wait()))  # the store's host goes as it exits
+sys.argv = ["torchjob.trainer.agent", "--help"]
+runpy.run_module("torchjob.trainer.agent", run_name="__main__")
+"""
+
+
+def test_the_agent_exits_with_its_code_while_a_thread_is_in_a_call_to_a_store_that_went(
+        tmp_path: Path) -> None:
+    code, stderr, _ = run([PYTHON, "-c", AGENT_AS_ITS_STORE_GOES], tmp_path)
+    assert code == 0, f"exit {code}: {stderr[-2000:]}"
+    assert "terminate called" not in stderr
