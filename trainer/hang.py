@@ -44,7 +44,9 @@ class Seen:
     """One local worker as this agent last saw it (times on the agent's monotonic clock):
     ``step_at`` is its last progress (a step, a collective or an optimizer step) or its start,
     ``entered_at`` the first read that saw it inside the collective it is in, ``exiting_at``
-    the first that saw its script returned and its exit held by a thread of its own."""
+    the first that saw its script returned and its exit held by a thread of its own;
+    ``init_wait``: how long reads saw it waiting in init_process_group (kept once it left:
+    its last heartbeat may come from its way out, its error file being written)."""
 
     local_rank: int
     rank: int
@@ -55,6 +57,7 @@ class Seen:
     beat_at: float = 0.0
     entered_at: float = 0.0
     exiting_at: float = 0.0
+    init_wait: float = 0.0
     state: str = "?"  # /proc state letter; "" when the process is gone
     outside: str = ""  # while silent: its frame read from outside (stacks.frame_of)
     looks: int = 0  # tries at that since it went silent
@@ -86,6 +89,8 @@ class Seen:
             self.beat_at, self.outside, self.looks = now, "", 0
         if record.in_collective and (not old.in_collective or record.seq != old.seq):
             self.entered_at = now
+        if record.in_collective and record.seq < 0:  # no process group yet: in init
+            self.init_wait = now - self.entered_at
         if record.exiting and not old.exiting:
             self.exiting_at = now
         self.record = record
@@ -331,10 +336,9 @@ class Watchdog:
         """The local ranks among torch's ``failed`` that lost their peers after waiting at least
         ``INIT_WAIT_S`` in init_process_group (no process group yet), with how long (s): the
         store's host, on another node, gave up on a rank that never came."""
-        return {w.rank: round(now - w.entered_at, 1) for w in self.seen
+        return {w.rank: round(w.init_wait, 1) for w in self.seen
                 if w.local_rank in failed and failed[w.local_rank].exitcode == EXIT_RETRY
-                and w.record is not None and w.record.seq < 0 and w.record.in_collective
-                and now - w.entered_at >= INIT_WAIT_S}
+                and w.record is not None and w.record.seq < 0 and w.init_wait >= INIT_WAIT_S}
 
     def _stay(self, workers: list[Seen]) -> bool:
         """Whether every one of ``workers`` still runs after ``LEAVING_S`` (False as soon as
