@@ -9,7 +9,10 @@ agent's clock. With several nodes, each node whose ranks stall tells the round's
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -18,7 +21,7 @@ from torchjob.trainer.contract import EXIT_RETRY
 from torchjob.trainer.failures import timed_out
 from torchjob.trainer.culprit import STOPPED, Finding, RankView, find, hung, ranks
 from torchjob.trainer.progress import BEAT_S, NO_STEP, Record
-from torchjob.trainer.stacks import frame_of, process_state, stack_of, wchan
+from torchjob.trainer.stacks import frame_of, kill, process_state, stack_of, wchan
 
 READ_EVERY_S = 1.0  # how often the agent reads the progress files
 BEAT_LOST_S = 5 * BEAT_S  # no heartbeat for this long: the process is stopped or frozen
@@ -31,6 +34,9 @@ LEAVING_S = 1.0
 # a rank that lost its peers after waiting this long in init_process_group waited for a rank
 # of its node that never came there (Watchdog.left_init)
 INIT_WAIT_S = 1.0
+# after a stop signal, heartbeats that still find a worker in init_process_group: the first
+# may have looked before the signal came (Watchdog.ending_stuck_in_init)
+STOP_BEATS = 2
 LOOKS = 3  # tries at a silent rank's frame from outside (py-spy) per silent stretch
 NODE_KEY, FINDING_KEY = "torchjob.hang.node{}", "torchjob.hang.finding"  # the round's store
 # set by a node whose rank waits near the timeout (idle or inside a collective): from then on
@@ -211,6 +217,31 @@ class Watchdog:
             if record is not None and record.pid == w.pid:
                 w.read(record, now)
         return now
+
+    @contextmanager
+    def ending_stuck_in_init(self) -> Iterator[None]:
+        """While a stop signal is sent and torch waits for the workers to exit (30 s, then
+        SIGKILL): kill each whose heartbeats, STOP_BEATS of them after it, still find it in
+        init_process_group with no step. Its handler would hear the signal only once init
+        returns, and the peers init waits for may be ones the stop ended; a worker with no
+        process group yet has nothing to checkpoint."""
+        self.observe(force=True)
+        then, done = {w.pid: w.record.beats if w.record else 0 for w in self.seen}, \
+            threading.Event()
+
+        def watch() -> None:
+            while not done.wait(BEAT_S / 2):
+                self.observe(force=True)
+                kill([w.pid for w in self.seen if w.alive and w.record is not None
+                      and w.record.beats - then[w.pid] >= STOP_BEATS and w.record.seq < 0
+                      and w.record.in_collective and w.record.step == NO_STEP])
+        thread = threading.Thread(target=watch, name="torchjob-stop-in-init", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def views(self, now: float) -> list[RankView]:
         return [w.view(now, self.node) for w in self.seen if w.alive and w.record is not None]

@@ -275,7 +275,11 @@ class Agent(LocalElasticAgent):
         # torch sends SIGTERM and waits up to 30 s: one deaf to it would take all of it
         if self._pcontext is not None:
             kill_deaf(self._pcontext.pids().values())
-        super()._shutdown(*args, **kwargs)
+        if self._watchdog is None or self._pcontext is None:
+            super()._shutdown(*args, **kwargs)
+        else:
+            with self._watchdog.ending_stuck_in_init():  # a stop init would keep 30 s
+                super()._shutdown(*args, **kwargs)
         self._leave_together()
 
     def _leave_together(self) -> None:
