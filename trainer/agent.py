@@ -39,7 +39,7 @@ from torchjob.trainer.dirs import unusable
 from torchjob.trainer.gpus import missing, nproc_per_node
 from torchjob.trainer.orphans import die_with_parent, stop_when_orphaned
 from torchjob.trainer.runlock import RunDirBusy, RunLock
-from torchjob.trainer.script import leave
+from torchjob.trainer.script import exit_code, leave
 
 FAST_MODULE = "torchjob.trainer"
 # runs any other worker, as python would (trainer/script.py)
@@ -387,10 +387,7 @@ def run() -> int:
     try:
         main()
     except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            return exc.code or 0
-        print(exc.code, file=sys.stderr)
-        return 1
+        return exit_code(exc)
     except Exception as exc:
         code = ended(exc)
         if code is None:

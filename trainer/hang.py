@@ -363,7 +363,7 @@ class Watchdog:
             return None
         return Hang(finding, stuck)
 
-    def left_init(self, failed: Mapping[int, Any], now: float) -> dict[int, float]:
+    def left_init(self, failed: Mapping[int, Any]) -> dict[int, float]:
         """The local ranks among torch's ``failed`` that lost their peers after waiting at least
         ``INIT_WAIT_S`` in init_process_group (no process group yet), with how long (s): the
         store's host, on another node, gave up on a rank that never came."""
@@ -390,7 +390,7 @@ class Watchdog:
         now, of = self.observe(force=True), {w.local_rank: w.rank for w in self.seen}
         hang = self.waited_for({of[local]: s for local, s in timed_out(failed).items()
                                 if local in of}, now)
-        if hang is None and (left := self.left_init(failed, now)):
+        if hang is None and (left := self.left_init(failed)):
             hang = self.waited_for(left, now, f"waited {max(left.values()):g} s for it in "
                                    "init_process_group until the group's store went away (a "
                                    "rank on another node gave up waiting and left)")

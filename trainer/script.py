@@ -80,10 +80,7 @@ def main(argv: list[str]) -> int:
             sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
             run_script(argv[0])
     except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            return exc.code or 0
-        print(exc.code, file=sys.stderr)
-        return 1
+        return exit_code(exc)
     except KeyboardInterrupt as exc:
         print_exception(exc.with_traceback(user_frames(exc.__traceback__)))
         return 130
@@ -138,6 +135,14 @@ def print_exception(exc: BaseException) -> None:
         traceback.print_exc()
         print("\nOriginal exception was:", file=sys.stderr)
         traceback.print_exception(exc)
+
+
+def exit_code(exc: SystemExit) -> int:
+    """The exit code the interpreter makes of ``exc`` (a message: said on stderr, 1)."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    print(exc.code, file=sys.stderr)
+    return 1
 
 
 def leave(code: int) -> NoReturn:

@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -275,11 +276,10 @@ class Agent(LocalElasticAgent):
         # torch sends SIGTERM and waits up to 30 s: one deaf to it would take all of it
         if self._pcontext is not None:
             kill_deaf(self._pcontext.pids().values())
-        if self._watchdog is None or self._pcontext is None:
+        # and a worker stuck in init_process_group would take it too (its peers stopped)
+        dog = self._watchdog if self._pcontext is not None else None
+        with dog.ending_stuck_in_init() if dog is not None else nullcontext():
             super()._shutdown(*args, **kwargs)
-        else:
-            with self._watchdog.ending_stuck_in_init():  # a stop init would keep 30 s
-                super()._shutdown(*args, **kwargs)
         self._leave_together()
 
     def _leave_together(self) -> None:

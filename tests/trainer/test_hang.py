@@ -169,8 +169,8 @@ def test_a_rank_that_lost_its_peers_after_a_wait_in_init_waited_for_one_that_nev
             w.read(Record(seq=seq, in_collective=inside, beats=int(now)), now)
     lost = {local: SimpleNamespace(exitcode=EXIT_RETRY) for local in range(3)}
     assert dog.seen[0].record is not None and not dog.seen[0].record.in_collective
-    assert dog.left_init(lost, 100.0) == {10: INIT_WAIT_S + 0.5}
-    assert dog.left_init({**lost, 0: SimpleNamespace(exitcode=1)}, 100.0) == {}
+    assert dog.left_init(lost) == {10: INIT_WAIT_S + 0.5}
+    assert dog.left_init({**lost, 0: SimpleNamespace(exitcode=1)}) == {}
 
 
 def test_progress_reports_reach_the_watchdog(tmp_path: Path,
