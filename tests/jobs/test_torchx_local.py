@@ -4,9 +4,13 @@ ended stopped is CANCELLED whoever asks; a second Ctrl-C kills at once; nothing 
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -98,11 +102,40 @@ def ended(run: subprocess.Popen[str], pids: list[int]) -> tuple[int, str]:
     return run.returncode, out
 
 
+@contextlib.contextmanager
+def another_jobs_store(port: int) -> Iterator[None]:
+    """A server on ``port`` of this host that closes every connection, as another job's
+    rendezvous store that ends would (where the port is taken already, whoever holds it)."""
+    with socket.socket() as server:
+        try:
+            server.bind(("127.0.0.1", port))
+        except OSError:
+            yield
+            return
+        server.listen()
+        server.settimeout(0.1)
+        done = threading.Event()
+
+        def refuse() -> None:
+            while not done.is_set():
+                with contextlib.suppress(OSError):
+                    server.accept()[0].close()
+        thread = threading.Thread(target=refuse, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+
+
 def test_a_cancel_waits_the_jobs_stop_grace(tmp_path: Path) -> None:
     """TorchX's cancel killed every node 10 s after the stop signal (the default grace is
-    60 s): the checkpoint was lost."""
-    run = start(tmp_path, nodes=2)
-    pids = stopped(tmp_path, run, 2)
+    60 s): the checkpoint was lost. The nodes meet on a free port of this host, not the
+    spec's 29400, which another job may hold (CI: both nodes' agents failed at once)."""
+    with another_jobs_store(29400):
+        run = start(tmp_path, nodes=2)
+        pids = stopped(tmp_path, run, 2)
     code, out = ended(run, pids)
     assert code == 143, out
     assert sorted(p.name for p in (tmp_path / "runs" / "slow").glob("saved-*")) == [

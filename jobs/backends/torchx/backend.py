@@ -85,10 +85,14 @@ class TorchxBackend(Backend):
         local_docker = self.scheduler == "local_docker"
         # relative mount sources are this machine's: for schedulers whose nodes see it
         sees = not self.scheduler or self.scheduler in (*runner.LOCAL_SCHEDULERS, "slurm")
-        app = render_appdef(spec, python=context.python if self.scheduler == "local_cwd"
-                            else "python", kubelet=self.scheduler in KUBERNETES_SCHEDULERS,
+        local_cwd = self.scheduler == "local_cwd"
+        # local_cwd's nodes are processes of this host, where the spec's port (29400) may be
+        # another job's: the run's free port, as --to local takes
+        app = render_appdef(spec, python=context.python if local_cwd else "python",
+                            kubelet=self.scheduler in KUBERNETES_SCHEDULERS,
                             binds=tuple(run_binds(spec, context.workdir, context.workdir))
-                            if local_docker else (), workdir=context.workdir if sees else None)
+                            if local_docker else (), workdir=context.workdir if sees else None,
+                            port=context.port if local_cwd else None)
         if not self.scheduler:  # the AppDef itself, for any scheduler
             return Request(self.name, spec.name, app, appdef_text(app), spec, context)
         info = runner.dryrun(app, self.scheduler, log_dir=f"{spec.run_dir}/torchx")
@@ -97,7 +101,7 @@ class TorchxBackend(Backend):
         elif local_docker:  # the run's grace (--grace, else the spec's), as --to docker's
             runner.local_containers(info, math.ceil(context.grace),
                                     invoking_user(rootless=needs.docker_rootless()))
-        elif self.scheduler == "local_cwd":
+        elif local_cwd:
             with_grace(info, context.grace)
         return Request(self.name, spec.name, info, f"{info}\n", spec, context)
 

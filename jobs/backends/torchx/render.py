@@ -46,12 +46,12 @@ def shell_word(arg: str) -> str:
     return shlex.quote(arg).replace("$", "$''")
 
 
-def rdzv_endpoint(spec: JobSpec) -> Macro:
+def rdzv_endpoint(spec: JobSpec, port: int) -> Macro:
     """``localhost:0`` (a free port) on one node; else rank 0's host, as TorchX exports it.
     ``$$`` survives TorchX's macro substitution as ``$`` for bash to expand."""
     if spec.nnodes.max == 1:
         return Macro("localhost:0")
-    return Macro(f"$${{{specs.macros.rank0_env}:=localhost}}:{spec.rdzv.port}")
+    return Macro(f"$${{{specs.macros.rank0_env}:=localhost}}:{port}")
 
 
 def bind_source(path: str, source: str, workdir: str | None) -> str | None:
@@ -71,7 +71,7 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
                   named_resource: str | None = None, python: str = "python",
                   kubelet: bool = False, env_in_script: bool = False,
                   binds: tuple[tuple[str, str], ...] = (),
-                  workdir: str | None = None) -> specs.AppDef:
+                  workdir: str | None = None, port: int | None = None) -> specs.AppDef:
     """The AppDef that ``torchx run`` / ``torchjob submit --to torchx:SCHEDULER`` submits.
     ``kubelet``: for a Kubernetes scheduler, whose pods' command and env the kubelet expands
     too (``$(VAR)``), user strings are escaped for it as well. ``env_in_script``: the user's
@@ -79,13 +79,15 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
     scheduler. ``binds``: (host, container) directories mounted besides the spec's mounts
     (local_docker's run directory, ``torchjob.jobs.hosts.run_binds``). ``workdir``: where a
     relative mount source (``./data``) starts, as --to docker reads it; None: the nodes do not
-    see this machine, and one is refused."""
+    see this machine, and one is refused. ``port``: the rendezvous port, where not the spec's
+    (local_cwd's nodes share this host with every other job on it: a free one)."""
+    port = spec.rdzv.port if port is None else port
     if spec.secrets:
         raise SpecError("secrets", "TorchX has no secret references: for local schedulers "
                         "put the variable in env, on Kubernetes use --to k8s")
     sources = [bind_source(f"mounts[{i}].source", m.source, workdir)
                for i, m in enumerate(spec.mounts)]
-    endpoint = rdzv_endpoint(spec)
+    endpoint = rdzv_endpoint(spec, port)
     command = agent_command(spec, python=python, rdzv_endpoint=endpoint,
                             run_id=Macro(specs.macros.app_id), extra_args=extra_args)
 
@@ -119,7 +121,7 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
         num_replicas=spec.nnodes.max, min_replicas=spec.nnodes.min, resource=resource,
         env={**thread_env(resource.cpu, spec.procs),
              "PYTHONUNBUFFERED": "1", **user_env},
-        port_map={"c10d": spec.rdzv.port},
+        port_map={"c10d": port},
         max_retries=max_retries, mounts=mounts)
     return specs.AppDef(name=spec.name, roles=[role])
 
