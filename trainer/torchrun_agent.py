@@ -111,7 +111,8 @@ class Agent(LocalElasticAgent):
 
     def run(self, role: str = agent_api.DEFAULT_ROLE) -> agent_api.RunResult:
         started = time.time()
-        result = super().run(role)
+        result = super().run(role)  # (its _shutdown also stops the workers for a restart)
+        self._leave_together()
         dog = self._watchdog
         if self._pace is not None and dog is not None and not self._worker_group.group_rank:
             self._pace.tell(dog.seen, self.attempt(), dog.observe(force=True), last=True)
@@ -280,16 +281,17 @@ class Agent(LocalElasticAgent):
         dog = self._watchdog if self._pcontext is not None else None
         with dog.ending_stuck_in_init() if dog is not None else nullcontext():
             super()._shutdown(*args, **kwargs)
-        self._leave_together()
 
     def _leave_together(self) -> None:
-        """After a finished job's last use of the store, wait (up to ``LEAVE_WAIT_S``) until
-        every node is done with it: the node that hosts it leaves only then. One blocking
-        wait, which the store answers to every node at once: no look after the release."""
+        """After the job's last use of the store (it finished, or a node failed it), wait (up
+        to ``LEAVE_WAIT_S``) until every node is done with it: the node that hosts it leaves
+        only then. One blocking wait, which the store answers to every node at once; the last
+        node to come only says so (the host may leave on that)."""
         group, store = self._worker_group, self._store
         nodes = group.group_world_size or 1
-        if store is None or nodes == 1 or group.state != agent_api.WorkerState.SUCCEEDED or \
-                self._other_failed:
+        ended = (agent_api.WorkerState.SUCCEEDED, agent_api.WorkerState.FAILED)
+        if store is None or nodes == 1 or Agent.store_lost or \
+                (group.state not in ended and not self._other_failed):
             return
         # the rendezvous' close is each node's last use of the store: here, before the node
         # hosting it may leave (torch closes it after the agent's run, which a node without
@@ -299,7 +301,8 @@ class Agent(LocalElasticAgent):
             group.spec.rdzv_handler.shutdown()
             if store.add(LEFT_KEY, 1) >= nodes:
                 store.set(ALL_LEFT_KEY, "1")
-            store.wait([ALL_LEFT_KEY], datetime.timedelta(seconds=LEAVE_WAIT_S))
+            else:
+                store.wait([ALL_LEFT_KEY], datetime.timedelta(seconds=LEAVE_WAIT_S))
         except Exception as exc:  # a node that never came, or the store already gone
             log.info("leaving without the other nodes: %s", type(exc).__name__)
 
