@@ -79,8 +79,7 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
     scheduler. ``binds``: (host, container) directories mounted besides the spec's mounts
     (local_docker's run directory, ``torchjob.jobs.hosts.run_binds``). ``workdir``: where a
     relative mount source (``./data``) starts, as --to docker reads it; None: the nodes do not
-    see this machine, and one is refused. ``port``: the rendezvous port, where not the spec's
-    (local_cwd's nodes share this host with every other job on it: a free one)."""
+    see this machine, and one is refused. ``port``: the rendezvous port, if not the spec's."""
     port = spec.rdzv.port if port is None else port
     if spec.secrets:
         raise SpecError("secrets", "TorchX has no secret references: for local schedulers "
