@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 from torchx.specs import AppState
 
-from tests.procs import ROOT, TORCHJOB, torchjob, wait_for
+from tests.procs import ROOT, torchjob, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 
@@ -156,45 +155,8 @@ def test_torchjob_run_builds_the_kits_image_it_lacks(container_image: str, docke
             check=False)
 
 
-def test_ctrl_c_checkpoints_exits_143_and_the_same_command_resumes(container_image: str,
-                                                                   docker_host: str,
-                                                                   tmp_path: Path) -> None:
-    """Ctrl-C of ``torchjob run --to torchx:local_docker``: every worker checkpoints and the
-    run ends 143; the same command again resumes there, as on every other backend. TorchX's
-    own cancel gave the container podman's default grace (none: killed, 137) and read any
-    non-zero exit as FAILED (exit 1), and the run directory was inside the container, gone
-    with it; now it is mounted from here."""
-    env = {**os.environ, "DOCKER_HOST": docker_host, "OMP_NUM_THREADS": "1"}
-    argv = [*TORCHJOB, "run", "--to", "torchx:local_docker", "--set", "trainer.args.epochs=100",
-            f"{ROOT}/jobs/examples/default.yaml"]
-    log = tmp_path / "run.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: "step 20/" in log.read_text() or proc.poll() is not None, 300,
-                 "the job's 20th step")
-        assert proc.poll() is None, log.read_text()[-3000:]
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=120)
-    finally:
-        proc.kill()
-        proc.wait()
-        text = log.read_text()
-        remove_app_containers(text)
-    assert code == 143, text[-3000:]
-    stopped = re.findall(r"\[rank (\d)/2\] stopped by SIGTERM after step (\d+): checkpoint "
-                         r"written", text)
-    assert sorted(rank for rank, _ in stopped) == ["0", "1"], text[-3000:]
-    step = int(stopped[0][1])
-    assert (tmp_path / "runs" / "digits" / "checkpoints" / f"step_{step:08d}").is_dir()
-    again = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=600, stdin=subprocess.DEVNULL)
-    remove_app_containers(again.stdout + again.stderr)
-    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    assert f"resumed from step_{step:08d}" in again.stdout + again.stderr
-    assert json.loads((tmp_path / "runs" / "digits" / "summary.json").read_text())[
-        "accuracy"] >= 0.95
+# Ctrl-C of ``torchjob run --to torchx:local_docker`` (every worker checkpoints, exit 143, the
+# same command resumes, bit for bit): the conformance matrix's "stop and resume" cell.
 
 
 def test_a_job_quiet_for_longer_than_the_clients_timeout_is_followed_to_its_end(
