@@ -3,6 +3,7 @@ parameters, free ports."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Callable
 
@@ -175,6 +176,20 @@ def trainer_workers(root_pid: int) -> list[int]:
                                                                          PYTHON))):
             found.append(pid)
     return found
+
+
+@contextlib.contextmanager
+def beside(loop: Callable[[threading.Event], None]) -> Iterator[None]:
+    """While inside: ``loop(done)`` in a thread of its own, which ends once ``done`` is set
+    (on leaving, which waits for it)."""
+    done = threading.Event()
+    thread = threading.Thread(target=loop, args=(done,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

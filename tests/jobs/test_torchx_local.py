@@ -19,7 +19,7 @@ from torchx.schedulers import get_scheduler_factories
 from torchx.specs import AppState, is_terminal
 
 from torchjob.jobs.backends.torchx.local import GracefulLocalScheduler
-from tests.procs import ROOT, TORCHJOB, alive, env_for_tests, stop_again, wait_for
+from tests.procs import ROOT, TORCHJOB, alive, beside, env_for_tests, stop_again, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -114,19 +114,13 @@ def another_jobs_store(port: int) -> Iterator[None]:
             return
         server.listen()
         server.settimeout(0.1)
-        done = threading.Event()
 
-        def refuse() -> None:
+        def refuse(done: threading.Event) -> None:
             while not done.is_set():
                 with contextlib.suppress(OSError):
                     server.accept()[0].close()
-        thread = threading.Thread(target=refuse, daemon=True)
-        thread.start()
-        try:
+        with beside(refuse):
             yield
-        finally:
-            done.set()
-            thread.join()
 
 
 def test_a_cancel_waits_the_jobs_stop_grace(tmp_path: Path) -> None:

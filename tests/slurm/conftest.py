@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT, env_for_tests, require_setup, torchjob
+from tests.procs import ROOT, beside, env_for_tests, require_setup, torchjob
 
 DEVCLUSTER = ROOT / "slurm" / "devcluster"
 UP_TIMEOUT_S = 900  # first run installs packages with apt-get
@@ -58,9 +58,7 @@ def requeued_at_once(job_id: str) -> Iterator[None]:
     ~2 minutes (reason BeginTime); ``scontrol update StartTime=now`` lifts that, a few seconds
     after the requeue: started at once, the nodes may still hold the revoked credential of the
     attempt that just ended, and Slurm kills the new one ("Job credential revoked")."""
-    stop = threading.Event()
-
-    def lift() -> None:
+    def lift(stop: threading.Event) -> None:
         held_since = None
         while not stop.wait(0.5):
             out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], text=True,
@@ -73,13 +71,8 @@ def requeued_at_once(job_id: str) -> Iterator[None]:
                 subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
                                capture_output=True, env=env_for_tests(), check=False)
 
-    helper = threading.Thread(target=lift, daemon=True)
-    helper.start()
-    try:
+    with beside(lift):
         yield
-    finally:
-        stop.set()
-        helper.join()
 
 
 def step_processes(job_id: str, node: str) -> list[int]:

@@ -28,7 +28,7 @@ from torchjob.jobs.backend import Handle
 from torchjob.jobs.load import loads
 from torchjob.slurm.backend import create
 from torchjob.slurm.sbatch import render_sbatch
-from tests.procs import PYTHON, ROOT, env_for_tests, last_step, wait_for
+from tests.procs import PYTHON, ROOT, beside, env_for_tests, last_step, wait_for
 from tests.slurm.conftest import assert_same_result, requeued_at_once, step_processes
 from torchjob.trainer.contract import log_prefix
 from torchjob.trainer.env import slurm_port
@@ -375,23 +375,16 @@ def test_time_limit_shorter_than_the_work(slurm_cluster: SlurmCluster, tmp_path:
                              + TWO_BY_TWO % "epochs: 100, log_every: 1, checkpoint_every: 0")
     proc = sbatch_wait(script, 1200)
     job_id = job_id_of(proc)
-    done = threading.Event()
 
-    def raise_limit_after_the_first_requeue() -> None:
+    def raise_limit_after_the_first_requeue(done: threading.Event) -> None:
         while not done.wait(1):
             if "requeueing, attempt 1 of 8" in logs(run_dir):
                 subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"],
                                check=False, capture_output=True, env=env_for_tests())
                 return
 
-    raiser = threading.Thread(target=raise_limit_after_the_first_requeue, daemon=True)
-    raiser.start()
-    try:
-        with requeued_at_once(job_id):
-            code, output = finish(proc, job_id, run_dir, 1200)
-    finally:
-        done.set()
-        raiser.join()
+    with beside(raise_limit_after_the_first_requeue), requeued_at_once(job_id):
+        code, output = finish(proc, job_id, run_dir, 1200)
     text = logs(run_dir)
     assert code == 0, f"{output}\n{text[-3000:]}"
     assert "torchjob: USR2: asking the training step to checkpoint" in text, text
