@@ -290,9 +290,8 @@ class Agent(LocalElasticAgent):
         group, store = self._worker_group, self._store
         nodes = group.group_world_size or 1
         ended = (agent_api.WorkerState.SUCCEEDED, agent_api.WorkerState.FAILED)
-        if store is None or nodes == 1 or Agent.store_lost or \
-                (group.state not in ended and not self._other_failed):
-            return
+        if store is None or nodes == 1 or Agent.store_lost or group.state not in ended:
+            return  # (a node that heard another fail the job after its own finished: SUCCEEDED)
         # the rendezvous' close is each node's last use of the store: here, before the node
         # hosting it may leave (torch closes it after the agent's run, which a node without
         # the store did against a closed one: "failed to shutdown the rendezvous" and a
@@ -410,8 +409,7 @@ class Agent(LocalElasticAgent):
                 if shared is not None and (why := shared.failed()) is not None:
                     log.warning("torchjob: this node's workers finished, but another node "
                                 "failed the job: %s", why)
-                    self._other_failed = why  # done with the store before its node leaves
-                    group.spec.rdzv_handler.shutdown()
+                    self._other_failed = why  # (the rendezvous closes in _leave_together)
                     shared.read()
                     return
                 if time.monotonic() > deadline:
