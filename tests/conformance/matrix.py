@@ -27,7 +27,9 @@ from tests.conformance.containers import (CONFORMANCE_DOCKER_HOST, PODS, RUN_CLA
 from tests.procs import PYTHON, ROOT, TORCHJOB, env_for_tests, free_port, torchjob
 from tests.recorded import wait_until
 
-RUN_TIMEOUT_S = 400.0  # one `torchjob run` of a few steps on a shared 2-core machine
+# one `torchjob run` of a few steps on a shared 2-core machine: with 8 columns at once beside
+# the other pytest worker, a pod-contract cell once took 400 s, all of it slow, none stuck
+RUN_TIMEOUT_S = 600.0
 EVENT_TIMEOUT_S = 240.0  # from a run's start to an event in it (a gate reached, a stop seen)
 # "torchjob: submitted slurm:12", the line Backend.run writes on every backend that submits
 HANDLE = re.compile(r"^(?:torchjob: submitted )?((?:local|docker|slurm|torchx|k8s):\S+)$", re.M)
