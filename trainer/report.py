@@ -228,15 +228,14 @@ NOT_A_SCORE = ("kind", "time", "step", "epoch", "loss")
 def plot(metrics: Path, out: Path) -> None:
     """Train and eval loss on the left; on the right the evaluation's other metric, whichever
     the task reports (torchjob.trainer.objectives): accuracy, or a language model's perplexity."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: no backend to choose, nothing to close
 
     records = read_metrics(metrics)
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
     score = next((k for r in evals for k in r if k not in NOT_A_SCORE), "accuracy")
-    fig, (ax_loss, ax_score) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    ax_loss, ax_score = fig.subplots(1, 2)
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
     ax_loss.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="eval")
     ax_loss.set(xlabel="step", ylabel="loss", title="loss")
@@ -248,4 +247,3 @@ def plot(metrics: Path, out: Path) -> None:
         ax_score.set(ylim=(0, 1))
     fig.tight_layout()
     fig.savefig(out, dpi=80)
-    plt.close(fig)
