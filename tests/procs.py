@@ -3,7 +3,6 @@ parameters, free ports."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -19,6 +18,7 @@ import torch
 
 from torchjob.jobs.invocation import free_port as pick_port
 from torchjob.trainer import stacks
+from torchjob.trainer.hang import beside  # noqa: F401 (the tests' loop beside a block)
 from torchjob.trainer.contract import SERVER_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,20 +176,6 @@ def trainer_workers(root_pid: int) -> list[int]:
                                                                          PYTHON))):
             found.append(pid)
     return found
-
-
-@contextlib.contextmanager
-def beside(loop: Callable[[threading.Event], None]) -> Iterator[None]:
-    """While inside: ``loop(done)`` in a thread of its own, which ends once ``done`` is set
-    (on leaving, which waits for it)."""
-    done = threading.Event()
-    thread = threading.Thread(target=loop, args=(done,), daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

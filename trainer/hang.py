@@ -45,6 +45,20 @@ NODE_KEY, FINDING_KEY = "torchjob.hang.node{}", "torchjob.hang.finding"  # the r
 WAITING_KEY = "torchjob.hang.waiting"
 
 
+@contextmanager
+def beside(loop: Callable[[threading.Event], None], name: str | None = None) -> Iterator[None]:
+    """While inside: ``loop(done)`` in a daemon thread of its own (named ``name``), which ends
+    once ``done`` is set (on leaving, which waits for it)."""
+    done = threading.Event()
+    thread = threading.Thread(target=loop, args=(done,), name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 @dataclass
 class Seen:
     """One local worker as this agent last saw it (times on the agent's monotonic clock):
@@ -226,22 +240,16 @@ class Watchdog:
         returns, and the peers init waits for may be ones the stop ended; a worker with no
         process group yet has nothing to checkpoint."""
         self.observe(force=True)
-        then, done = {w.pid: w.record.beats if w.record else 0 for w in self.seen}, \
-            threading.Event()
+        then = {w.pid: w.record.beats if w.record else 0 for w in self.seen}
 
-        def watch() -> None:
+        def watch(done: threading.Event) -> None:
             while not done.wait(BEAT_S / 2):
                 self.observe(force=True)
                 kill([w.pid for w in self.seen if w.alive and w.record is not None
                       and w.record.beats - then[w.pid] >= STOP_BEATS and w.record.seq < 0
                       and w.record.in_collective and w.record.step == NO_STEP])
-        thread = threading.Thread(target=watch, name="torchjob-stop-in-init", daemon=True)
-        thread.start()
-        try:
+        with beside(watch, "torchjob-stop-in-init"):
             yield
-        finally:
-            done.set()
-            thread.join()
 
     def views(self, now: float) -> list[RankView]:
         return [w.view(now, self.node) for w in self.seen if w.alive and w.record is not None]
