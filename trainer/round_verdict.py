@@ -1,9 +1,9 @@
 """One verdict per rendezvous round, shared by its nodes through the round's own store: a
 node where a failure began says restart or fail; a node that only lost a peer waits to hear
-it; a node whose workers all finished says so first, so that a failure after that (a rank
-that crashes while writing its results) fails the job on every node at once, the finished
-ones included, instead of leaving them in torch's exit barrier for its whole timeout.
-(``torchjob.trainer.torchrun_agent`` acts on it; docs/internals.md.)
+it; a node whose workers all finished says so first, so that a later failure fails the job
+on every node at once, the finished ones included; a node whose workers still run looks for
+a failure every ``LOOK_S``. (``torchjob.trainer.torchrun_agent`` acts on it; why each:
+docs/internals.md, "One verdict per round".)
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ VERDICT_WAIT_S = 10.0
 VERDICT_KEY = "torchjob.verdict"  # in the round's own store: each round decides afresh
 VERDICT_READ_KEY = "torchjob.verdict.read"
 FAILED_KEY = "torchjob.verdict.failed"  # set once VERDICT_KEY holds a failure: one check
+LOOK_S = 1.0  # how often a node whose workers run looks for a failure (one check)
 FINISHED_MARK = "finished\n"  # + the node: its workers all ended with 0 (not a verdict)
 
 
@@ -111,6 +112,17 @@ class RoundVerdict:
         if not self.store.check([FAILED_KEY]):
             return None
         return Verdict.decode(_text(self.store.get(VERDICT_KEY))).why
+
+    def heard(self) -> Verdict | None:
+        """While this node's workers run: the job's failure, once another node said it (then
+        read); None until then, or once the store is gone (torch's rendezvous says so)."""
+        try:
+            if (why := self.failed()) is None:
+                return None
+            self.read()
+        except DistError:
+            return None
+        return Verdict(False, None, HEARD_FAIL + why)
 
     def read(self) -> None:
         """Tell the node that failed the job that this one has read it (and is done with the

@@ -37,7 +37,7 @@ from torchjob.trainer.hang import Looked, Seen, Watchdog, stuck_line
 from torchjob.trainer.stacks import half_started, kill, kill_deaf
 from torchjob.trainer.membership import MembershipWatch, watched
 from torchjob.trainer.pace import Pace
-from torchjob.trainer.round_verdict import VERDICT_WAIT_S, RoundVerdict, cause
+from torchjob.trainer.round_verdict import LOOK_S, VERDICT_WAIT_S, RoundVerdict, cause
 
 BARRIER_SLICE_S = 0.2  # how often the exit barrier looks at the store (and at signals)
 # A finished job's nodes leave together (``_leave_together``): each says so, the last one
@@ -108,6 +108,7 @@ class Agent(LocalElasticAgent):
         self._looked: Looked | None = None  # what _look_before_close found
         self._other_failed: str | None = None  # why, when another node failed the job after
         # this one's workers finished (_exit_barrier)
+        self._look_at = 0.0  # when _heard looks for another node's failure next
 
     def run(self, role: str = agent_api.DEFAULT_ROLE) -> agent_api.RunResult:
         started = time.time()
@@ -132,6 +133,8 @@ class Agent(LocalElasticAgent):
         stop_heard.raise_if_heard()  # a stop whose exception was lost (trainer.stop_heard)
         result = super()._monitor_workers(worker_group)
         result, hung = self._watch(worker_group, result)
+        if result.state == agent_api.WorkerState.HEALTHY and (told := self._heard(worker_group)):
+            return told
         if result.state == agent_api.WorkerState.SUCCEEDED and \
                 (shared := self._round()) is not None and (heard := shared.finish()):
             log.warning("torchjob: this node's workers finished, but %s", heard.why)
@@ -154,6 +157,20 @@ class Agent(LocalElasticAgent):
                 Agent.closing = (verdict.why, self.attempt())
                 self._remaining_restarts = 0  # torch's loop then stops the group and returns
         return result
+
+    def _heard(self, group: agent_api.WorkerGroup) -> agent_api.RunResult | None:
+        """While the workers run, every LOOK_S: their end, once another node failed the job."""
+        if time.monotonic() < self._look_at or (shared := self._round()) is None:
+            return None
+        self._look_at = time.monotonic() + LOOK_S
+        if (verdict := shared.heard()) is None:
+            return None
+        log.warning("torchjob: %s", verdict.why)
+        Agent.closing, self._remaining_restarts = (verdict.why, self.attempt()), 0
+        return agent_api.RunResult(state=agent_api.WorkerState.FAILED, failures={
+            w.global_rank: ProcessFailure(local_rank=w.local_rank, pid=w.id or 0,
+                                          exitcode=-signal.SIGTERM, error_file="")
+            for w in group.workers})
 
     def _storm(self, verdict: Verdict, mark: str | None) -> Verdict:
         """``verdict`` (a restart), or a failure when the restarts before it already came

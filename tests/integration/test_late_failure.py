@@ -4,18 +4,20 @@ its whole timeout (300 s; the local and docker launchers stopped it sooner, 143,
 stack traces of its store client), said "the job finished" first, and the failing node
 waited 10 s for it to read the verdict. Now the finished node hears the failure and leaves
 at once, and a restart is not said once a node has finished (a restart needs every node);
-said first, the finished node restarts with the others (torchjob.trainer.round_verdict).
+said first, the finished node restarts with the others (torchjob.trainer.round_verdict); and
+a node whose workers still run hears a failure too, where no lost peer stops them.
 Two local nodes (c10d); docker and Slurm run the same agent."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.procs import env_for_tests, torchjob
-from torchjob.trainer.contract import FINISHED
+from torchjob.trainer.contract import CLOSING, FINISHED, HEARD_FAIL
 
 pytestmark = pytest.mark.integration
 
@@ -66,4 +68,41 @@ def test_a_failure_after_a_node_finished_ends_every_node_at_once(tmp_path: Path,
         assert "not restarted, as node 0 had already finished" in text, text[-3000:]
     assert FINISHED not in text, text[-3000:]  # the job did not finish
     summary = json.loads((tmp_path / "runs" / "late" / "summary.json").read_text())
+    assert summary["state"] == "FAILED" and cause in summary["failure"], summary
+
+
+# rank 0 fails while rank 1 computes, in no collective: no lost peer would stop it
+BUSY = """\
+import os, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+if os.environ["RANK"] == "0":
+    raise ValueError("a bug on rank 0")
+print("rank 1 computes", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_failure_stops_a_node_whose_ranks_are_in_no_collective(tmp_path: Path) -> None:
+    """The other node's agent, its workers running, heard nothing: the failing node waited
+    10 s for it to read the verdict and left, and the job ran on until rank 1's next use of
+    the store or a collective timed out (minutes), then "the rendezvous store was lost" (a
+    retried exit 200) where the failing node hosted the store. Now it hears the failure
+    within a second and stops its workers (torchjob.trainer.round_verdict LOOK_S)."""
+    (tmp_path / "busy.py").write_text(BUSY)
+    try:
+        out = torchjob("run", "--nnodes", "2", "--nproc-per-node", "1", "busy.py",
+                       cwd=tmp_path, env=env_for_tests(), timeout=200)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the job still ran after 200 s (rank 1 sleeps 600 s):\n{exc.stderr!r}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text[-3000:]
+    cause = "node 0 rank 0 raised ValueError: a bug on rank 0: not retried"
+    record = next((tmp_path / "runs" / "busy" / ".torchjob").iterdir())
+    node1 = (record / "node-1.log").read_text()
+    assert f"{CLOSING}{HEARD_FAIL}{cause}" in node1, node1[-3000:]
+    assert "rank 1 computes" in text and "store was lost" not in text, text[-3000:]
+    assert text.rstrip().splitlines()[-1].startswith(CLOSING + cause), text[-3000:]
+    summary = json.loads((tmp_path / "runs" / "busy" / "summary.json").read_text())
     assert summary["state"] == "FAILED" and cause in summary["failure"], summary
