@@ -35,6 +35,13 @@ def job_yaml(name: str, shape: str, culprit: int, nodes: int, nproc: int,
             f"'{SHAPES[shape][2]}'{timeout}]\n")
 
 
+def readable(out: str, limit: int = 6000) -> str:
+    """The tail of ``out`` without C++ stack frames: a client that lost its store prints dozens
+    of lines of them, which filled the whole tail of a failed trial's message."""
+    cpp = re.compile(r"frame #\d+: |<omitting python frames>|^(\[[^]]*\] )?Exception raised from ")
+    return "\n".join(line for line in out.splitlines() if not cpp.search(line))[-limit:]
+
+
 def trial(cwd: Path, to: str, shape: str, *, nodes: int = 2, nproc: int = 2,
           name: str = "", pg_timeout: int = 0, on_node: int | None = None) -> str:
     """One trial in ``cwd``: ``torchjob run --to TO job.yaml``; its output, after every
@@ -51,8 +58,11 @@ def trial(cwd: Path, to: str, shape: str, *, nodes: int = 2, nproc: int = 2,
     job.write_text(job_yaml(name, shape, culprit, nodes, nproc, pg_timeout))
     done = torchjob("run", "--to", to, str(job), cwd=cwd, env=env_for_tests(), timeout=400)
     code, out = done.returncode, done.stdout + done.stderr
-    said = f"(culprit rank {culprit} on node {node}, shape {shape})\n{out[-6000:]}"
-    assert code == 0, said
+    said = f"(culprit rank {culprit} on node {node}, shape {shape})\n{readable(out)}"
+    run_dir = cwd / "runs" / name
+    ledger_file = run_dir / "ledger.jsonl"
+    assert code == 0, said + "\nledger:\n" + (
+        ledger_file.read_text()[-3000:] if ledger_file.is_file() else "(none)")
     how, function, _ = SHAPES[shape]
     lines = [line for line in out.splitlines() if "torchjob: hang on node" in line]
     assert len(lines) == 1, said
@@ -65,8 +75,7 @@ def trial(cwd: Path, to: str, shape: str, *, nodes: int = 2, nproc: int = 2,
     told = [int(r) for r in waiting[1].split(", ")]
     # a timed-out collective names the culprit on its node, from the ranks that timed out there
     assert told == others or pg_timeout and told and set(told) <= set(others), said
-    run_dir = cwd / "runs" / name
-    records = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in ledger_file.read_text().splitlines()]
     hangs = [r for r in records if r["event"] == "hang"]
     assert len(hangs) == 1 and [(c["rank"], c["node"]) for c in hangs[0]["culprits"]] == [
         (culprit, node)], said
