@@ -28,7 +28,7 @@ from torchjob.trainer.contract import (AGENT_ENV_OPTIONS, CHECKPOINT_BUDGET_ENV,
                                        CHECKPOINT_BUDGET_OPTION, COLLECTIVE_TIMEOUT_ENV,
                                        COLLECTIVE_TIMEOUT_OPTION, COLLECTIVE_TIMEOUT_S,
                                        DIR_OPTIONS, EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED,
-                                       EXPECT_GPUS_OPTION,
+                                       EXPECT_GPUS_OPTION, HEARD_FAIL,
                                        EXIT_STORE_LOST, HANG_TIMEOUT_ENV, HANG_TIMEOUT_OPTION,
                                        HANG_TIMEOUT_S, MAX_STALLED_OPTION, MIN_HANG_TIMEOUT_S,
                                        NCCL_HEARTBEAT_ENV, PROGRESS_DIR_ENV,
@@ -353,7 +353,8 @@ def ended(exc: Exception) -> int | None:
     """The exit code for what ended torch's agent, said on stderr; None: not one of those."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError,
+                                                          RendezvousConnectionError)
 
     from torchjob.trainer.torchrun_agent import Agent, attempt_base
 
@@ -371,6 +372,12 @@ def ended(exc: Exception) -> int | None:
                          "meet without it"), EXIT_FAILED
         print(closing_line(why, attempt_base(os.environ), code), file=sys.stderr, flush=True)
         return code
+    if isinstance(exc, RendezvousClosedError):  # another node's agent closed it as it ended
+        why = (f"{HEARD_FAIL}the rendezvous was closed as this node joined it: another node had "
+               "ended the job (its log says why)")
+        attempt = attempt_base(os.environ) if Agent.started is None else Agent.started
+        print(closing_line(why, attempt, EXIT_FAILED), file=sys.stderr, flush=True)
+        return EXIT_FAILED
     if isinstance(exc, ChildFailedError):
         code = EXIT_STORE_LOST if Agent.store_lost else job_exit_code(
             {failure.exitcode for failure in exc.failures.values()})

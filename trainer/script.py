@@ -22,10 +22,12 @@ import time
 import traceback
 import types
 import zipfile
+from pathlib import Path
 from typing import NoReturn
 
 from torchjob.trainer import progress
 from torchjob.trainer.contract import EXIT_CONFIG, EXIT_RETRY
+from torchjob.trainer.dirs import write_whole
 from torchjob.trainer.orphans import die_with_parent
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set by torch's agent for each worker
@@ -41,8 +43,9 @@ def record(exc: BaseException) -> None:
         "py_callstack": "".join(traceback.format_exception(exc)),
         "timestamp": str(int(time.time()))}}}
     try:
-        with open(path, "w") as f:
-            json.dump(data, f)
+        # whole or not at all: a stop that lands as it writes left an empty file, which ended
+        # torch's agent (json.load's error) before it said why the job failed
+        write_whole(Path(path), json.dumps(data), Path(f"{path}.{os.getpid()}.part"))
     except OSError:
         pass  # the agent then names the exit code alone
 

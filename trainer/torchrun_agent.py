@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Mapping
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from torchjob.trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FIN
 from torchjob.trainer.failures import (RESTARTING, Failure, Verdict, exception_line, judge,
                                        within)
 from torchjob.trainer.culprit import Finding, ranks
+from torchjob.trainer.error_files import despite_unreadable
 from torchjob.trainer.hang import Looked, Seen, Watchdog, stuck_line
 from torchjob.trainer.stacks import half_started, kill, kill_deaf
 from torchjob.trainer.membership import MembershipWatch, watched
@@ -86,6 +88,7 @@ class Agent(LocalElasticAgent):
     # EXIT_STORE_LOST, retried; one never reached is a failure), and whether it lost it
     met = False
     store_lost = False
+    started: int | None = None  # the attempt this node's workers last started
 
     def __init__(self, spec: agent_api.WorkerSpec, *args: Any, retry_on_error: bool = False,
                  max_stalled_restarts: int = MAX_STALLED_DEFAULT, hang_timeout: float = 0.0,
@@ -131,7 +134,8 @@ class Agent(LocalElasticAgent):
 
     def _monitor_workers(self, worker_group: agent_api.WorkerGroup) -> agent_api.RunResult:
         stop_heard.raise_if_heard()  # a stop whose exception was lost (trainer.stop_heard)
-        result = super()._monitor_workers(worker_group)
+        result = despite_unreadable(partial(super()._monitor_workers, worker_group),
+                                    lambda: getattr(self._pcontext, "error_files", {}).values())
         result, hung = self._watch(worker_group, result)
         if result.state == agent_api.WorkerState.HEALTHY and (told := self._heard(worker_group)):
             return told
@@ -207,15 +211,6 @@ class Agent(LocalElasticAgent):
                  for w in seen]
         steps = [s for s in steps if s > 0]
         return max(steps) if steps else None
-
-    def _finished_line(self) -> str:
-        """How the job ended, from node 0 (``torchjob.trainer.contract.FINISHED``): the attempt, the
-        size, the restarts and every change of membership of this run (torchjob.trainer.ledger)."""
-        group = self._worker_group
-        nodes = group.group_world_size or 1
-        line = (f"{FINISHED}attempt {self.attempt()}, {nodes} node(s), world size "
-                f"{group.spec.local_world_size * nodes}")
-        return ledger.finished(line, self._run_dir, self._run_id)
 
     def _rdzv_watch(self) -> MembershipWatch | None:
         handler = self._worker_group.spec.rdzv_handler
@@ -346,7 +341,7 @@ class Agent(LocalElasticAgent):
     def _start_workers(self, worker_group: agent_api.WorkerGroup) -> dict[int, Any]:
         # torch substitutes ${rank} (and ${local_rank}, ${role_name}) per worker
         node = worker_group.group_rank  # set by the rendezvous that precedes every start
-        Agent.met = True
+        Agent.met, Agent.started = True, self.attempt()
         self._log_line_prefix_template = log_prefix("?" if node is None else node, "${rank}",
                                                     self.attempt())
         watch = self._rdzv_watch()
@@ -403,9 +398,14 @@ class Agent(LocalElasticAgent):
         super()._restart_workers(worker_group)
 
     def _say_finished(self) -> None:
+        """How the job ended, from node 0 (``torchjob.trainer.contract.FINISHED``): the attempt, the
+        size, the restarts and every change of membership of this run (torchjob.trainer.ledger)."""
         group = self._worker_group
         if group.state == agent_api.WorkerState.SUCCEEDED and group.group_rank == 0:
-            print(self._finished_line(), file=sys.stderr, flush=True)
+            nodes = group.group_world_size or 1
+            line = (f"{FINISHED}attempt {self.attempt()}, {nodes} node(s), world size "
+                    f"{group.spec.local_world_size * nodes}")
+            print(ledger.finished(line, self._run_dir, self._run_id), file=sys.stderr, flush=True)
 
     def _exit_barrier(self) -> None:
         # torch's own: one store.wait() of up to exit_barrier_timeout, deaf to signals

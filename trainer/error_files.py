@@ -1,0 +1,73 @@
+"""A worker's error file (torchelastic's ``TORCHELASTIC_ERROR_FILE``), which its agent reads when
+it fails: one torch cannot read is set aside, so that the agent goes on (``despite_unreadable``).
+A worker stopped as it wrote one (torch's ``@record`` opens it, then writes) left it empty, and
+json.load's error ended torch's agent with a traceback and no closing line. torchjob's own
+workers write it whole or not at all (trainer.script.record).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+SET_ASIDE = ".unreadable"  # the suffix an unreadable error file is renamed with
+log = logging.getLogger("torch.distributed.elastic.agent.server.api")  # the agent's log
+
+
+def unreadable(path: str) -> str | None:
+    """Why torch's ProcessFailure cannot read the error file ``path`` (what it reads: a JSON
+    object whose "message" is a text, or an object with extraInfo.timestamp); None: it can, or
+    there is none."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        message = data["message"]
+        int(data.get("timestamp", 0) if isinstance(message, str) else
+            message["extraInfo"]["timestamp"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return None
+
+
+def set_aside(paths: Iterable[str]) -> list[str]:
+    """Each error file in ``paths`` that torch cannot read, renamed ``PATH.unreadable`` (its
+    failure then reads as an exit without one); a line for each."""
+    said = []
+    for path in paths:
+        if (why := unreadable(path)) is not None:
+            os.replace(path, path + SET_ASIDE)
+            said.append(f"a worker's error file was unreadable ({why}), as when the worker "
+                        "was stopped while writing it: read as an exit without one "
+                        f"({path}{SET_ASIDE})")
+    return said
+
+
+def despite_unreadable(look: Callable[[], T], error_files: Callable[[], Iterable[str]]) -> T:
+    """``look()``, torch's look at its workers, again after setting aside each of the
+    ``error_files()`` it could not read (torch logs and raises what json.load raised)."""
+    while True:
+        try:
+            return look()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            if not (said := set_aside(error_files())):
+                raise  # not an error file's
+            for line in said:
+                log.warning("torchjob: %s", line)
+
+
+class NoUnreadableTraceback(logging.Filter):
+    """Drops torch's "Failed to parse reply file" record (and its traceback): the agent sets
+    the file aside and says so in one line (``despite_unreadable``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to parse reply file")
+
+
+logging.getLogger("torch.distributed.elastic.multiprocessing.errors").addFilter(
+    NoUnreadableTraceback())
