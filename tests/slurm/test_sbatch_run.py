@@ -367,12 +367,16 @@ def test_time_limit_shorter_than_the_work(slurm_cluster: SlurmCluster, tmp_path:
     stopped. Nothing is sent by the test; it lifts the requeue hold, and after the first
     requeue it raises the limit, so that the work needs no more than two attempts (later
     requeues counted: test_sbatch_render.py; a stop as the work ends: the test above). The
-    work, 2200 steps, is several times what a 1-minute attempt trains on a 2-core machine
-    (319 steps on a slow day: Slurm's signal comes early, after the workers' start-up)."""
+    first attempt's steps sleep 0.2 s each (tests/slurm/slow_first_attempt.py): at most 300
+    steps fit in its minute, on any machine, of the 400 of the work (2200 busy steps before,
+    all of one machine's cores for 2 minutes)."""
+    work = 400
     script, run_dir = submit(tmp_path, "sbatch-test-time-limit",
                              "slurm: {time: '1', signal_delay: 15, max_requeues: 8}\n"
                              "checkpoint_budget: 10\n"
-                             + TWO_BY_TWO % "epochs: 100, log_every: 1, checkpoint_every: 0")
+                             + TWO_BY_TWO % ("task: 'tests.slurm.slow_first_attempt:digits', "
+                                             f"epochs: 100, max_steps: {work}, log_every: 1, "
+                                             "checkpoint_every: 0"))
     proc = sbatch_wait(script, 1200)
     job_id = job_id_of(proc)
 
@@ -392,10 +396,10 @@ def test_time_limit_shorter_than_the_work(slurm_cluster: SlurmCluster, tmp_path:
     stops = [int(line.split("after step ")[1].split(":")[0]) for line in text.splitlines()
              if "[rank 0/4] stopped by SIGTERM after step" in line]
     starts = [int(line.rsplit("from step ", 1)[1]) for line in text.splitlines()
-              if "training 2200 steps" in line]
+              if f"training {work} steps" in line]
     assert len(stops) >= 1 and starts[1:] == stops, (stops, starts)  # resumes where it stopped
     counts = collections.Counter(train_steps(run_dir))
-    assert sorted(counts) == list(range(1, 2201)), "a step is missing"
+    assert sorted(counts) == list(range(1, work + 1)), "a step is missing"
     assert [s for s, n in counts.items() if n > 1] == [], "a step ran twice"
 
 
