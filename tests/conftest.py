@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.cpu_use import pytest_runtest_protocol  # noqa: F401 (TORCHJOB_TEST_CPU)
 from tests.summaries import SUMMARIES
 
 
