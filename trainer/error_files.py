@@ -22,14 +22,14 @@ def unreadable(path: str) -> str | None:
     """Why torch's ProcessFailure cannot read the error file ``path`` (what it reads: a JSON
     object whose "message" is a text, or an object with extraInfo.timestamp); None: it can, or
     there is none."""
+    if not os.path.isfile(path):  # as torch: no file (or no plain one) is no error data
+        return None
     try:
         with open(path) as f:
             data = json.load(f)
         message = data["message"]
         int(data.get("timestamp", 0) if isinstance(message, str) else
             message["extraInfo"]["timestamp"])
-    except FileNotFoundError:
-        return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return None
@@ -41,7 +41,10 @@ def set_aside(paths: Iterable[str]) -> list[str]:
     said = []
     for path in paths:
         if (why := unreadable(path)) is not None:
-            os.replace(path, path + SET_ASIDE)
+            try:
+                os.replace(path, path + SET_ASIDE)
+            except FileNotFoundError:  # gone since: torch reads no file
+                pass
             said.append(f"a worker's error file was unreadable ({why}), as when the worker "
                         "was stopped while writing it: read as an exit without one "
                         f"({path}{SET_ASIDE})")

@@ -31,6 +31,7 @@ def test_what_torch_cannot_read_is_told(tmp_path: Path, text: str, why: str | No
     said = unreadable(str(tmp_path / "error.json"))
     assert (said is None) if why is None else (said or "").startswith(why), said
     assert unreadable(str(tmp_path / "none.json")) is None  # no file: torch reads none
+    assert unreadable(str(tmp_path)) is None  # nor a directory
 
 
 # records one large exception again and again, after saying it began
