@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+
 T = TypeVar("T")
 SET_ASIDE = ".unreadable"  # the suffix an unreadable error file is renamed with
 log = logging.getLogger("torch.distributed.elastic.agent.server.api")  # the agent's log
@@ -51,14 +53,19 @@ def set_aside(paths: Iterable[str]) -> list[str]:
     return said
 
 
-def despite_unreadable(look: Callable[[], T], error_files: Callable[[], Iterable[str]]) -> T:
-    """``look()``, torch's look at its workers, again after setting aside each of the
-    ``error_files()`` it could not read (torch logs and raises what json.load raised)."""
+def despite_unreadable(look: Callable[[], T], pcontext: Callable[[], Any]) -> T:
+    """``look()``, torch's look at its workers, again after setting aside each error file of
+    ``pcontext()`` that it could not read (torch logs and raises what json.load raised). Only
+    a SubprocessContext's (a script's workers): its look may be repeated. A
+    MultiprocessContext (the built-in trainer's, whose files torchjob writes whole) reads the
+    first failure's file after stopping the rest: a repeat would name a stopped rank."""
     while True:
         try:
             return look()
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            if not (said := set_aside(error_files())):
+            context = pcontext()
+            if not isinstance(context, SubprocessContext) or \
+                    not (said := set_aside(context.error_files.values())):
                 raise  # not an error file's
             for line in said:
                 log.warning("torchjob: %s", line)

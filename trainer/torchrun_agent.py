@@ -135,7 +135,7 @@ class Agent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: agent_api.WorkerGroup) -> agent_api.RunResult:
         stop_heard.raise_if_heard()  # a stop whose exception was lost (trainer.stop_heard)
         result = despite_unreadable(partial(super()._monitor_workers, worker_group),
-                                    lambda: getattr(self._pcontext, "error_files", {}).values())
+                                    lambda: self._pcontext)
         result, hung = self._watch(worker_group, result)
         if result.state == agent_api.WorkerState.HEALTHY and (told := self._heard(worker_group)):
             return told
