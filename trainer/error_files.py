@@ -7,13 +7,13 @@ workers write it whole or not at all (trainer.script.record).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 T = TypeVar("T")
 SET_ASIDE = ".unreadable"  # the suffix an unreadable error file is renamed with
@@ -21,17 +21,10 @@ log = logging.getLogger("torch.distributed.elastic.agent.server.api")  # the age
 
 
 def unreadable(path: str) -> str | None:
-    """Why torch's ProcessFailure cannot read the error file ``path`` (what it reads: a JSON
-    object whose "message" is a text, or an object with extraInfo.timestamp); None: it can, or
-    there is none."""
-    if not os.path.isfile(path):  # as torch: no file (or no plain one) is no error data
-        return None
+    """Why torch cannot read the error file ``path``: what its own reader (ProcessFailure)
+    raised; None: it can, or there is none (torch then reads none either)."""
     try:
-        with open(path) as f:
-            data = json.load(f)
-        message = data["message"]
-        int(data.get("timestamp", 0) if isinstance(message, str) else
-            message["extraInfo"]["timestamp"])
+        ProcessFailure(local_rank=0, pid=0, exitcode=1, error_file=path)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return None
