@@ -127,7 +127,9 @@ class Rdzv(Section):
     backend: Literal["c10d", "torchjob"] = spec_field(
         "rendezvous backend: c10d (torch's), or torchjob (a key per node, O(1) store traffic "
         "per node: trainer/rendezvous.py)", "c10d")
-    port: int = spec_field("rendezvous port on clusters (local runs pick a free one)", 29400,
+    port: int = spec_field("rendezvous port on clusters (local runs pick a free one; on "
+                           "Slurm a job takes 12000 + its id % 20000, unless TorchX's is "
+                           "given another)", 29400,
                            check=between(1, 65535))
     join_timeout: int = spec_field("seconds to wait for MIN nodes to join", 600,
                                    check=at_least(1))

@@ -17,6 +17,8 @@ from torchjob.jobs import backend as registry
 from torchjob.jobs.backend import Backend, BackendError, Context, Handle
 from torchjob.jobs.load import load
 from torchjob.jobs.values import SpecError
+from torchjob.trainer.env import slurm_port
+from tests.jobs.arrival import arrival
 from tests.k8s.emulator import Emulator
 from tests.procs import torchjob
 
@@ -198,3 +200,20 @@ def test_a_sweep_is_a_set_of_jobs_where_there_are_no_job_arrays(tmp_path: Path) 
             assert command[command.index("--lr") + 1] == lr
             assert command[command.index("--epochs") + 1] == "2"
             assert command[command.index("--run-dir") + 1] == f"runs/digits/lr={text},epochs=2"
+
+
+@pytest.mark.parametrize("name", ["slurm:sbatch", "torchx:slurm"])
+def test_slurm_jobs_meet_on_their_job_ids_port_unless_the_spec_names_one(name: str,
+                                                                         tmp_path: Path) -> None:
+    """On Slurm the rendezvous port is the job's own (12000 + id % 20000), so that two jobs
+    whose first node is one host do not meet on one port, and never one a local run picks;
+    TorchX's keeps a port the spec gives (--to slurm: always the job's), as the script on a
+    node works it out (tests/jobs/arrival.py: job 77)."""
+    def endpoint(*sets: str) -> str:
+        spec = load(DEFAULT, overrides=["nnodes=2", *sets])
+        context = Context(run_id="x", python="python", workdir=str(tmp_path))
+        argv, _ = arrival(registry.get(name).render(spec, context), tmp_path)
+        return argv[argv.index("--rdzv-endpoint") + 1]
+    assert endpoint() == f"h:{slurm_port(77)}"
+    assert endpoint("rdzv.port=1234") == ("h:1234" if name == "torchx:slurm"
+                                          else f"h:{slurm_port(77)}")

@@ -24,7 +24,7 @@ from tests.conformance.containers import (CONFORMANCE_DOCKER_HOST, PODS, RUN_CLA
                                            TASK_CLAIM, docker_cleanup, docker_kill,
                                            docker_pause, pod_cleanup, pod_kill, pod_pause,
                                            task_sets, torchx_cleanup, torchx_kill, torchx_pause)
-from tests.procs import PYTHON, ROOT, TORCHJOB, env_for_tests, free_port, torchjob
+from tests.procs import PYTHON, ROOT, TORCHJOB, env_for_tests, torchjob
 from tests.recorded import wait_until
 
 # one `torchjob run` of a few steps on a shared 2-core machine: with 8 columns at once beside
@@ -235,7 +235,9 @@ class Cell:
 
     def start(self, job: str | Path, *sets: str, options: tuple[str, ...] = ()) -> Run:
         """``torchjob run --to BACKEND [OPTIONS] JOB --set ...`` in the background."""
-        words = [f"rdzv.port={free_port()}", "run_dir=runs/job", *self.column.sets, *sets]
+        # no rdzv.port: each backend's own choice, as users run it (a free one here, the job
+        # id's on Slurm, 29400 in a container's own network)
+        words = ["run_dir=runs/job", *self.column.sets, *sets]
         argv = [*self.column.argv(), *options, str(job),
                 *[w for s in words for w in ("--set", s)]]
         # the workers write the gate, whatever user they run as (the image's is uid 1000)

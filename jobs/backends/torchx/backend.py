@@ -20,10 +20,10 @@ from torchjob.jobs.backend import (BackendError, Backend, Context, Handle, JobSt
                                    State)
 from torchjob.jobs.backends.torchx import needs, runner
 from torchjob.jobs.backends.torchx.local import with_grace
-from torchjob.jobs.backends.torchx.render import appdef_text, render_appdef
+from torchjob.jobs.backends.torchx.render import SLURM_JOB_PORT, appdef_text, render_appdef
 from torchjob.jobs.hosts import on_one_host, run_binds
 from torchjob.jobs.images import ensure_image, invoking_user, prepare_dirs
-from torchjob.jobs.spec import JobSpec
+from torchjob.jobs.spec import JobSpec, Rdzv
 from torchjob.jobs.trainer_args import trainer_argv
 from torchjob.jobs.checks import gpus_asked
 from torchjob.jobs.values import bad
@@ -87,12 +87,16 @@ class TorchxBackend(Backend):
         sees = not self.scheduler or self.scheduler in (*runner.LOCAL_SCHEDULERS, "slurm")
         local_cwd = self.scheduler == "local_cwd"
         # local_cwd's nodes are processes of this host, where the spec's port (29400) may be
-        # another job's: the run's free port, as --to local takes
+        # another job's: the run's free port, as --to local takes; on Slurm the default port
+        # is the job's own, as --to slurm's (a port the spec gives is kept)
+        port: int | str | None = context.port if local_cwd else None
+        if self.scheduler == "slurm" and spec.rdzv.port == Rdzv().port:
+            port = SLURM_JOB_PORT
         app = render_appdef(spec, python=context.python if local_cwd else "python",
                             kubelet=self.scheduler in KUBERNETES_SCHEDULERS,
                             binds=tuple(run_binds(spec, context.workdir, context.workdir))
                             if local_docker else (), workdir=context.workdir if sees else None,
-                            port=context.port if local_cwd else None)
+                            port=port)
         if not self.scheduler:  # the AppDef itself, for any scheduler
             return Request(self.name, spec.name, app, appdef_text(app), spec, context)
         info = runner.dryrun(app, self.scheduler, log_dir=f"{spec.run_dir}/torchx")

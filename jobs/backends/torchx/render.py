@@ -25,6 +25,10 @@ from torchjob.jobs.values import SpecError
 from torchjob.trainer.contract import thread_env
 
 ROLE = "trainer"
+# TorchX's Slurm scheduler: the rendezvous port --to slurm takes (trainer.env.slurm_port),
+# worked out by bash on each node from the job id they share: two jobs whose first node is one
+# host do not meet on one port, and it is never a port a local run picks (jobs.invocation)
+SLURM_JOB_PORT = "$$((12000 + SLURM_JOB_ID % 20000))"
 
 
 class Macro(str):
@@ -46,7 +50,7 @@ def shell_word(arg: str) -> str:
     return shlex.quote(arg).replace("$", "$''")
 
 
-def rdzv_endpoint(spec: JobSpec, port: int) -> Macro:
+def rdzv_endpoint(spec: JobSpec, port: int | str) -> Macro:
     """``localhost:0`` (a free port) on one node; else rank 0's host, as TorchX exports it.
     ``$$`` survives TorchX's macro substitution as ``$`` for bash to expand."""
     if spec.nnodes.max == 1:
@@ -71,7 +75,8 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
                   named_resource: str | None = None, python: str = "python",
                   kubelet: bool = False, env_in_script: bool = False,
                   binds: tuple[tuple[str, str], ...] = (),
-                  workdir: str | None = None, port: int | None = None) -> specs.AppDef:
+                  workdir: str | None = None, port: int | str | None = None,
+                  ) -> specs.AppDef:
     """The AppDef that ``torchx run`` / ``torchjob submit --to torchx:SCHEDULER`` submits.
     ``kubelet``: for a Kubernetes scheduler, whose pods' command and env the kubelet expands
     too (``$(VAR)``), user strings are escaped for it as well. ``env_in_script``: the user's
@@ -79,7 +84,7 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
     scheduler. ``binds``: (host, container) directories mounted besides the spec's mounts
     (local_docker's run directory, ``torchjob.jobs.hosts.run_binds``). ``workdir``: where a
     relative mount source (``./data``) starts, as --to docker reads it; None: the nodes do not
-    see this machine, and one is refused. ``port``: the rendezvous port, if not the spec's."""
+    see this machine, and one is refused. ``port``: if not the spec's (or SLURM_JOB_PORT)."""
     port = spec.rdzv.port if port is None else port
     if spec.secrets:
         raise SpecError("secrets", "TorchX has no secret references: for local schedulers "
@@ -120,7 +125,7 @@ def render_appdef(spec: JobSpec, *, extra_args: tuple[str, ...] = (), max_retrie
         num_replicas=spec.nnodes.max, min_replicas=spec.nnodes.min, resource=resource,
         env={**thread_env(resource.cpu, spec.procs),
              "PYTHONUNBUFFERED": "1", **user_env},
-        port_map={"c10d": port},
+        port_map={"c10d": port if isinstance(port, int) else spec.rdzv.port},
         max_retries=max_retries, mounts=mounts)
     return specs.AppDef(name=spec.name, roles=[role])
 
