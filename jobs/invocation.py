@@ -5,15 +5,19 @@ requests, and the workspace image they run."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import os
 import random
 import re
 import shlex
 import socket
 import sys
+import tempfile
+import time
 import unicodedata
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterator, Sequence
 from pathlib import Path
 from secrets import token_hex
 from typing import Any
@@ -37,26 +41,64 @@ LOW_PORTS = range(2000, 12000)
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
+# The ports torchjob commands on this machine picked lately. A pick is bound seconds later
+# (by an agent, after its import of torch), and until then another command's pick (two runs at
+# once) finds it free too: each one is kept from the others' for RESERVE_S.
+PICKS = Path(tempfile.gettempdir()) / "torchjob-port-picks"
+RESERVE_S = 120.0
+
+
 def free_port(host: str = "127.0.0.1", taken: Container[int] = ()) -> int:
-    """A TCP port free right now, not in ``taken`` (for a rendezvous on this machine): one of
-    ``LOW_PORTS`` below the ephemeral range, else (none free there) one the kernel picks."""
+    """A TCP port free right now, not in ``taken`` nor picked by another torchjob command in
+    the last RESERVE_S (for a rendezvous on this machine): one of ``LOW_PORTS`` below the
+    ephemeral range, else (none free there) one the kernel picks."""
     try:
         ephemeral = int(EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         ephemeral = 32768  # Linux's default
     low = range(LOW_PORTS.start, min(LOW_PORTS.stop, ephemeral))
-    for port in random.sample(low, len(low)):
-        if port in taken:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
+    with _recent_picks() as recent:
+        for port in random.sample(low, len(low)):
+            if port in taken or port in recent:
                 continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+            break
+        else:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((host, 0))
+                port = int(sock.getsockname()[1])
+        recent[port] = time.time()
         return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _recent_picks() -> Iterator[dict[int, float]]:
+    """PICKS as {port: when}, younger than RESERVE_S, under an exclusive lock; written back.
+    Where the file cannot be had (another user's, a read-only /tmp), an empty one."""
+    try:
+        fd = os.open(PICKS, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError:
+        yield {}
+        return
+    with os.fdopen(fd, "r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o666)  # every user's commands share it (/tmp is sticky)
+        now, recent = time.time(), {}
+        for line in f.read(1 << 20).splitlines():
+            words = line.split()
+            if len(words) == 2 and words[0].isdigit():
+                with contextlib.suppress(ValueError):
+                    if now - RESERVE_S < float(words[1]) <= now:
+                        recent[int(words[0])] = float(words[1])
+        yield recent
+        f.seek(0)
+        f.truncate()
+        f.write("".join(f"{port} {when:.3f}\n" for port, when in recent.items()))
 
 
 def context(spec: JobSpec, *, fresh: bool, source: str | None,

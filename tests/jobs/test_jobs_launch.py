@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,10 +20,11 @@ import pytest
 
 from torchjob.jobs.backends.local.nodes import run_local
 from torchjob.jobs.backends.local.render import LocalPlan
-from torchjob.jobs.invocation import EPHEMERAL_RANGE, LOW_PORTS, free_port as find_free_port
+from torchjob.jobs.invocation import (EPHEMERAL_RANGE, LOW_PORTS, PICKS,
+                                      free_port as find_free_port)
 from torchjob.jobs.launcher import Stops
 from torchjob.jobs.stops import stop_signals
-from tests.procs import ROOT, TORCHJOB, Terminal, stop_again, wait_for
+from tests.procs import ROOT, TORCHJOB, Terminal, env_for_tests, stop_again, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -249,5 +252,29 @@ def test_find_free_port() -> None:
         sock.bind(("127.0.0.1", port))  # free
         sock.listen()
         assert find_free_port() != port  # one that something listens on is not given
-    taken = set(LOW_PORTS) - {port}
-    assert find_free_port(taken=taken) == port
+    others = set(LOW_PORTS) - {port}
+    # picked once, it is kept from the next picks for a while (until its agent binds it)
+    assert find_free_port(taken=others) not in LOW_PORTS
+
+
+def test_a_port_one_command_picked_is_not_picked_by_another(tmp_path: Path) -> None:
+    """Two runs at once on one machine: each command is its own process, and the first one's
+    port is not bound until its agent has started; the second never gets it. With two ports
+    left to pick from, two commands get one each, and a third gets a port of the kernel's."""
+    picked = PICKS.read_text().split() if PICKS.exists() else []  # lately, by other tests
+    ports = set(random.sample([p for p in LOW_PORTS if str(p) not in picked and bindable(p)], 2))
+    code = ("from torchjob.jobs.invocation import LOW_PORTS, free_port\n"
+            f"print(free_port(taken=set(LOW_PORTS) - {ports}))")
+    picks = [int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True, env=env_for_tests(), timeout=60).stdout)
+             for _ in range(3)]
+    assert set(picks[:2]) == ports and picks[2] not in ports, (picks, ports)
+
+
+def bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
