@@ -37,6 +37,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: object) -> Iterator[Non
     if not target:
         yield
         return
+    start = time.time()
     before = (time.monotonic(), cpu_s(resource.RUSAGE_CHILDREN), cpu_s(resource.RUSAGE_SELF),
               busy_core_s())
     yield
@@ -45,8 +46,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: object) -> Iterator[Non
     wall, children, own, machine = (round(b - a, 2) for a, b in zip(before, after))
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     with open(f"{target}.{worker}", "a") as f:
-        f.write(json.dumps({"test": item.nodeid, "wall": wall, "children": children,
-                            "own": own, "machine": machine}) + "\n")
+        f.write(json.dumps({"test": item.nodeid, "start": round(start, 2), "wall": wall,
+                            "children": children, "own": own, "machine": machine}) + "\n")
 
 
 def main(paths: list[str]) -> None:
@@ -64,6 +65,21 @@ def main(paths: list[str]) -> None:
         print(f"{wall:8.0f} {cpu:8.0f} {machine:8.0f}  {name}")
     print(f"{sum(r['wall'] for r in rows):8.0f} "
           f"{sum(r['children'] + r['own'] for r in rows):8.0f}  in all ({len(rows)} tests)")
+    idle(rows)
+
+
+def idle(rows: list[dict[str, Any]], top: int = 25) -> None:
+    """The tests during which the machine's cores stood idle longest (its cores times the
+    test's wall time, less the busy core-seconds), with what the other workers ran then."""
+    cores = os.cpu_count() or 1
+    timed = [r for r in rows if "start" in r and r["wall"] >= 5]
+    print(f"\n{'idle':>8} {'wall s':>8}  test (the machine's {cores} cores): and beside it")
+    for row in sorted(timed, key=lambda r: r["machine"] - cores * r["wall"])[:top]:
+        end = row["start"] + row["wall"]
+        beside = sorted({o["test"].split("::")[0] for o in timed if o is not row
+                         and o["start"] < end and o["start"] + o["wall"] > row["start"]})
+        print(f"{cores * row['wall'] - row['machine']:8.0f} {row['wall']:8.0f}  "
+              f"{row['test'][:90]}: {', '.join(beside)[:200]}")
 
 
 if __name__ == "__main__":
