@@ -453,6 +453,11 @@ def run(manifest: Obj | list[Obj], claims: dict[str, Path], *, grace: float = GR
             if out is not None:
                 print(line, file=out, flush=True)
         code = pods.result()
+        if code not in (EXIT_OK, EXIT_STOPPED) and (said := closings.code()) is not None:
+            # as torchjob run --to k8s judges a failed job (Backend.exit_code): the first-hand
+            # line's code, not that of the pod the operator saw fail first (one that only
+            # heard of the failure, exit 1)
+            code = said
         print(f"{ANNOUNCE} {pods.token}: {pods.why or 'deleted'}; exit code {code}",
               file=sys.stderr, flush=True)
         if code not in (EXIT_OK, EXIT_STOPPED):

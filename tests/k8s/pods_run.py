@@ -6,7 +6,8 @@ runs the objects that command would submit (an elastic job's store too;
 ``torchjob.jobs.cli.requests``, nothing rebuilt), prints
 the pods' logs labelled as ``torchjob logs`` does; Ctrl-C or SIGTERM deletes the
 job; the exit code is the job's as the operator judges it from its containers (0, the failed
-container's code, 143 when deleted after the pods checkpointed). A PersistentVolumeClaim the
+container's code, 143 when deleted after the pods checkpointed), for a failed job the agents'
+own where one said it first-hand, as ``torchjob run --to k8s`` reads it. A PersistentVolumeClaim the
 pods mount is the directory ``--claim`` gives it (relative: to where this runs).
 """
 
