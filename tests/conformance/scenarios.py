@@ -55,15 +55,19 @@ def success(cell: Cell) -> None:
 
 
 def user_exception(cell: Cell) -> None:
-    """Rank 1's code raises: exit 1 at once, not retried, the rank named; every other node
+    """Rank 1's code raises: exit 1 at once, not retried (no worker nor node started again),
+    the rank named in the run's last line with where the full logs are; every other node
     hears it (none waits for its hang timeout: a worker whose peer's container was gone once
     blocked in its exit until then)."""
     code, out = cell.run(DEFAULT, *TRAINER_SETS, f"env.{RAISE_ENV}=1")
     expect(code == 1, f"exit code {code}, not 1", out)
-    expect(not RESTARTED.search(out), "the job was retried", out)
+    expect(not RESTARTED.search(out) and "starting it again" not in out, "the job was retried",
+           out)
     expect(HANG_LINE not in out, "a node hung instead of hearing the failure", out)
-    expect(re.search(rf"the job failed: node \d rank 1 raised ValueError: conformance: rank 1 "
-                     rf"raises at step {GATE_STEP}: not retried", out), "rank 1 not named", out)
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    expect(re.match(rf"torchjob: the job failed: node \d rank 1 raised ValueError: conformance: "
+                    rf"rank 1 raises at step {GATE_STEP}: not retried.*; full logs: ", last),
+           f"rank 1 not named in the last line ({last!r})", out)
 
 
 def configuration_error(cell: Cell) -> None:
@@ -221,14 +225,21 @@ def third_party_script(cell: Cell) -> None:
 
 
 def example_script(cell: Cell) -> None:
-    """jobs/examples/script.yaml as it ships, with fewer steps."""
+    """jobs/examples/script.yaml as it ships, with fewer steps; the script calls nothing of
+    torchjob's, and ``torchjob status`` shows its steps as its agents counted them (each
+    worker's last word at exit), all of them."""
     example = cell.workdir / "jobs" / "examples"
     example.mkdir(parents=True)
     shutil.copy(ROOT / "jobs" / "examples" / "ddp_script.py", example)
-    code, out = cell.run(ROOT / "jobs" / "examples" / "script.yaml", "trainer.args.steps=5")
+    run = cell.start(ROOT / "jobs" / "examples" / "script.yaml", "trainer.args.steps=5")
+    code = run.wait()
+    out = run.text()
     expect(code == 0, f"exit code {code}, not 0", out)
     result = json.loads((cell.run_dir / "result.json").read_text())
     assert (result["world_size"], result["steps"]) == (2, 5), result
+    told = job_progress(cell, run)
+    expect((told["step"], told["total_steps"], told["restarts"]) == (5, None, 0),
+           f"status' progress: {told}", out)
 
 
 def script_job(cell: Cell, args: list[str]) -> Path:
