@@ -31,13 +31,14 @@ from torchjob.jobs.load import parse_yaml, read_spec, with_overrides
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.sweep import Sweep, parse_sweep, sweep_specs
 from torchjob.jobs.values import SpecError, UserError
+from torchjob.trainer.env import SLURM_PORTS
 
 
 # Where a rendezvous on this machine is served: below the kernel's ephemeral range, from which
 # any outgoing connection or listener on port 0 (srun's message sockets, say) may be given the
 # port between this pick and the store's bind (which then fails, and torch's agent falls back to
 # being a client of whatever holds it); and below the Slurm backend's store ports (job.sh).
-LOW_PORTS = range(2000, 12000)
+LOW_PORTS = range(2000, SLURM_PORTS.start)
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 

@@ -70,6 +70,9 @@ class DistEnv:
                 "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
 
 
+SLURM_PORTS = range(12000, 32000)  # slurm_port's; slurm/job.sh writes the same in bash
+
+
 def slurm_port(job_id: int) -> int:
     """The rendezvous port of Slurm job ``job_id``: ``12000 + job_id % 20000`` (12000..31999).
 
@@ -78,7 +81,7 @@ def slurm_port(job_id: int) -> int:
     connections may hold. The Slurm backend uses this same function."""
     if job_id < 0:
         raise ValueError(f"a Slurm job id is >= 0, not {job_id}")
-    return 12000 + job_id % 20000
+    return SLURM_PORTS.start + job_id % len(SLURM_PORTS)
 
 
 def expand_hostlist(hostlist: str) -> list[str]:

@@ -23,12 +23,13 @@ from torchjob.jobs.hosts import host_path, is_path, refuse_system_dir
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import SpecError
 from torchjob.trainer.contract import thread_env
+from torchjob.trainer.env import SLURM_PORTS
 
 ROLE = "trainer"
 # TorchX's Slurm scheduler: the rendezvous port --to slurm takes (trainer.env.slurm_port),
 # worked out by bash on each node from the job id they share: two jobs whose first node is one
 # host do not meet on one port, and it is never a port a local run picks (jobs.invocation)
-SLURM_JOB_PORT = "$$((12000 + SLURM_JOB_ID % 20000))"
+SLURM_JOB_PORT = f"$$(({SLURM_PORTS.start} + SLURM_JOB_ID % {len(SLURM_PORTS)}))"
 
 
 class Macro(str):
