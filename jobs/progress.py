@@ -15,8 +15,8 @@ from typing import Any
 
 from torchjob.trainer import ledger
 from torchjob.jobs.report import read_json
-from torchjob.trainer.contract import (CLOSING_RE, HANG_ACTION, HANG_LINE, HEARD_RESTART,
-                                       LOG_PREFIX_RE)
+from torchjob.trainer.contract import (CLOSING_RE, COUNTED_RE, HANG_ACTION, HANG_LINE,
+                                       HEARD_RESTART, LOG_PREFIX_RE)
 from torchjob.trainer.failures import RESTARTING
 from torchjob.trainer.pace import PROGRESS_FILE
 from torchjob.trainer.report import clock_text, parse_eval, parse_progress
@@ -105,6 +105,13 @@ def aged(eta: float, said_at: float, later: float) -> float:
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         else None
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
 
 
 def _whole(value: Any) -> int | None:
@@ -216,8 +223,9 @@ def from_run_dir(run_dir: str | os.PathLike[str], since: float | None = None,
 
 class FromLogs:
     """Progress from a job's log lines, seen one at a time (any backend's prefixes): the
-    trainer's progress and evaluation lines (trainer.report), the attempt in each worker's
-    prefix, the agents' restart, hang and closing lines."""
+    trainer's progress and evaluation lines (trainer.report), node 0's agent's count of the
+    steps (a script's, trainer.pace), the attempt in each worker's prefix, the agents' restart,
+    hang and closing lines."""
 
     def __init__(self) -> None:
         self.figures: dict[str, float] = {}
@@ -229,6 +237,8 @@ class FromLogs:
         self.seen = False
         self.updated: float | None = None  # when the last figure's line was written, if told
         self.figures_at: float | None = None  # when the last progress line was
+        self.counted: dict[str, float] = {}  # node 0's agent's last count (contract.COUNTED)
+        self.counted_last = False  # it came after the trainer's last progress line
 
     def see(self, line: str, at: float | None = None) -> None:
         """One line; ``at``: when it was written, where the log says (Kubernetes' stamps)."""
@@ -236,8 +246,14 @@ class FromLogs:
         if (prefixed := LOG_PREFIX_RE.search(line[:200])) is not None:
             self.attempt = max(self.attempt, int(prefixed["attempt"]))
             text = line[prefixed.end():]
-        if (found := parse_progress(text)) is not None:
+        if (counted := COUNTED_RE.search(text.rstrip())) is not None:
+            self.counted = {"step": int(counted["step"]),
+                            "total_steps": int(counted["total"] or 0),
+                            "steps_per_s": _float(counted["pace"]) or 0.0}
+            self.counted_last, self.updated = True, at if at is not None else self.updated
+        elif (found := parse_progress(text)) is not None:
             self.figures, self.updated, self.figures_at = found, at, at
+            self.counted_last = False
         elif (scored := parse_eval(text)) is not None:
             self.eval_step = _whole(scored.pop("step", self.figures.get("step")))
             self.eval, self.updated = scored, at if at is not None else self.updated
@@ -260,16 +276,22 @@ class FromLogs:
     def progress(self) -> Progress | None:
         if not (self.seen or self.attempt):
             return None
-        f = self.figures
+        f, counted = self.figures, self.counted
+        # the newer of the two counts, as from_run_dir takes them
+        step = _whole((counted if self.counted_last or not f else f).get("step"))
+        total = _whole(f.get("total_steps")) or _whole(counted.get("total_steps")) or None
+        pace = None if f else counted.get("steps_per_s") or None  # a script's (no figures)
         eta = f.get("eta_s")  # as of its line: made as of ``updated``, as from_run_dir's
         if eta is not None and self.updated is not None and self.figures_at is not None:
             eta = aged(eta, self.figures_at, self.updated)
+        elif total and step is not None and pace:
+            eta = max(0, total - step) / pace
         return Progress(
-            step=_whole(f.get("step")), total_steps=_whole(f.get("total_steps")),
-            epoch=_whole(f.get("epoch")), samples_per_s=f.get("samples_per_s"),
-            tokens_per_s=f.get("tokens_per_s"), loss=f.get("loss"), eval=self.eval,
-            eval_step=self.eval_step, eta=eta, restarts=self.attempt, culprit=self.culprit,
-            updated=self.updated, source="logs")
+            step=step, total_steps=total, epoch=_whole(f.get("epoch")),
+            samples_per_s=f.get("samples_per_s"), tokens_per_s=f.get("tokens_per_s"),
+            steps_per_s=pace, loss=f.get("loss"), eval=self.eval, eval_step=self.eval_step,
+            eta=eta, restarts=self.attempt, culprit=self.culprit, updated=self.updated,
+            source="logs")
 
 
 def from_logs(lines: Iterable[str]) -> Progress | None:

@@ -28,7 +28,7 @@ from torchjob.trainer.contract import (AGENT_ENV_OPTIONS, CHECKPOINT_BUDGET_ENV,
                                        CHECKPOINT_BUDGET_OPTION, COLLECTIVE_TIMEOUT_ENV,
                                        COLLECTIVE_TIMEOUT_OPTION, COLLECTIVE_TIMEOUT_S,
                                        DIR_OPTIONS, EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED,
-                                       EXPECT_GPUS_OPTION, HEARD_FAIL,
+                                       EXPECT_GPUS_OPTION, HEARD_FAIL, attempt_base,
                                        EXIT_STORE_LOST, HANG_TIMEOUT_ENV, HANG_TIMEOUT_OPTION,
                                        HANG_TIMEOUT_S, MAX_STALLED_OPTION, MIN_HANG_TIMEOUT_S,
                                        NCCL_HEARTBEAT_ENV, PROGRESS_DIR_ENV,
@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from torch.distributed.run import get_args_parser
 
     from torchjob.trainer import loglines, stop_heard
-    from torchjob.trainer.torchrun_agent import Agent, attempt_base
+    from torchjob.trainer.torchrun_agent import Agent
 
     loglines.install()  # whole lines under each rank's prefix
 
@@ -356,7 +356,7 @@ def ended(exc: Exception) -> int | None:
     from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError,
                                                           RendezvousConnectionError)
 
-    from torchjob.trainer.torchrun_agent import Agent, attempt_base
+    from torchjob.trainer.torchrun_agent import Agent
 
     if isinstance(exc, RendezvousConnectionError):  # the store is gone (or never came)
         inner = exc.__cause__ or exc.__context__

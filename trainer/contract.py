@@ -85,6 +85,20 @@ def closing_line(why: str, attempt: int, code: int) -> str:
     (attempt 0, exit 1)``."""
     return f"{CLOSING}{why} (attempt {attempt}, exit {code})"
 
+# Node 0's agent's count of a script's steps (torchjob.trainer.pace), said in its log every
+# SAY_S there and when they end: ``torchjob status`` of a script where it reads the logs
+# (Kubernetes, TorchX), as it reads RUN_DIR/progress.json elsewhere. COUNTED, the step, " of "
+# the total when the script told it, ", " the pace " steps/s" once there is one.
+COUNTED = "torchjob: steps counted: "
+COUNTED_RE = re.compile(re.escape(COUNTED) + r"(?P<step>\d+)(?: of (?P<total>\d+))?"
+                        r"(?:, (?P<pace>[0-9.e+-]+) steps/s)?$")
+
+
+def counted_line(step: int, total: int | None, steps_per_s: float | None) -> str:
+    """``torchjob: steps counted: 40 of 100, 2.5 steps/s`` (COUNTED_RE)."""
+    return (f"{COUNTED}{step}" + (f" of {total}" if total else "")
+            + (f", {steps_per_s:.4g} steps/s" if steps_per_s else ""))
+
 # One prefix for every log line a job prints, on every backend: node, rank, attempt.
 LOG_PREFIX = "[node {node} rank {rank} attempt {attempt}] "
 NODE_PREFIX = "[node {node}] "  # a node's own lines (its agent's, its pod's), on every backend
@@ -143,6 +157,15 @@ MANIFEST = "manifest.json"
 # The attempt of a node's first workers when the scheduler itself runs the job again (Slurm's
 # requeue: SLURM_RESTART_COUNT): the agent adds its own restarts to it. Unset: 0.
 ATTEMPT_BASE_ENV = "TORCHJOB_ATTEMPT_BASE"
+
+
+def attempt_base(environ: Mapping[str, str]) -> int:
+    """``TORCHJOB_ATTEMPT_BASE`` (0 when unset); a ValueError that names it unless >= 0."""
+    raw = environ.get(ATTEMPT_BASE_ENV, "").strip() or "0"
+    if not raw.isdigit():
+        raise ValueError(f"{ATTEMPT_BASE_ENV}={raw!r} is not a whole number >= 0 (the attempt "
+                         "the scheduler runs the job for: 0 the first time)")
+    return int(raw)
 
 
 def nccl_heartbeat_s(collective_s: float) -> int:

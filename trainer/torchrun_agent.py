@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
@@ -28,9 +27,9 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils import store as store_util
 
 from torchjob.trainer import ledger, stop_heard
-from torchjob.trainer.contract import (ATTEMPT_BASE_ENV, CHECKPOINT_DIR_ENV, FINISHED, HANG_ACTION,
-                                       HANG_LINE, HEARD_RESTART, MAX_STALLED_DEFAULT,
-                                       RUN_DIR_ENV, log_prefix)
+from torchjob.trainer.contract import (CHECKPOINT_DIR_ENV, FINISHED, HANG_ACTION, HANG_LINE,
+                                       HEARD_RESTART, MAX_STALLED_DEFAULT, RUN_DIR_ENV,
+                                       attempt_base, log_prefix)
 from torchjob.trainer.failures import (RESTARTING, Failure, Verdict, exception_line, judge,
                                        within)
 from torchjob.trainer.culprit import Finding, ranks
@@ -68,15 +67,6 @@ class NoWorkerTraceback(logging.Filter):
 mp_api.logger.addFilter(NoWorkerTraceback())
 
 
-def attempt_base(environ: Mapping[str, str]) -> int:
-    """``TORCHJOB_ATTEMPT_BASE`` (0 when unset); a ValueError that names it unless >= 0."""
-    raw = environ.get(ATTEMPT_BASE_ENV, "").strip() or "0"
-    if not raw.isdigit():
-        raise ValueError(f"{ATTEMPT_BASE_ENV}={raw!r} is not a whole number >= 0 (the attempt "
-                         "the scheduler runs the job for: 0 the first time)")
-    return int(raw)
-
-
 class Agent(LocalElasticAgent):
     """torchrun's agent, with an exit barrier that a stop signal can interrupt, a watch on
     its node's membership of the rendezvous, the one log prefix on its workers' lines, and
@@ -107,7 +97,10 @@ class Agent(LocalElasticAgent):
         self._watchdog = None if not (hang_timeout and progress_dir) else Watchdog(
             Path(progress_dir), hang_timeout, others_first_s=VERDICT_WAIT_S,
             say=lambda line: log.warning("%s", line))
-        self._pace = Pace(self._run_dir) if self._run_dir else None  # RUN_DIR/progress.json
+        # node 0's count: RUN_DIR/progress.json, and its log for a script (the built-in
+        # trainer, a function here, prints its own progress lines: torchjob.trainer.pace)
+        self._pace = Pace(self._run_dir, say=None if callable(spec.entrypoint)
+                          else lambda line: log.warning("%s", line))
         self._looked: Looked | None = None  # what _look_before_close found
         self._other_failed: str | None = None  # why, when another node failed the job after
         # this one's workers finished (_exit_barrier)
@@ -117,11 +110,15 @@ class Agent(LocalElasticAgent):
         started = time.time()
         result = super().run(role)  # (its _shutdown also stops the workers for a restart)
         self._leave_together()
-        dog = self._watchdog
-        if self._pace is not None and dog is not None and not self._worker_group.group_rank:
-            self._pace.tell(dog.seen, self.attempt(), dog.observe(force=True), last=True)
+        self._tell_pace()
         self._summarize(result, started)
         return result
+
+    def _tell_pace(self) -> None:
+        """Node 0's last count of its workers, which have ended (``Pace.tell``)."""
+        dog = self._watchdog
+        if dog is not None and not self._worker_group.group_rank:
+            self._pace.tell(dog.seen, self.attempt(), dog.observe(force=True), last=True)
 
     def _summarize(self, result: agent_api.RunResult, started: float) -> None:
         """``summary.json`` from node 0 when the workers wrote none in this run (a script, a
@@ -242,7 +239,7 @@ class Agent(LocalElasticAgent):
             return result, looked.named
         elif result.state == agent_api.WorkerState.HEALTHY:
             hang = dog.poll()  # reads the workers' files, at most every READ_EVERY_S
-            if node == 0 and self._pace is not None:
+            if node == 0:
                 self._pace.tell(dog.seen, self.attempt(), now)
             if dog.first_dump():
                 log.warning("torchjob: node %s near its hang_timeout (%g s) without progress: "
@@ -409,6 +406,7 @@ class Agent(LocalElasticAgent):
 
     def _exit_barrier(self) -> None:
         # torch's own: one store.wait() of up to exit_barrier_timeout, deaf to signals
+        self._tell_pace()  # before the job's last line (_say_finished)
         group, store = self._worker_group, self._store
         if store is None or group.group_world_size is None:  # no rendezvous happened
             return super()._exit_barrier()

@@ -202,21 +202,7 @@ class Declared:
     fails_with: str = ""  # a gap: what its cell's failure says (so it fails for that reason)
 
 
-# A script that calls nothing of torchjob's: its steps as node 0's agent counted them are in
-# RUN_DIR/progress.json alone, which status reads where it knows the run directory; these
-# backends' status reads the job's logs (the pods', TorchX's), where no line tells them
-_COUNTED_STEPS_UNSEEN = ("the steps node 0's agent counted are written to RUN_DIR/progress.json "
-                         "only, and status here reads the logs: the agent is to print them too")
-DECLARED: dict[tuple[str, str], Declared] = {
-    ("examples/script.yaml", "torchx:local_cwd"): Declared(
-        "gap", _COUNTED_STEPS_UNSEEN, fails_with="no progress in the pods' logs"),
-    ("examples/script.yaml", "k8s (pod contract)"): Declared(
-        "gap", _COUNTED_STEPS_UNSEEN, fails_with="no progress in the pods' logs"),
-    ("examples/script.yaml", "torchx:slurm"): Declared(
-        "gap", _COUNTED_STEPS_UNSEEN, fails_with="'step': None"),
-    ("examples/script.yaml", "torchx:local_docker"): Declared(
-        "gap", _COUNTED_STEPS_UNSEEN, fails_with="'step': None"),
-}
+DECLARED: dict[tuple[str, str], Declared] = {}
 
 
 def cell_dir(root: Path, backend: str, scenario: str) -> Path:

@@ -17,9 +17,9 @@ from torchjob.jobs import cli
 from torchjob.jobs.backend import Handle, JobStatus, State
 from torchjob.jobs.progress import Progress, from_logs, from_run_dir, from_stamped_logs
 from torchjob.trainer import ledger
-from torchjob.trainer.contract import closing_line, log_prefix
+from torchjob.trainer.contract import COUNTED, closing_line, log_prefix
 from torchjob.trainer.hang import Seen
-from torchjob.trainer.pace import PACE_S, PROGRESS_FILE, Pace
+from torchjob.trainer.pace import PACE_S, PROGRESS_FILE, SAY_S, Pace
 from torchjob.trainer.progress import Record
 from torchjob.trainer.report import parse_eval, parse_progress, progress_line
 
@@ -149,8 +149,10 @@ def seen(rank: int, **record: int) -> Seen:
 
 def test_the_agents_count(tmp_path: Path) -> None:
     """The slowest rank's step (progress.step, else optimizer steps counted), its pace since
-    the attempt's first count, the total; rewritten every PACE_S, once more at the end."""
-    pace = Pace(tmp_path)
+    the attempt's first count, the total; rewritten every PACE_S, once more at the end; said
+    in the log every SAY_S when it moved, and at the end, in words status reads back."""
+    said: list[str] = []
+    pace = Pace(tmp_path, say=said.append)
     assert pace.tell([seen(0), seen(1, step=-1)], 0, 0.0) is None  # nothing counted yet
     first = pace.tell([seen(0, step=10, total=50), seen(1, optimizer_steps=8)], 0, 1.0)
     assert first is not None and (first["step"], first["total_steps"]) == (8, 50)
@@ -162,6 +164,29 @@ def test_the_agents_count(tmp_path: Path) -> None:
     assert ended is not None and ended["step"] == 19
     restarted = pace.tell([seen(0, step=5)], 1, 3.0 + 2 * PACE_S)
     assert restarted is not None and (restarted["attempt"], restarted["steps_per_s"]) == (1, None)
+    assert said == [f"{COUNTED}8 of 50", f"{COUNTED}19, 1.833 steps/s"]  # (19 - 8) / 6 s
+    assert pace.tell([seen(0, step=6)], 1, SAY_S) is not None and len(said) == 2
+    assert pace.tell([seen(0, step=7)], 1, 8.0 + SAY_S) is not None  # SAY_S after the last
+    assert said[2] == f"{COUNTED}7, 0.08 steps/s"  # (7 - 5) / 25 s
+    assert pace.tell([seen(0, step=7)], 1, 10.0 + SAY_S, last=True) and len(said) == 3
+    told = from_logs(f"[node 0] W1130 12:00:00.000 7 agent.py:9] {line}" for line in said)
+    assert told is not None and (told.step, told.total_steps, told.steps_per_s) == (7, None, 0.08)
+    # with the total a script told: the ETA from the pace
+    told = from_logs(["[node 0] W1130 a.py:1] torchjob: steps counted: 40 of 100, 2.5 steps/s"])
+    assert told is not None and (told.step, told.total_steps, told.eta) == (40, 100, 24.0)
+    # no run directory (a pod without one): the log alone
+    nowhere = Pace(None, say=said.append).tell([seen(0, step=3)], 0, 0.0)
+    assert nowhere is not None and nowhere["step"] == 3 and said[-1] == f"{COUNTED}3"
+
+
+def test_the_trainers_lines_and_the_agents_count_in_one_log() -> None:
+    """The trainer's figures stay; the step is the newer of its line and the agent's count."""
+    trainer = "[node 0 rank 0 attempt 0] step 40/100 loss 0.5 samples/s 100"
+    told = from_logs([trainer, f"[node 0] {COUNTED}44 of 100"])
+    assert told is not None and (told.step, told.total_steps, told.loss, told.steps_per_s) \
+        == (44, 100, 0.5, None)
+    told = from_logs([f"[node 0] {COUNTED}44 of 100", trainer])
+    assert told is not None and told.step == 40
 
 
 def test_in_words_and_as_json() -> None:
