@@ -61,7 +61,8 @@ JOB_LABEL = "io.torchjob.pods.job"  # every container of one emulated job
 POD_LABEL = "io.torchjob.pods.pod"  # the pod a container is (an incarnation of)
 ANNOUNCE = "torchjob-pods: job"  # the runner's first line: ANNOUNCE TOKEN NAME
 ANNOUNCE_RE = re.compile(rf"^{re.escape(ANNOUNCE)} (\S+) ", re.M)
-POLL_S = 0.5
+# one look of the control loop a second (one podman inspect: ~0.1 s of CPU, in a CPU-bound suite)
+POLL_S = 1.0
 QUANTITY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6,
             "G": 10**9, "": 1}
 Obj = dict[str, Any]
