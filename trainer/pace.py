@@ -1,9 +1,9 @@
 """The job's progress as node 0's agent sees it, for ``torchjob status``: RUN_DIR/progress.json,
-rewritten (whole, by a rename) every ``PACE_S`` while the workers run, and a script's said in
-its log (``contract.COUNTED``: status where it reads logs). What a script that writes no metrics of its
-own shows: its slowest local rank's step (``progress.step``, else its optimizer steps
-counted), the pace since this attempt's first step was seen, the total when the script told it
-(``progress.step(n, total=T)``), the attempt, and the time."""
+rewritten (whole, by a rename) every ``PACE_S`` while the workers run; a script's also said in
+its log (``contract.COUNTED``, for status where it reads logs). What a script that writes no
+metrics of its own shows: its slowest local rank's step (``progress.step``, else its optimizer
+steps counted), the pace since this attempt's first step was seen, the total when the script
+told it (``progress.step(n, total=T)``), the attempt, and the time."""
 
 from __future__ import annotations
 
