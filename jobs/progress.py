@@ -15,8 +15,8 @@ from typing import Any
 
 from torchjob.trainer import ledger
 from torchjob.jobs.report import read_json
-from torchjob.trainer.contract import (CLOSING_RE, COUNTED_RE, HANG_ACTION, HANG_LINE,
-                                       HEARD_RESTART, LOG_PREFIX_RE)
+from torchjob.trainer.contract import (CLOSING_RE, HANG_ACTION, HANG_LINE, HEARD_RESTART,
+                                       LOG_PREFIX_RE, parse_counted)
 from torchjob.trainer.failures import RESTARTING
 from torchjob.trainer.pace import PROGRESS_FILE
 from torchjob.trainer.report import clock_text, parse_eval, parse_progress
@@ -105,13 +105,6 @@ def aged(eta: float, said_at: float, later: float) -> float:
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         else None
-
-
-def _float(text: str | None) -> float | None:
-    try:
-        return float(text) if text else None
-    except ValueError:
-        return None
 
 
 def _whole(value: Any) -> int | None:
@@ -237,7 +230,7 @@ class FromLogs:
         self.seen = False
         self.updated: float | None = None  # when the last figure's line was written, if told
         self.figures_at: float | None = None  # when the last progress line was
-        self.counted: dict[str, float] = {}  # node 0's agent's last count (contract.COUNTED)
+        self.counted: dict[str, float | None] = {}  # node 0's agent's last (parse_counted)
         self.counted_last = False  # it came after the trainer's last progress line
 
     def see(self, line: str, at: float | None = None) -> None:
@@ -246,11 +239,9 @@ class FromLogs:
         if (prefixed := LOG_PREFIX_RE.search(line[:200])) is not None:
             self.attempt = max(self.attempt, int(prefixed["attempt"]))
             text = line[prefixed.end():]
-        if (counted := COUNTED_RE.search(text.rstrip())) is not None:
-            self.counted = {"step": int(counted["step"]),
-                            "total_steps": int(counted["total"] or 0),
-                            "steps_per_s": _float(counted["pace"]) or 0.0}
-            self.counted_last, self.updated = True, at if at is not None else self.updated
+        if (counted := parse_counted(text)) is not None:
+            self.counted, self.counted_last = counted, True
+            self.updated = at if at is not None else self.updated
         elif (found := parse_progress(text)) is not None:
             self.figures, self.updated, self.figures_at = found, at, at
             self.counted_last = False
@@ -279,7 +270,7 @@ class FromLogs:
         f, counted = self.figures, self.counted
         # the newer of the two counts, as from_run_dir takes them
         step = _whole((counted if self.counted_last or not f else f).get("step"))
-        total = _whole(f.get("total_steps")) or _whole(counted.get("total_steps")) or None
+        total = _whole(f.get("total_steps")) or _whole(counted.get("total_steps"))
         pace = None if f else counted.get("steps_per_s") or None  # a script's (no figures)
         eta = f.get("eta_s")  # as of its line: made as of ``updated``, as from_run_dir's
         if eta is not None and self.updated is not None and self.figures_at is not None:

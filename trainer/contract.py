@@ -91,13 +91,24 @@ def closing_line(why: str, attempt: int, code: int) -> str:
 # the total when the script told it, ", " the pace " steps/s" once there is one.
 COUNTED = "torchjob: steps counted: "
 COUNTED_RE = re.compile(re.escape(COUNTED) + r"(?P<step>\d+)(?: of (?P<total>\d+))?"
-                        r"(?:, (?P<pace>[0-9.e+-]+) steps/s)?$")
+                        r"(?:, (?P<pace>\d+(?:\.\d+)?(?:e[+-]\d+)?) steps/s)?$")  # .4g's forms
 
 
 def counted_line(step: int, total: int | None, steps_per_s: float | None) -> str:
     """``torchjob: steps counted: 40 of 100, 2.5 steps/s`` (COUNTED_RE)."""
     return (f"{COUNTED}{step}" + (f" of {total}" if total else "")
             + (f", {steps_per_s:.4g} steps/s" if steps_per_s else ""))
+
+
+def parse_counted(line: str) -> dict[str, float | None] | None:
+    """The count a ``counted_line`` says wherever it ends ``line`` (``step``, ``total_steps``,
+    ``steps_per_s``; None where it did not say one); None if it is not one."""
+    found = COUNTED_RE.search(line.rstrip())
+    if found is None:
+        return None
+    return {"step": int(found["step"]),
+            "total_steps": int(found["total"]) if found["total"] else None,
+            "steps_per_s": float(found["pace"]) if found["pace"] else None}
 
 # One prefix for every log line a job prints, on every backend: node, rank, attempt.
 LOG_PREFIX = "[node {node} rank {rank} attempt {attempt}] "

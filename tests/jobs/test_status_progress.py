@@ -17,7 +17,8 @@ from torchjob.jobs import cli
 from torchjob.jobs.backend import Handle, JobStatus, State
 from torchjob.jobs.progress import Progress, from_logs, from_run_dir, from_stamped_logs
 from torchjob.trainer import ledger
-from torchjob.trainer.contract import COUNTED, closing_line, log_prefix
+from torchjob.trainer.contract import (COUNTED, closing_line, counted_line, log_prefix,
+                                       parse_counted)
 from torchjob.trainer.hang import Seen
 from torchjob.trainer.pace import PACE_S, PROGRESS_FILE, SAY_S, Pace
 from torchjob.trainer.progress import Record
@@ -177,6 +178,15 @@ def test_the_agents_count(tmp_path: Path) -> None:
     # no run directory (a pod without one): the log alone
     nowhere = Pace(None, say=said.append).tell([seen(0, step=3)], 0, 0.0)
     assert nowhere is not None and nowhere["step"] == 3 and said[-1] == f"{COUNTED}3"
+
+
+def test_the_agents_count_line_reads_back_in_every_form() -> None:
+    for step, total, pace in ((5, None, None), (40, 100, 2.5), (3, None, 1e-05),
+                              (1, 5, 12345.6)):
+        told = parse_counted(f"[node 0] W1130 a.py:1] {counted_line(step, total, pace)}\n")
+        assert told is not None and (told["step"], told["total_steps"]) == (step, total)
+        assert told["steps_per_s"] == (pytest.approx(pace, rel=1e-3) if pace else None)
+    assert parse_counted(f"{COUNTED}5, 1.2.3 steps/s") is None
 
 
 def test_the_trainers_lines_and_the_agents_count_in_one_log() -> None:
