@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from torchx.specs import AppState
 
-from tests.procs import ROOT, torchjob, wait_for
+from tests.procs import ROOT, torchjob, wait_for, with_sitecustomize
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 
@@ -27,6 +27,8 @@ def start_docker_api() -> subprocess.CompletedProcess[str]:
     assert api.returncode == 0, api.stderr
     return api
 
+
+QUIET_TIMEOUT_S = 20  # the Docker client's read timeout in the quiet job's test
 
 # the socket scripts/container-setup docker-api serves (its SOCKET)
 DOCKER_API = "unix:///run/podman/podman.sock"
@@ -161,16 +163,23 @@ def test_torchjob_run_builds_the_kits_image_it_lacks(container_image: str, docke
 
 def test_a_job_quiet_for_longer_than_the_clients_timeout_is_followed_to_its_end(
         container_image: str, docker_host: str, tmp_path: Path) -> None:
-    """A job whose containers print nothing for their first 70 s (the Docker client's read
-    timeout is 60 s, and podman's API answers a log request only once there is a line): its
-    lines and its exit code still reach ``torchjob run``. The log request used to end in a
-    ReadTimeout there, in a thread's traceback, and the job's lines were lost."""
-    env = {**os.environ, "DOCKER_HOST": docker_host, "OMP_NUM_THREADS": "1"}
-    (tmp_path / "quiet.py").write_text(
-        "import time\ntime.sleep(70)\nprint('spoke at last', flush=True)\n"
+    """A job whose containers print nothing for longer than the Docker client's read timeout
+    (podman's API answers a log request only once there is a line): its lines and its exit
+    code still reach ``torchjob run``. The log request used to end in a ReadTimeout there, in
+    a thread's traceback, and the job's lines were lost. The client's default timeout (60 s)
+    is made QUIET_TIMEOUT_S here (sitecustomize), so that the script is quiet for 25 s, not
+    70: every other request of the client still has that long."""
+    code = ("try:\n    import docker.client\nexcept ImportError:\n    pass\nelse:\n"
+            f"    docker.client.DEFAULT_TIMEOUT_SECONDS = {QUIET_TIMEOUT_S}\n")
+    env = {**os.environ, "DOCKER_HOST": docker_host, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": with_sitecustomize(tmp_path, code)}
+    work = tmp_path / "job"  # the workspace image's directory: without the hook
+    work.mkdir()
+    (work / "quiet.py").write_text(
+        f"import time\ntime.sleep({QUIET_TIMEOUT_S + 5})\nprint('spoke at last', flush=True)\n"
         "raise SystemExit(3)\n")
     proc = torchjob("run", "--to", "torchx:local_docker", "--nproc-per-node", "1", "quiet.py",
-                    cwd=tmp_path, env=env, timeout=600)
+                    cwd=work, env=env, timeout=600)
     out = proc.stdout + proc.stderr
     remove_app_containers(out)
     subprocess.run(["podman", "rmi", "-f", *re.findall(
