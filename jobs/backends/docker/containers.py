@@ -36,7 +36,10 @@ from torchjob.trainer.runlock import clear as clear_lock
 
 SERVICE_LABEL = "com.docker.compose.service"
 FINISH_GRACE_S = 60.0  # once a node finished training or failed, the others' time to end too
-_POLL_S = 1.0
+_POLL_S = 1.0  # how often the run loop wakes: a stop is heard within it
+# how often it asks the engine when no node's log ended meanwhile (an exit ends its log
+# stream, which wakes the loop at once): each ask is an inspect, ~0.1 s of CPU
+_LOOK_S = 5.0
 
 
 def readable(cwd: Path) -> None:
@@ -73,6 +76,7 @@ class _Run:
     stops: Stops
     nodes: list[_Node] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)  # a node's log stream
 
     def ids(self) -> list[str]:
         return [node.cid for node in self.nodes]
@@ -159,6 +163,7 @@ def _follow(run: _Run, index: int, node: _Node, output: NodeOutput) -> None:
                 node.printed = count
                 output.line(index, line)
         proc.wait()
+        run.ended.set()  # its container exited (or the engine ended the stream): look now
         if not follow:
             return
         while not run.done.is_set() and not (node.status == "running"
@@ -277,8 +282,15 @@ def _wait(run: _Run, spec: JobSpec, grace: float, err: IO[str]) -> None:
     killed = False
     finished_at: float | None = None
     why = ""
+    looked = hurry = float("-inf")
     while True:
-        run.refresh()
+        if run.ended.is_set():  # a node's log ended: its exit may reach inspect a moment later
+            run.ended.clear()
+            hurry = time.monotonic() + _LOOK_S
+        now = time.monotonic()
+        if now < hurry or now - looked >= _LOOK_S or run.stops.count or finished_at is not None:
+            looked = now
+            run.refresh()
         for node in run.nodes:
             if run.restartable(node):
                 run.restart(node, err)
@@ -303,4 +315,4 @@ def _wait(run: _Run, spec: JobSpec, grace: float, err: IO[str]) -> None:
             _run([run.engine.name, "stop", "-t", "10", *run.ids()], timeout=120)
             run.refresh()
             return
-        time.sleep(_POLL_S)
+        run.ended.wait(_POLL_S)
