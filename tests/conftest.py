@@ -5,7 +5,6 @@ recorded like any other run."""
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,52 +29,19 @@ def run_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 # Tests that use the Slurm dev cluster (tests/slurm) or run the conformance matrix (its
 # Slurm columns): they share the cluster's two nodes, and one restarts its daemons
 ON_THE_CLUSTER = ("tests/slurm/", "tests/conformance/")
-# Files whose tests mostly wait (a collective's timeout, a node started again, a quiet job, a
-# stop's grace): handed out first after the cluster's, to run beside the matrix (its columns
-# side by side keep both cores busy), so that the files that keep a core busy run beside the
-# cluster's Slurm tests, which wait too. A clean run's cores idled 13% of the time, most of it
-# while waiting tests met; they idled 15-65% of the time while these ran.
-WAITING = ("tests/containers/test_compose_run.py", "tests/k8s/test_k8s_pod_contract.py",
-           "tests/integration/test_node_loss.py", "tests/containers/test_torchx_local_docker.py",
-           "tests/integration/test_static_rendezvous.py", "tests/integration/test_preemption.py",
-           "tests/containers/test_hang_containers.py", "tests/integration/test_run_report.py")
-
-
-class _ByPriority(OrderedDict):  # type: ignore[type-arg]
-    """pytest-xdist's queue of scopes, which hands out the cluster's first, then WAITING's in
-    that order, then the rest as xdist ordered them (most tests first)."""
-
-    def popitem(self, last: bool = True) -> tuple[Any, Any]:
-        if last:
-            return super().popitem(last=True)
-        scope = min(self, key=_rank)  # the first of the lowest rank: xdist's order among them
-        return scope, self.pop(scope)
-
-
-def _rank(scope: str) -> int:
-    if scope == CLUSTER:
-        return 0
-    return 1 + WAITING.index(scope) if scope in WAITING else 1 + len(WAITING)
-
-
-CLUSTER = "the Slurm dev cluster"
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """With pytest-xdist's workers (``scripts/bootstrap test``: two): each
     test file goes to one worker as a whole (its module fixtures made once), and every test on
-    the Slurm dev cluster to one worker, one after another, handed out first (_ByPriority)."""
+    the Slurm dev cluster to one worker, one after another."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFileAndCluster(LoadScopeScheduling):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.workqueue = _ByPriority()
-
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::")[0]
-            return CLUSTER if path.startswith(ON_THE_CLUSTER) else path
+            return "the Slurm dev cluster" if path.startswith(ON_THE_CLUSTER) else path
 
     return ByFileAndCluster(config, log)
 
