@@ -110,6 +110,7 @@ def parse_counted(line: str) -> dict[str, float | None] | None:
             "total_steps": int(found["total"]) if found["total"] else None,
             "steps_per_s": float(found["pace"]) if found["pace"] else None}
 
+
 # One prefix for every log line a job prints, on every backend: node, rank, attempt.
 LOG_PREFIX = "[node {node} rank {rank} attempt {attempt}] "
 NODE_PREFIX = "[node {node}] "  # a node's own lines (its agent's, its pod's), on every backend
