@@ -66,7 +66,8 @@ def remove_user() -> None:
     if subprocess.run(["id", USER], capture_output=True, check=False).returncode:
         return
     as_user("podman system reset -f", timeout=300)
-    Path(f"/tmp/torchx_docker_network_lock-{pwd.getpwnam(USER).pw_uid}").unlink(missing_ok=True)
+    uid = pwd.getpwnam(USER).pw_uid
+    Path(f"/tmp/torchx_docker_network_lock-{uid}").unlink(missing_ok=True)
     subprocess.run(["pkill", "-KILL", "-u", USER], check=False)
     for _ in range(100):  # what pkill signalled is gone before userdel
         if subprocess.run(["pgrep", "-u", USER], capture_output=True,
@@ -74,6 +75,9 @@ def remove_user() -> None:
             break
         time.sleep(0.1)
     subprocess.run(["userdel", "-r", USER], capture_output=True, check=False)
+    # podman's run and temporary directories, where the user has no XDG_RUNTIME_DIR
+    for runtime in (f"/tmp/podman-run-{uid}", f"/tmp/containers-user-{uid}"):
+        shutil.rmtree(runtime, ignore_errors=True)
     for path in ("/etc/subuid", "/etc/subgid"):
         lines = Path(path).read_text().splitlines(keepends=True)
         Path(path).write_text("".join(x for x in lines if not x.startswith(f"{USER}:")))
