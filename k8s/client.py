@@ -9,8 +9,11 @@ say what to do (exit 2).
 from __future__ import annotations
 
 import builtins
+import os
 from dataclasses import dataclass
 from typing import Any, Iterator
+
+import yaml
 
 from torchjob.jobs.backend import missing_extra
 from torchjob.jobs.values import UserError
@@ -59,6 +62,26 @@ class JobRef:
         return cls(kind, namespace or "default", name)
 
 
+def kubeconfig_named(kubeconfig: str | None) -> str | None:
+    """The kubeconfig the client reads: the one given, those of ``KUBECONFIG`` that exist, or
+    ~/.kube/config when it exists; None when there is none (as for kubectl, a missing file is
+    no configuration: then the in-cluster account is the connection)."""
+    if kubeconfig:
+        return kubeconfig
+    paths = os.environ.get("KUBECONFIG", "").split(os.pathsep)
+    existing = [path for path in paths if path and os.path.exists(path)]
+    if existing or paths != [""]:
+        return os.pathsep.join(existing) or None
+    default = os.path.expanduser("~/.kube/config")
+    return default if os.path.exists(default) else None
+
+
+def _unusable(named: str | None, exc: BaseException) -> K8sError:
+    what = " ".join(str(exc).split())[:300] or type(exc).__name__
+    return K8sError(f"the kubeconfig {named} cannot be used ({type(exc).__name__}: {what}); "
+                    "fix it, or point KUBECONFIG at a working one")
+
+
 class Cluster:
     """A connection from kubeconfig (``KUBECONFIG``, ~/.kube/config) or the in-cluster account."""
 
@@ -67,16 +90,20 @@ class Cluster:
             from kubernetes import client, config
         except ModuleNotFoundError as exc:
             raise missing_extra(exc, "k8s") from None
+        named = kubeconfig_named(kubeconfig)
         try:
-            try:
-                config.load_kube_config(config_file=kubeconfig, context=context)
-            except config.ConfigException:
-                if kubeconfig:
-                    raise
-                config.load_incluster_config()
+            config.load_kube_config(config_file=kubeconfig, context=context)
         except config.ConfigException as exc:
-            raise K8sError(f"no Kubernetes cluster configured ({exc}); set KUBECONFIG or "
-                           "run inside a pod with a service account") from None
+            if named is not None:  # a file the user named or has: its own problem, not "none"
+                raise _unusable(named, exc) from None
+            try:
+                config.load_incluster_config()
+            except config.ConfigException as exc:
+                raise K8sError(f"no Kubernetes cluster configured ({exc}); set KUBECONFIG or "
+                               "run inside a pod with a service account") from None
+        except (yaml.YAMLError, OSError, ValueError, TypeError, LookupError,
+                AttributeError) as exc:  # the client library reading a damaged file
+            raise _unusable(named, exc) from None
         self.custom = client.CustomObjectsApi()
         self.core = client.CoreV1Api()
         self.apps = client.AppsV1Api()

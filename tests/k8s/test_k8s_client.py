@@ -191,3 +191,26 @@ def test_unreachable_server_and_no_config(tmp_path: Path) -> None:
     none = torchjob("status", "--to", "k8s", "digits",
                     env={**os.environ, "KUBECONFIG": str(tmp_path / "absent")})
     assert none.returncode == 2 and "no Kubernetes cluster configured" in none.stderr
+
+
+@pytest.mark.parametrize("text,says", [
+    ("garbage: [\n", "ParserError"),  # not YAML
+    ("- a\n", "TypeError"),  # not a mapping
+    ("apiVersion: v1\nkind: Config\nclusters: 5\ncurrent-context: x\n", "TypeError"),
+    ("apiVersion: v1\nkind: Config\ncurrent-context: nope\nclusters: [{name: x, cluster: "
+     "{server: 'http://127.0.0.1:9'}}]\nusers: [{name: x, user: {token: t}}]\n"
+     "contexts: [{name: x, context: {cluster: x, user: x}}]\n", "name nope"),  # no such context
+    (None, "IsADirectoryError")])
+def test_a_damaged_kubeconfig_is_named_with_its_fault(tmp_path: Path, text: str | None,
+                                                       says: str) -> None:
+    """Not a traceback, nor 'no cluster configured' (the in-cluster fallback's words): the
+    file KUBECONFIG names, and what is wrong with it. Nothing is submitted."""
+    config = tmp_path / "kubeconfig"
+    if text is None:
+        config.mkdir()
+    else:
+        config.write_text(text)
+    proc = torchjob("submit", "--to", "k8s", "jobs/examples/default.yaml",
+                    env={**os.environ, "KUBECONFIG": str(config)})
+    assert proc.returncode == 2 and f"the kubeconfig {config} cannot be used" in proc.stderr \
+        and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
