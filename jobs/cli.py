@@ -181,9 +181,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     failed = 0
     for name in args.files:
         try:
-            text = sys.stdin.read() if name == "-" else Path(name).read_text()
+            text = sys.stdin.read() if name == "-" else Path(name).read_bytes().decode()
         except OSError as exc:
             raise UserError(f"{name}: cannot read it ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise UserError(f"{name}: is not UTF-8 text (a job spec or a Kubernetes manifest "
+                            "is YAML text)") from None
         found = spec_problems(text, name, args.to)
         if found is not None:
             for problem in found[0]:

@@ -197,7 +197,10 @@ KubeLoader.add_constructor("tag:yaml.org,2002:map", _mapping)
 def load_all(text: str) -> list[Any]:
     """Every non-empty document of ``text``, read as kubectl reads it. Raises YamlProblem or
     yaml.YAMLError on text kubectl would refuse."""
-    return [doc for doc in yaml.load_all(text, Loader=KubeLoader) if doc is not None]
+    try:
+        return [doc for doc in yaml.load_all(text, Loader=KubeLoader) if doc is not None]
+    except RecursionError:  # a few thousand open brackets: past the parser's stack
+        raise YamlProblem("it is nested too deeply to be read (thousands of levels)") from None
 
 
 def read_manifests(text: str) -> list[Obj]:

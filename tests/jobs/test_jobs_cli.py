@@ -267,6 +267,14 @@ def test_validate_reads_job_specs_too(tmp_path: Path) -> None:
     manifest = Path(__file__).resolve().parents[2] / "k8s" / "manifests" / "trainjob.yaml"
     both = torchjob("validate", str(manifest), "two.yaml", cwd=tmp_path, timeout=60)
     assert both.returncode == 0 and f"{manifest}: valid\n" in both.stdout, both
+    (tmp_path / "bytes.yaml").write_bytes(bytes(range(128, 256)))  # not text
+    (tmp_path / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")  # past the stack
+    damaged = torchjob("validate", "bytes.yaml", "deep.yaml", cwd=tmp_path, timeout=60)
+    assert damaged.returncode == 2 and "Traceback" not in damaged.stderr, damaged
+    assert "bytes.yaml: is not UTF-8 text" in damaged.stderr, damaged
+    deep = torchjob("validate", "deep.yaml", cwd=tmp_path, timeout=60)
+    assert deep.returncode == 2 and "deep.yaml: <manifest>: it is nested too deeply" \
+        in deep.stderr and "Traceback" not in deep.stderr, deep
 
 
 def test_list_has_a_header_and_is_quiet_about_backends_not_set_up(tmp_path: Path) -> None:
