@@ -63,8 +63,29 @@ def on_cluster(spec: JobSpec) -> JobSpec:
     if not spec.k8s.pvc:
         return spec
     root = spec.k8s.pvc_mount_path
+    for field in ("run_dir", "checkpoint_dir"):
+        refuse_escape(spec, field, getattr(spec, field))
     return dataclasses.replace(spec, run_dir=posixpath.join(root, spec.run_dir),
                                checkpoint_dir=posixpath.join(root, spec.checkpoint_dir))
+
+
+def under(path: str, root: str) -> bool:
+    """Whether the absolute ``path``, once normalised, is ``root`` or lies below it."""
+    root = posixpath.normpath(root)
+    return posixpath.commonpath([root, posixpath.normpath(path)]) == root
+
+
+def refuse_escape(spec: JobSpec, field: str, value: str) -> None:
+    """A path meant for the PVC (relative, or written under k8s.pvc_mount_path) that ``..``
+    leads out of it: refused, as docker refuses a ``../`` run_dir (torchjob.jobs.hosts)."""
+    root = spec.k8s.pvc_mount_path
+    meant = not value.startswith("/") or value.startswith(root.rstrip("/") + "/")
+    where = posixpath.normpath(posixpath.join(root, value))
+    if meant and not under(where, root):
+        raise SpecError(field, f"{value!r} leaves k8s.pvc_mount_path ({root}), where k8s.pvc "
+                        f"{spec.k8s.pvc!r} is mounted: it resolves to {where}, which the pods "
+                        "do not share and lose when they end; write a path below it (relative, "
+                        f"e.g. runs/{spec.name}, or absolute under {root})")
 
 
 def checkpoint_claim(spec: JobSpec) -> str | None:
@@ -74,7 +95,7 @@ def checkpoint_claim(spec: JobSpec) -> str | None:
     mounted += [(m.target, m.source) for m in spec.mounts if not m.read_only]
     where = posixpath.normpath(spec.checkpoint_dir)
     for target, claim in mounted:
-        if where.startswith("/") and posixpath.commonpath([target, where]) == target:
+        if where.startswith("/") and under(where, target):
             return claim
     return None
 
@@ -92,15 +113,27 @@ def shared_checkpoints(spec: JobSpec, pods: int) -> str | None:
                       f"{claim!r}: drop k8s.checkpoints (pvc is the default) or the claim")
         return None
     if claim is None and (pods > 1 or spec.nnodes.is_elastic):
-        raise SpecError("k8s.pvc", f"is not set, but this job runs {pods} pods (nnodes "
-                        f"{spec.nnodes}): each pod would keep its checkpoints to itself, so a "
-                        "resume misses the files another pod wrote (FileNotFoundError, or "
-                        "training silently starts over from step 0) and a recreated pod keeps "
-                        "nothing. Set k8s.pvc to a ReadWriteMany "
-                        "PersistentVolumeClaim that every pod mounts (a relative "
-                        "checkpoint_dir goes under k8s.pvc_mount_path), or set "
-                        "k8s.checkpoints: pod-local to run without resuming across pods")
+        raise unshared(spec, pods)
     return claim
+
+
+def unshared(spec: JobSpec, pods: int) -> SpecError:
+    """The refusal of checkpoints no claim holds in a job of several (or elastic) pods."""
+    why = (f"this job runs {pods} pods (nnodes {spec.nnodes}): each pod would keep its "
+           "checkpoints to itself, so a resume misses the files another pod wrote "
+           "(FileNotFoundError, or training silently starts over from step 0) and a recreated "
+           "pod keeps nothing")
+    root = spec.k8s.pvc_mount_path
+    if spec.k8s.pvc:
+        return SpecError("checkpoint_dir", f"{spec.checkpoint_dir!r} lies outside "
+                         f"k8s.pvc_mount_path ({root}), where k8s.pvc {spec.k8s.pvc!r} is "
+                         f"mounted, but {why}. Write a checkpoint_dir under {root} (or a "
+                         "relative one, placed under it), put it on a writable mounts entry, "
+                         "or set k8s.checkpoints: pod-local to run without resuming across pods")
+    return SpecError("k8s.pvc", f"is not set, but {why}. Set k8s.pvc to a ReadWriteMany "
+                     "PersistentVolumeClaim that every pod mounts (a relative checkpoint_dir "
+                     "goes under k8s.pvc_mount_path), or set k8s.checkpoints: pod-local to run "
+                     "without resuming across pods")
 
 
 def labels(spec: JobSpec) -> Obj:

@@ -121,11 +121,51 @@ def test_several_pods_need_a_shared_claim_for_checkpoints_or_say_pod_local(text:
     assert shared_checkpoints(on_cluster(loads("name: job")), 1) is None  # one pod may
 
 
+@pytest.mark.parametrize("render", [render_pytorchjob, render_trainjob])
+@pytest.mark.parametrize("field,value,where", [
+    ("run_dir", "../escape", "/mnt/escape"), ("checkpoint_dir", "../ck", "/mnt/ck"),
+    ("run_dir", "a/../../x", "/mnt/x"), ("checkpoint_dir", "/mnt/torchjob/../ck", "/mnt/ck")])
+def test_a_path_that_leaves_the_pvc_mount_is_refused(render: Any, field: str, value: str,
+                                                     where: str) -> None:
+    """Placed under k8s.pvc_mount_path, ``..`` would lead out of the claim: the pods would not
+    share the directory and lose it, so it is refused (as docker refuses ``../``), naming it."""
+    with pytest.raises(SpecError, match=rf"^{field}: '{re.escape(value)}' leaves "
+                       rf"k8s\.pvc_mount_path \(/mnt/torchjob\).*resolves to {where},"):
+        render(loads(f"name: job\n{field}: {value}\nk8s: {{pvc: runs}}"))
+
+
+@pytest.mark.parametrize("render", [render_pytorchjob, render_trainjob])
+def test_paths_under_the_mount_are_placed_as_before(render: Any) -> None:
+    for text, run_dir in [("", "/mnt/torchjob/runs/job"),
+                          ("run_dir: a/../b", "/mnt/torchjob/a/../b"),
+                          ("run_dir: /mnt/torchjob/x", "/mnt/torchjob/x"),
+                          ("run_dir: /data/x", "/data/x")]:  # one pod: pod-local, as before
+        obj = render(loads(f"name: job\n{text}\nk8s: {{pvc: runs}}"))
+        words = obj["spec"]["trainer"]["command"] if obj["kind"] == "TrainJob" else \
+            containers(obj)[0]["command"]
+        assert words[words.index("--run-dir") + 1] == run_dir, text
+    assert render(loads("name: job\nnnodes: 2\nk8s: {pvc: runs, pvc_mount_path: /m/}"))
+
+
+@pytest.mark.parametrize("render", [render_pytorchjob, render_trainjob])
+def test_several_pods_with_checkpoints_beside_the_pvc_say_so(render: Any) -> None:
+    """k8s.pvc is set, so "is not set" would mislead: the refusal names checkpoint_dir, where
+    it is, and the mount it is not under."""
+    with pytest.raises(SpecError, match=r"^checkpoint_dir: '/data/ck' lies outside "
+                       r"k8s\.pvc_mount_path \(/mnt/torchjob\), where k8s\.pvc 'runs' is "
+                       r"mounted, but this job runs 2 pods.*under /mnt/torchjob"):
+        render(loads("name: job\nnnodes: 2\ncheckpoint_dir: /data/ck\nk8s: {pvc: runs}"))
+
+
 def test_the_refusal_exits_2_before_anything_is_rendered_or_submitted() -> None:
     out = torchjob("render", "--to", "k8s", str(ROOT / "jobs" / "examples" / "default.yaml"),
                    "--set", "nnodes=2")
     assert out.returncode == 2 and out.stdout == "", out
     assert out.stderr.startswith("torchjob: k8s.pvc: is not set") and "Traceback" not in out.stderr
+    out = torchjob("render", "--to", "k8s", str(ROOT / "jobs" / "examples" / "default.yaml"),
+                   "--set", "k8s.pvc=runs", "--set", "run_dir=../escape")
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr.startswith("torchjob: run_dir: '../escape' leaves k8s.pvc_mount_path")
 
 
 def test_elastic_is_worker_only_meeting_at_its_own_store_service() -> None:
