@@ -168,12 +168,14 @@ def heat_colour(share: float) -> str:
 @dataclass(frozen=True)
 class Grid:
     """A heat map's data: ``cells[row][column]`` (None: no data there), its rows' labels,
-    the time axis its columns divide evenly, and the unit of its values."""
+    the time axis its columns divide evenly, the unit of its values, and each row's
+    ``data-rank`` (default: its index)."""
 
     cells: list[list[float | None]]
     rows: list[str]
     x: Axis
     unit: str = "ms"
+    ids: list[int] = field(default_factory=list)
 
 
 def heat_map(chart: str, title: str, grid: Grid, found: Sequence[Marker] = ()) -> str:
@@ -194,7 +196,8 @@ def heat_map(chart: str, title: str, grid: Grid, found: Sequence[Marker] = ()) -
         if row_h >= 10:
             out.append(f'<text x="{LEFT - 6}" y="{y + row_h / 2 + 4}" class="tick" '
                        f'text-anchor="end">{escape(label)}</text>')
-        out.append(f'<g data-series="{escape(chart)}" data-rank="{r}">')
+        rank = grid.ids[r] if r < len(grid.ids) else r
+        out.append(f'<g data-series="{escape(chart)}" data-rank="{rank}">')
         for c, value in enumerate(row):
             fill = EMPTY if value is None else heat_colour((value - lo) / ((hi - lo) or 1.0))
             data = "" if value is None else f' data-ms="{value:.3f}"'
@@ -212,7 +215,8 @@ def heat_map(chart: str, title: str, grid: Grid, found: Sequence[Marker] = ()) -
         if grid.x.lo <= m.x <= grid.x.hi:
             at = stretch(m.x)
             out.append(f'<g data-marker="{escape(m.kind)}"><line x1="{at:.1f}" '
-                       f'y1="{TOP + 12 * i - 8}" x2="{at:.1f}" y2="{bottom}" stroke="{m.colour}" stroke-width="2" '
+                       f'y1="{TOP + 12 * i - 8}" x2="{at:.1f}" y2="{bottom}" stroke="{m.colour}" '
+                       'stroke-width="2" '
                        f'stroke-dasharray="4 3"/><text x="{at + 3:.1f}" y="{TOP + 12 * i}" '
                        f'class="note" fill="{m.colour}">{escape(m.label)}</text></g>')
     out += legend(lo, hi, grid.unit, LEFT, bottom + 42)

@@ -7,6 +7,7 @@ record, the newest checkpoint's config, summary.json). Pure but for ``load``."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from torchjob.jobs.report_setup import setup_section
 from torchjob.jobs.values import UserError
 from torchjob.trainer import ledger, stragglers
 from torchjob.trainer.contract import MANIFEST
-from torchjob.trainer.report import NOT_A_SCORE, STEP_TIMES, read_metrics
+from torchjob.trainer.report import NOT_A_SCORE, STEP_TIMES, is_number, read_metrics
 
 REPORT = "report.html"
 COLUMNS = 48  # the heat map's time buckets, at most
@@ -59,10 +60,16 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def finite(value: Any) -> float | None:
+    """``value`` when it is a finite number; None for anything else (a word, null, NaN)."""
+    return float(value) if is_number(value) and math.isfinite(value) else None
+
+
 def newest(paths: list[Path], key: str) -> dict[str, Any]:
-    """Of the JSON files ``paths``, the one whose ``key`` is largest ({} when none)."""
+    """Of the JSON files ``paths``, the one whose ``key`` is largest ({} when none); a ``key``
+    that is not a number counts as 0."""
     found = [read_json(p) for p in paths]
-    return max(found, key=lambda d: float(d.get(key) or 0), default={})
+    return max(found, key=lambda d: finite(d.get(key)) or 0.0, default={})
 
 
 def load(run_dir: Path) -> RunFiles:
@@ -73,7 +80,7 @@ def load(run_dir: Path) -> RunFiles:
                         "ran (e.g. runs/NAME), or its handle (local:RUN_ID)")
     times = {int(p.stem[4:]): ledger.read_lines(p)
              for p in (run_dir / STEP_TIMES).glob("rank*.jsonl")
-             if p.stem[4:].isdigit()}
+             if p.stem[4:].isascii() and p.stem[4:].isdigit()}
     checkpoints = sorted(run_dir.glob(f"**/step_*/{MANIFEST}"))
     run_dir = run_dir.resolve()
     files = RunFiles(run_dir, read_metrics(run_dir / "metrics.jsonl"), ledger.read(run_dir),
@@ -134,38 +141,48 @@ def curves(files: RunFiles) -> str:
 
 # -- step time per rank over time --------------------------------------------------------------
 
+def work(row: dict[str, Any]) -> tuple[float, float] | None:
+    """A step-time line's time and median step work (ms); None without steps, or damaged."""
+    at, p50 = finite(row.get("time")), finite(row.get("p50_ms"))
+    return (at, p50) if row.get("steps") and at is not None and p50 is not None else None
+
+
+def worked(files: RunFiles) -> dict[int, list[tuple[float, float]]]:
+    """Each rank that has a file (only those: ranks may be sparse), its lines' ``work``."""
+    return {rank: [w for w in map(work, rows) if w is not None]
+            for rank, rows in files.step_times.items()}
+
+
 def buckets(files: RunFiles, events: list[float]) -> tuple[Grid, float] | None:
     """Each rank's median step work (ms) per time bucket, and the time of the first bucket;
     the buckets span the step times and ``events`` (a hang, a restart) too."""
-    stamps = [r["time"] for rows in files.step_times.values() for r in rows
-              if isinstance(r.get("time"), (int, float)) and r.get("steps")]
+    done = worked(files)
+    stamps = [at for rows in done.values() for at, _ in rows]
     if not stamps:
         return None
     start, end = min(stamps + events), max(stamps + events)
     span = max(end - start, 1e-3)
     columns = max(1, min(COLUMNS, max(len(rows) for rows in files.step_times.values())))
     width = span / columns
-    ranks = range(max(files.step_times) + 1)
     cells: list[list[float | None]] = []
-    for rank in ranks:
+    for rows in done.values():
         seen: list[list[float]] = [[] for _ in range(columns)]
-        for r in files.step_times.get(rank, []):
-            if r.get("steps") and isinstance(r.get("time"), (int, float)):
-                seen[min(int((r["time"] - start) / width), columns - 1)].append(r["p50_ms"])
+        for at, p50 in rows:
+            seen[min(int((at - start) / width), columns - 1)].append(p50)
         cells.append([statistics.median(v) if v else None for v in seen])
     x = charts.axis(f"seconds after {stamp(start)} (each column {width:.2g} s)", [0.0, span],
                     pad=0.0)
-    return Grid(cells, [f"rank {r}" for r in ranks], Axis(x.label, 0.0, span, x.ticks)), start
+    return Grid(cells, [f"rank {r}" for r in done], Axis(x.label, 0.0, span, x.ticks),
+                ids=list(done)), start
 
 
 def slow_ranks(files: RunFiles) -> list[int]:
     """Ranks whose median step work is above the median rank's by trainer.stragglers' margin."""
-    per_rank = []
-    for rank in range(max(files.step_times, default=-1) + 1):
-        p50s = [r["p50_ms"] for r in files.step_times.get(rank, []) if r.get("steps")]
-        per_rank.append({"steps": len(p50s), "p50_ms": statistics.median(p50s) if p50s else 0.0})
-    slow: list[int] = stragglers.report(per_rank)["stragglers"] if per_rank else []
-    return slow
+    done = worked(files)
+    per_rank = [{"steps": len(rows), "p50_ms": statistics.median(p for _, p in rows)
+                 if rows else 0.0} for rows in done.values()]
+    ranks = list(done)
+    return [ranks[i] for i in stragglers.report(per_rank)["stragglers"]] if per_rank else []
 
 
 def heat(files: RunFiles) -> str:
@@ -179,7 +196,8 @@ def heat(files: RunFiles) -> str:
                 "report.</p>")
     grid, start = found
     slow = slow_ranks(files)
-    grid.rows[:] = [f"{label} (slow)" if r in slow else label for r, label in enumerate(grid.rows)]
+    grid.rows[:] = [f"{label} (slow)" if r in slow else label
+                    for r, label in zip(grid.ids, grid.rows)]
     marks = [Marker(at - start, f"{r['event']} (attempt {r.get('attempt')})", r["event"],
                     HANG if r["event"] == "hang" else RESTART) for r, at in events]
     named = ", ".join(f"rank {r}" for r in slow) or "none"
@@ -192,7 +210,10 @@ def heat(files: RunFiles) -> str:
 
 
 def stamp(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, ValueError, OSError):  # a clock far out of range
+        return f"{seconds:g} s since the epoch"
 
 
 # -- the timeline -----------------------------------------------------------------------------

@@ -27,7 +27,10 @@ def part(data: dict[str, Any], key: str) -> dict[str, Any]:
 def when(seconds: Any) -> str | None:
     if not isinstance(seconds, (int, float)):
         return None
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, ValueError, OSError):  # NaN, or a time far out of range
+        return str(seconds)
 
 
 def launch(record: dict[str, Any]) -> str:

@@ -209,16 +209,21 @@ def history(run_dir: Path) -> dict[str, Any]:
             "hangs": ledger.hangs(records, run_id)}
 
 
+def is_number(value: Any) -> bool:
+    """An int or a float, not a bool (NaN is one: a loss that diverged)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Metrics lines, keeping the last record per (kind, step): a resumed run repeats steps."""
+    """Metrics lines, keeping the last record per (kind, step): a resumed run repeats steps.
+    A line cut short, or without a word ``kind`` and a whole ``step``, is left out, and so is
+    a value that is not a number (null, ``"n/a"``)."""
     latest: dict[tuple[str, int], dict[str, Any]] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-                latest[(rec["kind"], rec["step"])] = rec
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by a kill
+    for rec in ledger.read_lines(path):
+        kind, step = rec.get("kind"), rec.get("step")
+        if isinstance(kind, str) and isinstance(step, int) and not isinstance(step, bool):
+            latest[(kind, step)] = {"kind": kind, **{k: v for k, v in rec.items()
+                                                     if is_number(v)}}
     return sorted(latest.values(), key=lambda r: (r["step"], r["kind"]))
 
 
@@ -231,13 +236,14 @@ def plot(metrics: Path, out: Path) -> None:
     from matplotlib.figure import Figure  # not pyplot: no backend to choose, nothing to close
 
     records = read_metrics(metrics)
-    train = [r for r in records if r["kind"] == "train"]
+    train = [r for r in records if r["kind"] == "train" and "loss" in r]
     evals = [r for r in records if r["kind"] == "eval"]
     score = next((k for r in evals for k in r if k not in NOT_A_SCORE), "accuracy")
     fig = Figure(figsize=(10, 4))
     ax_loss, ax_score = fig.subplots(1, 2)
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
-    ax_loss.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="eval")
+    losses = [r for r in evals if "loss" in r]
+    ax_loss.plot([r["step"] for r in losses], [r["loss"] for r in losses], "o-", label="eval")
     ax_loss.set(xlabel="step", ylabel="loss", title="loss")
     ax_loss.legend()
     scored = [r for r in evals if score in r]

@@ -129,3 +129,49 @@ def test_each_rank_appends_its_step_times(tmp_path: Path, times: list[float]) ->
     rep.step_times(7, 1, percentiles(times))
     record = json.loads((tmp_path / "run" / "step_times" / "rank3.jsonl").read_text())
     assert (record["step"], record["restart"], record["steps"]) == (7, 1, len(times))
+
+
+TRAIN = b'{"kind": "train", "step": 1, "loss": 1.0}\n'
+TRAINED = {"train-loss": "1", "eval-loss": "0"}  # its series on the page
+
+
+def times(**fields: object) -> bytes:
+    """A line of RUN_DIR/step_times/rank<R>.jsonl, at T0; ``fields`` override its own."""
+    return json.dumps({"time": T0, "step": 1, "restart": 0, "steps": 1, "p50_ms": 10.0,
+                       "p90_ms": 0.0, "max_ms": 0.0, **fields}).encode() + b"\n"
+
+
+DAMAGED = {  # a run directory's files (None: a directory there), its series and heat map rows
+    "not-utf8": ({"metrics.jsonl": TRAIN + b"\xff\xfe\n"}, TRAINED, []),
+    "metrics-is-a-folder": ({"metrics.jsonl": None, "summary.json": b'{"steps": 1}'}, {}, []),
+    "score-is-a-word": ({"metrics.jsonl": TRAIN + b'{"kind": "eval", "step": 1, "loss": 0.5, '
+                         b'"accuracy": "n/a"}\n'}, {"train-loss": "1", "eval-loss": "1"}, []),
+    "step-is-a-string": ({"metrics.jsonl": TRAIN + b'{"kind": "train", "step": "2", '
+                          b'"loss": 0.5}\n'}, TRAINED, []),
+    "nulls": ({"metrics.jsonl": TRAIN + b'{"kind": "train", "step": 2, "loss": null}\n'
+               b'{"kind": "eval", "step": 2, "loss": 0.4, "accuracy": null}\n'},
+              {"train-loss": "1", "eval-loss": "1"}, []),
+    "created-not-a-time": ({"metrics.jsonl": TRAIN, ".torchjob/a/run.json": b'{"created": "x"}',
+                            ".torchjob/b/run.json": b'{"created": [1]}',
+                            ".torchjob/c/run.json": b'{"created": 1e300}'},
+                           TRAINED, []),
+    "sparse-ranks": ({"metrics.jsonl": TRAIN, "step_times/rank3.jsonl": times(),
+                      "step_times/rank1000000.jsonl": times(p50_ms=30.0) + times(time="x")
+                      + times(p50_ms=None) + times(time=float("nan")) + times(steps=True,
+                                                                            time=True)},
+                     TRAINED, ["3", "1000000"]),
+}
+
+
+@pytest.mark.parametrize(("files", "series", "ranks"), DAMAGED.values(), ids=list(DAMAGED))
+def test_damaged_files_are_skipped_and_the_page_written(
+        tmp_path: Path, files: dict[str, bytes | None], series: dict[str, str],
+        ranks: list[str]) -> None:
+    for name, data in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).mkdir() if data is None else (tmp_path / name).write_bytes(data)
+    html = report.write(tmp_path, tmp_path / "out.html").read_text()
+    assert dict(re.findall(r'data-series="([a-z-]+)" data-points="(\d+)"', html)) == series
+    assert re.findall(r'data-rank="(\d+)"', html) == ranks
+    assert ('data-stragglers="1000000"' in html) == bool(ranks)
+    assert len(html) < 60_000  # a row per rank that has a file, not one per number below it

@@ -49,3 +49,29 @@ def test_metrics_summary_and_plot(tmp_path: Path) -> None:
                                                         ("eval", 3), ("train", 3)]
     assert json.loads((tmp_path / "summary.json").read_text())["accuracy"] == 0.9
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("damaged", [
+    b"\xff\xfe",  # not UTF-8
+    b'{"kind": "train", "step": "2", "loss": 0.5}',  # a step that is not a whole number
+    b'{"kind": "train", "step": true, "loss": 0.5}',
+    b'{"kind": ["train"], "step": 2, "loss": 0.5}',
+    b'{"step": 2, "loss": 0.5}',
+    b"[1, 2]",
+])
+def test_damaged_metrics_lines_are_left_out(tmp_path: Path, damaged: bytes) -> None:
+    (tmp_path / "metrics.jsonl").write_bytes(b'{"kind": "train", "step": 1, "loss": 1.0}\n'
+                                             + damaged + b"\n")
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"kind": "train", "step": 1,
+                                                         "loss": 1.0}]
+
+
+def test_values_that_are_not_numbers_are_left_out(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"kind": "eval", "step": 1, "loss": null, "accuracy": "n/a", "ok": true, '
+        '"perplexity": NaN, "epoch": 0}\n')
+    [record] = read_metrics(tmp_path / "metrics.jsonl")
+    assert sorted(record) == ["epoch", "kind", "perplexity", "step"]
+    (tmp_path / "metrics.jsonl").unlink()
+    (tmp_path / "metrics.jsonl").mkdir()  # not a file: as if there were none
+    assert read_metrics(tmp_path / "metrics.jsonl") == []
