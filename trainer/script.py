@@ -97,6 +97,7 @@ def main(argv: list[str]) -> int:
 # DDP's reducer once a peer's container is gone blocked in ProcessGroupGloo's destructor for
 # minutes, so that the node never heard that another had failed the job.
 RAISED: list[BaseException] = []
+FREE_S = 10.0  # the most ``free_main`` takes (a destructor that blocks: leave without it)
 
 
 def failed(exc: BaseException) -> int:
@@ -148,13 +149,16 @@ def exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def leave(code: int) -> NoReturn:
-    """Exit with ``code`` as the interpreter would, without its C++ teardown (module doc)."""
+def leave(code: int, free: bool = False) -> NoReturn:
+    """Exit with ``code`` as the interpreter would, without its C++ teardown (module doc); with
+    ``free``, the script's globals freed first (``free_main``)."""
     shutdown = getattr(threading, "_shutdown", None)  # joins non-daemon threads, as at exit
     if shutdown is not None:
         progress.exiting()  # the threads it waits for, to the hang watchdog
         shutdown()
     atexit._run_exitfuncs()
+    if free:
+        free_main(code)
     flush_files()
     os._exit(code & 0xFF)
 
@@ -162,20 +166,41 @@ def leave(code: int) -> NoReturn:
 def flush_files() -> None:
     """Flush every file object the script left open, outermost layer first (a text file's
     buffer, then its bytes'), as the interpreter's teardown would: os._exit drops what a
-    buffer still holds. Flushed, not closed: a daemon thread may still write to one."""
+    buffer still holds. Flushed, not closed (a daemon thread may still write to one), but for
+    a file written through Python (gzip, bz2, lzma): its close writes what it owes the file
+    (a gzip trailer), which no flush does."""
     # by type (fast, and no object's own __class__ is asked: torch's deprecated aliases warn)
     files = [o for o in gc.get_objects() if issubclass(type(o), _io._IOBase)]
     for layer in (io.TextIOBase, io.BufferedIOBase, io.RawIOBase):
         for file in files:
             try:
                 if issubclass(type(file), layer) and file.writable() and not file.closed:
-                    file.flush()
-            except (OSError, ValueError):  # closed, detached, or a full disk: as at exit
+                    file.flush() if type(file).__module__ == "_io" else file.close()
+            except (OSError, ValueError, EOFError):  # closed, detached, a full disk: as at exit
                 pass
+
+
+def free_main(code: int) -> None:
+    """After a script that ended well: its globals freed, as the interpreter's teardown frees
+    a module's (``_name``s first), so that the ``__del__`` of what they held runs (a writer's
+    last lines). Not after a failure (``RAISED``); within ``FREE_S``, or it leaves as it is."""
+    main = sys.modules.get("__main__")
+    if code or RAISED or main is None:
+        return
+    timer = threading.Timer(FREE_S, lambda: (flush_files(), os._exit(code & 0xFF)))
+    timer.daemon = True
+    timer.start()
+    names = vars(main)
+    for private in (True, False):
+        for name in list(names):
+            if name != "__builtins__" and (name[:1] == "_" and name[:2] != "__") == private:
+                names[name] = None
+    gc.collect()
+    timer.cancel()
 
 
 if __name__ == "__main__":
     die_with_parent()  # the agent (torchjob.trainer.orphans)
     progress.start()  # its heartbeat, for the agent's hang watchdog (torchjob.trainer.progress)
     importlib.import_module("torchjob.trainer.collective_timeout").install()  # the job's default
-    leave(main(sys.argv[1:]))
+    leave(main(sys.argv[1:]), free=True)

@@ -5,6 +5,7 @@ though the runner leaves without the interpreter's C++ teardown (trainer/script.
 
 from __future__ import annotations
 
+import gzip
 import subprocess
 from pathlib import Path
 
@@ -23,6 +24,15 @@ SCRIPTS = {
     "traceback": "def f():\n    raise ValueError('bad\\nsecond line')\nf()\n",
     "syntax": "x = (\n",
     "assert": "assert 1 == 2\n",
+    # what it left to its objects' __del__ and to a gzip file's close (its trailer), once it
+    # ended well; after a failure its globals are kept, but the gzip file is still whole
+    "teardown": "import gzip\nclass Writer:\n    def __init__(self, path):\n"
+                "        self.file = open(path, 'w')\n    def __del__(self):\n"
+                "        self.file.write('last line')\n        self.file.close()\n"
+                "log, _log = Writer('out.log'), Writer('out._log')\n"
+                "z = gzip.GzipFile('out.gz', 'wb', mtime=0)\nz.write(b'payload ' * 100)\n",
+    "gzip_then_raise": "import gzip\nz = gzip.GzipFile('out.gz', 'wb', mtime=0)\n"
+                       "z.write(b'payload ' * 100)\nraise RuntimeError('after the write')\n",
 }
 
 
@@ -44,6 +54,10 @@ def test_a_script_ends_as_under_python(tmp_path: Path, name: str) -> None:
     assert seen[1] == seen[0], seen
     if name == "unclosed":
         assert seen[0][2] == {"out.bin": b"bytes", "out.txt": b"never closed\n"}
+    if name == "teardown":
+        assert seen[0][2]["out.log"] == seen[0][2]["out._log"] == b"last line"
+    if "gzip" in name or name == "teardown":
+        assert gzip.decompress(seen[0][2]["out.gz"]) == b"payload " * 100
 
 
 # The agent's own exit, with c10d's keep-alive as it was when a stop reached a pod whose
