@@ -159,8 +159,7 @@ def leave(code: int, free: bool = False) -> NoReturn:
     atexit._run_exitfuncs()
     if free:
         free_main(code)
-    flush_files()
-    os._exit(code & 0xFF)
+    leave_now(code)
 
 
 def flush_files() -> None:
@@ -180,6 +179,11 @@ def flush_files() -> None:
                 pass
 
 
+def leave_now(code: int) -> NoReturn:
+    flush_files()
+    os._exit(code & 0xFF)
+
+
 def free_main(code: int) -> None:
     """After a script that ended well: its globals freed, as the interpreter's teardown frees
     a module's (``_name``s first), so that the ``__del__`` of what they held runs (a writer's
@@ -187,7 +191,7 @@ def free_main(code: int) -> None:
     main = sys.modules.get("__main__")
     if code or RAISED or main is None:
         return
-    timer = threading.Timer(FREE_S, lambda: (flush_files(), os._exit(code & 0xFF)))
+    timer = threading.Timer(FREE_S, leave_now, (code,))
     timer.daemon = True
     timer.start()
     names = vars(main)
