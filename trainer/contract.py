@@ -23,6 +23,19 @@ EXIT_STOPPED = 143  # 128 + SIGTERM: stopped or preempted after a checkpoint; ru
 # the last checkpoint. No signal gives it (128 + 1..64 ends at 192). A store never reached is
 # a configuration problem, EXIT_FAILED.
 EXIT_STORE_LOST = 200
+
+
+def signal_of(exitcode: int) -> str | None:
+    """The signal a process died of, by its exit code: ``-N`` (Popen's), or a shell's ``128+N``
+    where N names a signal of this platform (255, ``sys.exit(-1)``, is no signal 127); None
+    for an exit."""
+    number = -exitcode if exitcode < 0 else exitcode - 128
+    if exitcode >= 0 and number not in signal.valid_signals():
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"  # a real-time one, or -N of no signal at all
 # What asks a worker to checkpoint and stop (Slurm's --signal and cancel, pod deletion, torchrun)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 # what ps and top call the agent's fork server and the workers forked from it (/proc/PID/comm:

@@ -12,7 +12,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from torchjob.trainer.contract import EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED
+from torchjob.trainer.contract import EXIT_CONFIG, EXIT_RETRY, EXIT_STOPPED, signal_of
 from torchjob.trainer.culprit import AT_EXIT
 
 # what a collective raises when another process of the group is gone (gloo's transport,
@@ -98,7 +98,7 @@ class Failure:
             return "peer"
         if self.exitcode == EXIT_STOPPED:
             return "stopped"
-        if self.exitcode < 0 or self.exitcode > 128:  # a signal, or a shell's 128+N for one
+        if signal_of(self.exitcode) is not None:  # -N, or a shell's 128+N for one
             return "killed"
         return "error"
 
@@ -114,12 +114,7 @@ class Failure:
         if kind == "hung":
             return f"{where} hung ({self.hung})"
         if kind in ("killed", "terminated"):
-            number = -self.exitcode if self.exitcode < 0 else self.exitcode - 128
-            try:
-                name = signal.Signals(number).name
-            except ValueError:
-                name = f"signal {number}"
-            return f"{where} was killed by {name}"
+            return f"{where} was killed by {signal_of(self.exitcode)}"
         what = f" ({self.message})" if self.message else ""
         if kind == "config":
             return f"{where} stopped on a configuration error (exit 2){what}"

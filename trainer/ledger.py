@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -18,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from torchjob.trainer.contract import MANIFEST
+from torchjob.trainer.contract import MANIFEST, signal_of
 from torchjob.trainer.dirs import write_whole
 
 LEDGER = "ledger.jsonl"
@@ -62,13 +61,8 @@ def checkpoint_mark(checkpoint_dir: str | os.PathLike[str] | None) -> str | None
 
 def exit_fields(exitcode: int) -> dict[str, Any]:
     """``{"exit": 1}`` or, for a death by signal, ``{"signal": "SIGKILL"}``."""
-    if exitcode < 0 or exitcode > 128:
-        number = -exitcode if exitcode < 0 else exitcode - 128
-        try:
-            return {"signal": signal.Signals(number).name}
-        except ValueError:
-            return {"signal": f"signal {number}"}
-    return {"exit": exitcode}
+    name = signal_of(exitcode)
+    return {"exit": exitcode} if name is None else {"signal": name}
 
 
 def append(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> None:

@@ -51,11 +51,14 @@ def failure(code: int, rank: int = 0, at: float = 1.0, message: str = "") -> Fai
     ({0: -6, 1: -9}, True, 1),  # a SIGABRT is more often the consequence
     ({0: EXIT_RETRY, 1: -15}, None, 0),  # only lost a peer: the cause is on another node
     ({0: -15}, True, 0),  # SIGTERM to this node's workers alone, from outside
+    ({0: 137}, True, 0),  # a shell's 128+9: a kill
+    ({0: 255, 1: -15}, False, 0),  # sys.exit(-1): its own error, not "signal 127"
 ])
 def test_the_verdict(codes: dict[int, int], restart: bool | None, cause: int) -> None:
     verdict = judge([failure(code, rank) for rank, code in codes.items()], retry_on_error=False)
     assert verdict.restart is restart and verdict.cause is not None
     assert verdict.cause.rank == cause
+    assert "signal 127" not in verdict.why
 
 
 def test_a_restart_with_none_left_fails_the_job() -> None:

@@ -31,7 +31,7 @@ from torchjob.jobs.runs import Record
 from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import IMAGE_UID, UserError
 from torchjob.trainer.contract import (EXIT_CONFIG, EXIT_OK, EXIT_STOPPED, EXIT_STORE_LOST,
-                                       nodes_exit_code)
+                                       nodes_exit_code, signal_of)
 from torchjob.trainer.runlock import clear as clear_lock
 
 SERVICE_LABEL = "com.docker.compose.service"
@@ -139,7 +139,7 @@ def killed(code: int) -> bool:
     ``EXIT_STORE_LOST``: the store's service is not started again here (``restart: no``), so a
     node started again could not meet the others; the job ends with that code (run it again:
     it resumes from the last checkpoint), as a local run does."""
-    return code > 128 and code not in (EXIT_STOPPED, EXIT_STORE_LOST)
+    return signal_of(code) is not None and code not in (EXIT_STOPPED, EXIT_STORE_LOST)
 
 
 def _follow(run: _Run, index: int, node: _Node, output: NodeOutput) -> None:
