@@ -56,7 +56,7 @@ def run_script(path: str) -> None:
     run_path would set it to the path it ran). A directory or zip file with a __main__.py
     goes to runpy."""
     if not os.path.isfile(path) or zipfile.is_zipfile(path):
-        runpy.run_path(path, run_name="__main__")
+        OWN.append(runpy.run_path(path, run_name="__main__"))
         return
     full = os.path.abspath(path)
     main = types.ModuleType("__main__")
@@ -66,6 +66,7 @@ def run_script(path: str) -> None:
     with io.open_code(full) as file:
         code = compile(file.read(), full, "exec", dont_inherit=True)
     sys.modules["__main__"] = main
+    OWN.append(main.__dict__)
     exec(code, main.__dict__)
 
 
@@ -77,12 +78,14 @@ def main(argv: list[str]) -> int:
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            OWN.append(runpy.run_module(argv[1], run_name="__main__", alter_sys=True))
         else:
             sys.argv = list(argv)
             sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
             run_script(argv[0])
     except SystemExit as exc:
+        if (first := user_frames(exc.__traceback__)) is not None:
+            OWN.append(first.tb_frame.f_globals)  # the script's, or runpy's copy of a module's
         return exit_code(exc)
     except KeyboardInterrupt as exc:
         print_exception(exc.with_traceback(user_frames(exc.__traceback__)))
@@ -97,6 +100,9 @@ def main(argv: list[str]) -> int:
 # DDP's reducer once a peer's container is gone blocked in ProcessGroupGloo's destructor for
 # minutes, so that the node never heard that another had failed the job.
 RAISED: list[BaseException] = []
+# the globals of the script (or module) it ran, for ``free_main``: not this module's, which a
+# module run by runpy gives ``__main__`` back to
+OWN: list[dict[str, object]] = []
 FREE_S = 10.0  # the most ``free_main`` takes (a destructor that blocks: leave without it)
 
 
@@ -188,17 +194,17 @@ def free_main(code: int) -> None:
     """After a script that ended well: its globals freed, as the interpreter's teardown frees
     a module's (``_name``s first), so that the ``__del__`` of what they held runs (a writer's
     last lines). Not after a failure (``RAISED``); within ``FREE_S``, or it leaves as it is."""
-    main = sys.modules.get("__main__")
-    if code or RAISED or main is None:
+    if code or RAISED or not OWN:
         return
     timer = threading.Timer(FREE_S, leave_now, (code,))
     timer.daemon = True
     timer.start()
-    names = vars(main)
-    for private in (True, False):
-        for name in list(names):
-            if name != "__builtins__" and (name[:1] == "_" and name[:2] != "__") == private:
-                names[name] = None
+    for names in OWN:
+        for private in (True, False):
+            for name in list(names):
+                if name != "__builtins__" and (name[:1] == "_" and name[:2] != "__") == private:
+                    names[name] = None
+    OWN.clear()
     gc.collect()
     timer.cancel()
 

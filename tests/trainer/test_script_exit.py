@@ -60,6 +60,17 @@ def test_a_script_ends_as_under_python(tmp_path: Path, name: str) -> None:
         assert gzip.decompress(seen[0][2]["out.gz"]) == b"payload " * 100
 
 
+@pytest.mark.parametrize("end", ["", "import sys\nsys.exit(0)\n"])
+def test_a_module_ends_as_under_python(tmp_path: Path, end: str) -> None:
+    """``-m MODULE``: runpy gives ``__main__`` back to the runner when the module returns, so
+    what is freed at the end is the module's globals, never the runner's own."""
+    (tmp_path / "train.py").write_text(SCRIPTS["teardown"] + end)
+    seen = [run([PYTHON, *head, "-m", "train"], tmp_path)
+            for head in ([], ["-m", "torchjob.trainer.script"])]
+    assert seen[1] == seen[0] and seen[0][0] == 0, seen
+    assert seen[0][2]["out.log"] == b"last line"
+
+
 # The agent's own exit, with c10d's keep-alive as it was when a stop reached a pod whose
 # store pod went with it: a daemon thread in a store call as the store's host goes. Through
 # the interpreter's teardown that thread was ended coming back from C++: "terminate called
