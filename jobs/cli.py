@@ -32,7 +32,8 @@ def show(found: list[Request], args: argparse.Namespace) -> int:
     for request in found:
         sys.stdout.write(request.text)
     sys.stdout.flush()
-    tables = dict.fromkeys(timeouts.table(job_timeouts(r.spec, getattr(args, "grace", None))) for r in found)
+    grace = getattr(args, "grace", None)
+    tables = dict.fromkeys(timeouts.table(job_timeouts(r.spec, grace)) for r in found)
     sys.stderr.write("".join(tables))
     return EXIT_OK
 

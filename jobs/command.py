@@ -113,6 +113,12 @@ def agent_command(spec: JobSpec, *, python: str, rdzv_endpoint: str, run_id: str
         "--max-restarts", str(spec.max_restarts),
         "--monitor-interval", "0.1",
         *spec.trainer.entry,
-        *entry_args(spec),
-        *extra_args,
+        *own_words((*entry_args(spec), *extra_args)),
     )
+
+
+def own_words(words: tuple[str, ...]) -> tuple[str, ...]:
+    """The entry's arguments as the agent's parser (torchrun's) gives them back: it takes a
+    ``--`` right after the script or module for its own, so one that is the first word goes
+    behind a ``--`` of ours (as torchrun passes ``s.py -- --`` the script ``['--']``)."""
+    return ("--", *words) if words[:1] == ("--",) else words

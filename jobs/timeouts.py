@@ -7,6 +7,7 @@ hang watchdog or lose a stop's checkpoint (a SpecError naming both values and th
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -159,8 +160,23 @@ def problem(rule: Rule, timeouts: Timeouts) -> SpecError | None:
                      f"{rule.why}; {fix}")
 
 
+def grace_problem(timeouts: Timeouts) -> SpecError | None:
+    """A stop grace that is no number of seconds to compare (``--grace`` -1, nan or inf; the
+    spec's stop_grace is checked on load): finite and at least 1, as stop_grace's own check."""
+    grace, budget = timeouts.stop_grace, timeouts.checkpoint_budget.seconds
+    if 1 <= grace.seconds < math.inf:
+        return None
+    return SpecError(grace.source, f"{grace.seconds:g} is not a time to wait for a stop's "
+                     "checkpoint before the kill: give a finite number of seconds above "
+                     f"checkpoint_budget ({budget:g}){' and at least 1' if budget < 1 else ''}"
+                     f", e.g. {math.floor(budget) * 2 or 2}")
+
+
 def check(timeouts: Timeouts) -> None:
     """The first rule ``timeouts`` breaks, as a SpecError (field path, both values, the fix)."""
+    error = grace_problem(timeouts)
+    if error is not None:
+        raise error
     for rule in RULES:
         error = problem(rule, timeouts)
         if error is not None:

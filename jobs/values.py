@@ -141,8 +141,15 @@ def at_most_bytes(limit: int, what: str) -> Check:
 
 # ----------------------------------------------------------------------------- node range
 
-_NNODES = re.compile(r"([0-9]{1,6})(?::([0-9]{1,6}))?")
+_NNODES = re.compile(r"([0-9]+)(?::([0-9]+))?")
 _NNODES_FIX = "(write N or MIN:MAX, e.g. 2 or 1:4)"
+_COUNT_DIGITS = 18  # a count longer than this is too large whatever it says: int() never reads it
+
+
+def _too_many(path: str, value: object) -> SpecError:
+    return bad(path, value, f"asks for more than {MAX_NNODES} nodes, the most torchjob renders "
+               "a job for (MAX_NNODES; the largest clusters have a few thousand): write a "
+               "smaller count")
 
 
 @dataclass(frozen=True)
@@ -157,9 +164,7 @@ class Nnodes:
             raise bad("nnodes", str(self), f"is not a node range: need 1 <= MIN <= MAX "
                       f"{_NNODES_FIX}")
         if self.max > MAX_NNODES:
-            raise bad("nnodes", str(self), f"asks for more than {MAX_NNODES} nodes, the most "
-                      "torchjob renders a job for (MAX_NNODES; the largest clusters have a few "
-                      "thousand): write a smaller count")
+            raise _too_many("nnodes", str(self))
 
     def __str__(self) -> str:
         return str(self.min) if self.min == self.max else f"{self.min}:{self.max}"
@@ -175,6 +180,8 @@ class Nnodes:
         match = _NNODES.fullmatch(str(raw).strip())
         if not match:
             raise bad(path, raw, f"is not a node count {_NNODES_FIX}")
+        if any(len(part.lstrip("0")) > _COUNT_DIGITS for part in match.groups("")):
+            raise _too_many(path, raw)
         low = int(match[1])
         high = int(match[2]) if match[2] is not None else low
         if low < 1:

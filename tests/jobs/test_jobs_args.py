@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from torchjob.jobs.invocation import finish_target, job_spec
 from torchjob.jobs.load import build, loads, parse_yaml
+from torchjob.jobs.parser import build_parser
 from torchjob.jobs.spec import JobSpec, TrainerSection
 from torchjob.jobs.sweep import sweep_specs
 from torchjob.jobs.values import SpecError
@@ -93,6 +95,28 @@ def test_bad_list_item_is_exit_2_with_the_field_path(tmp_path: Path) -> None:
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert f"{job}: trainer.args[1]: {{'model.depth': 4}} is a mapping" in out.stderr
     assert "key=value" in out.stderr
+
+
+# torchrun's words before and after its script, and the script's argv (measured with torchrun)
+TORCHRUN_ARGV = [
+    ([], ["--"], []), ([], ["--", "--"], ["--"]), ([], ["--", "--", "--"], ["--", "--"]),
+    ([], ["--", "--", "x"], ["--", "x"]), ([], ["--", "x"], ["x"]),
+    ([], ["x", "--", "y"], ["x", "--", "y"]), ([], ["--flag", "--", "--"], ["--flag", "--", "--"]),
+    (["--"], ["a"], ["a"]), (["--"], ["--", "a"], ["--", "a"]), (["--"], ["--"], ["--"]),
+]
+
+
+@pytest.mark.parametrize("before, after, argv", TORCHRUN_ARGV)
+def test_a_scripts_words_are_its_argv_as_torchrun_gives_them(
+        tmp_path: Path, before: list[str], after: list[str], argv: list[str]) -> None:
+    """``torchjob run [OPTIONS] s.py WORDS`` makes trainer.args the argv torchrun would give
+    s.py, a ``--`` too; the saved spec holds the same."""
+    saved = tmp_path / "job.yaml"
+    line = ["run", "--nproc-per-node", "1", "--save-spec", str(saved), *before, "s.py", *after]
+    args = build_parser().parse_args(line)
+    finish_target(args, line)
+    assert list(job_spec(args).trainer.args) == argv
+    assert list(loads(saved.read_text()).trainer.args) == argv
 
 
 def test_a_sweep_needs_the_mapping_form() -> None:

@@ -79,6 +79,15 @@ def test_nnodes_999999_is_refused_by_name(tmp_path: Path) -> None:
             f"{MAX_NNODES} nodes", "MAX_NNODES")
 
 
+@pytest.mark.parametrize("raw", ["1000000", "99999999", "1:99999999", "9" * 19, "1:" + "9" * 40])
+def test_a_node_count_of_any_length_is_refused_by_name(raw: str) -> None:
+    """Not 'is not a node count' from 7 digits on; past 18 digits int() never reads it."""
+    with pytest.raises(SpecError, match=f"^--set: nnodes: '?{raw}'? asks for more than "
+                       f"{MAX_NNODES} nodes, .*MAX_NNODES.*write a smaller count$"):
+        loads("name: x", [f"nnodes={raw}"])
+    assert str(loads("name: x", ["nnodes=1:" + "0" * 30 + "2"]).nnodes) == "1:2"
+
+
 def test_nproc_per_node_is_bounded(tmp_path: Path) -> None:
     refused(tmp_path, f"name: x\nnproc_per_node: {MAX_NPROC_PER_NODE + 1}\n",
             "nproc_per_node:", "MAX_NPROC_PER_NODE")

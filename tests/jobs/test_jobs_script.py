@@ -26,6 +26,7 @@ from torchjob.jobs.spec import JobSpec
 from torchjob.jobs.values import Nnodes, SpecError
 from torchjob.k8s.pytorchjob import render_pytorchjob
 from torchjob.k8s.trainjob import render_trainjob
+from torchjob.trainer.agent import own_options
 from torchjob.trainer.gpus import report
 from torchjob.slurm.sbatch import render_sbatch
 from tests.jobs.test_jobs_components import torchx_env
@@ -112,6 +113,25 @@ def test_every_backend_runs_the_script_with_exactly_its_args(backend: str) -> No
     assert script_argv(command) == WORDS
     assert "--run-dir" not in script_argv(command)
     assert command[command.index("torchjob.trainer.agent") + 1:][:4] == list(DIRS)
+
+
+@pytest.mark.parametrize("words", [["--"], ["--", "--"], ["--", "x"], ["x", "--", "--"]])
+@pytest.mark.parametrize("entry", [{"script": SCRIPT}, {"module": "mypkg.train"}])
+def test_the_agent_gives_the_script_its_words_as_torchrun_does(words: list[str],
+                                                                 entry: dict) -> None:
+    """torchrun's parser, the agent's, takes a ``--`` right after the script or module for its
+    own: a script's first word ``--`` reached it as nothing."""
+    from torch.distributed.run import get_args_parser
+
+    command = agent_command(spec(**entry, args=words), python="py", rdzv_endpoint="h:1",
+                            run_id="r", extra_args=("y",))
+    parser = get_args_parser()
+    parser.allow_abbrev = False
+    agent = parser.parse_args(own_options(list(command[3:]))[0])
+    assert agent.training_script_args == [*words, "y"]
+    alone = agent_command(spec(**entry), python="py", rdzv_endpoint="h:1", run_id="r",
+                          extra_args=tuple(words))  # a TorchX component's script_args
+    assert parser.parse_args(own_options(list(alone[3:]))[0]).training_script_args == words
 
 
 def test_slurm_sweep_of_a_script_puts_its_directories_on_the_agent() -> None:

@@ -5,6 +5,7 @@ values reaching the agent, the trainer and the pods."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,21 @@ def test_run_grace_is_checked_by_the_same_rule() -> None:
     fine = torchjob("run", "--dry-run", "--grace", "45", EXAMPLE)
     assert fine.returncode == 0, fine
     assert "stop grace         45       --grace" in fine.stderr
+
+
+@pytest.mark.parametrize("grace", [-1, 0, 0.5, math.nan, math.inf, -math.inf])
+def test_run_grace_is_a_finite_number_of_seconds(grace: float) -> None:
+    """As stop_grace (at least 1), so that the rule's fix is never 'checkpoint_budget below
+    -1' nor 'below nan', and inf is no grace."""
+    with pytest.raises(SpecError) as caught:
+        timeouts.check(timeouts.resolve(loads("name: x"), grace=grace))
+    assert str(caught.value) == (f"--grace: {grace:g} is not a time to wait for a stop's "
+                                 "checkpoint before the kill: give a finite number of seconds "
+                                 "above checkpoint_budget (30), e.g. 60")
+    small = timeouts.resolve(loads("name: x", ["checkpoint_budget=0.2"]), grace=grace)
+    with pytest.raises(SpecError, match=r"above checkpoint_budget \(0.2\) and at least 1, e"):
+        timeouts.check(small)
+    timeouts.check(timeouts.resolve(loads("name: x"), grace=30.5))
 
 
 @pytest.mark.parametrize("to", ["local", "docker", "slurm", "k8s", "k8s:trainjob", "torchx"])
