@@ -171,9 +171,11 @@ def judge(failures: list[Failure], *, retry_on_error: bool) -> Verdict:
     """The verdict of one node's failed workers (the earliest failure of the deciding kind)."""
     def first(kind: str) -> Failure | None:
         # the failure times are whole seconds; a SIGABRT is more often the consequence (a
-        # C++ abort on a broken connection) than the cause
+        # C++ abort on a broken connection) than the cause, and so is a peer's closed
+        # connection in the same second as another's wait that timed out (that one ended it)
         found = [f for f in failures if f.kind == kind]
-        return min(found, key=lambda f: (f.exitcode == -signal.SIGABRT, f.timestamp, f.rank)) \
+        return min(found, key=lambda f: (f.exitcode == -signal.SIGABRT, f.timestamp,
+                                         timed_out_s(f.message) is None, f.rank)) \
             if found else None
 
     if cause := first("config"):

@@ -119,12 +119,23 @@ def failed(exc: BaseException) -> int:
     peer = is_peer_loss(exc)
     if peer:
         text = exception_line(f"{type(exc).__name__}: {exc}")
-        print(f"torchjob: {lost_peer(text)} ({text}): the agent restarts the group",
-              file=sys.stderr)
+        print(f"torchjob: {lost_peer(text)} ({text}){waited_at(exc)}: the agent restarts the "
+              "group", file=sys.stderr)
     else:
         print_exception(exc)
     sys.stderr.flush()
     return EXIT_RETRY if peer else 1
+
+
+def waited_at(exc: BaseException) -> str:
+    """`` at FILE:LINE``: the script's own line where a call into torch lost its peer (a wait
+    that timed out may be the script's own, a store key it misspelt); empty when none."""
+    import torch
+
+    inside = os.path.dirname(torch.__file__) + os.sep
+    mine = [f for f in traceback.extract_tb(exc.__traceback__)
+            if not f.filename.startswith(inside)]
+    return f" at {mine[-1].filename}:{mine[-1].lineno}" if mine else ""
 
 
 def user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:

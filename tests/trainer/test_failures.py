@@ -61,6 +61,17 @@ def test_the_verdict(codes: dict[int, int], restart: bool | None, cause: int) ->
     assert "signal 127" not in verdict.why
 
 
+def test_a_wait_that_timed_out_is_named_before_the_closed_connection_it_caused() -> None:
+    """Rank 1 waited on a store key no one set (its own bug, or a peer that never came) and
+    timed out; rank 0 then saw its connection closed, in the same whole second."""
+    closed = failure(EXIT_RETRY, 0, message="RuntimeError: [../gloo/transport/tcp/pair.cc:534]"
+                     " Connection closed by peer [127.0.0.1]:1234")
+    waited = failure(EXIT_RETRY, 1, message="DistStoreError: wait timeout after 2000ms, keys: "
+                     "/default_pg/0//confg")
+    for order in ([closed, waited], [waited, closed]):
+        assert judge(order, retry_on_error=False).cause == waited
+
+
 def test_a_restart_with_none_left_fails_the_job() -> None:
     """Whatever the restart rests on: a kill, or a lost peer that no other node explained."""
     restart = judge([failure(-9)], retry_on_error=False)

@@ -106,3 +106,20 @@ def test_the_agent_exits_with_its_code_while_a_thread_is_in_a_call_to_a_store_th
     code, stderr, _ = run([PYTHON, "-c", AGENT_AS_ITS_STORE_GOES], tmp_path)
     assert code == 0, f"exit {code}: {stderr[-2000:]}"
     assert "terminate called" not in stderr
+
+
+def test_a_lost_peer_says_the_scripts_own_line() -> None:
+    """A wait that timed out may be the script's own (a store key it misspelt): its one line
+    says where, the frames inside torch left out."""
+    import torch.distributed as dist
+    from torchjob.trainer.script import waited_at
+
+    store = dist.HashStore()
+    store.set_timeout(__import__("datetime").timedelta(milliseconds=10))
+    try:
+        store.get("confg")  # the line named
+    except dist.DistStoreError as exc:
+        where = waited_at(exc)
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if "# the line named" in text)
+    assert where == f" at {__file__}:{line}", where
