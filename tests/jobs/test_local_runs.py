@@ -128,3 +128,14 @@ def test_logs_come_in_time_order_by_rank_and_tail(tmp_path: Path) -> None:
     assert torchjob("logs", "local:talker", "--rank", "0", "--tail", "1",
                     cwd=tmp_path, env=env).stdout.splitlines() == [
         next(line for line in reversed(lines) if "rank 0 attempt" in line)]
+
+
+def test_node_0s_workers_read_the_commands_standard_input(tmp_path: Path) -> None:
+    """As under torchrun, whose workers inherit its standard input: a script that reads a
+    line from it gets the line, not an end of file."""
+    (tmp_path / "ask.py").write_text("import os\nif os.environ['RANK'] == '0':\n"
+                                     "    print('read', repr(input()), flush=True)\n")
+    proc = torchjob("run", "--nproc-per-node", "2", "ask.py", cwd=tmp_path, input="hello\n",
+                    env=env_for_tests())
+    assert proc.returncode == 0, proc.stderr
+    assert "[node 0 rank 0 attempt 0] read 'hello'" in proc.stdout + proc.stderr, proc

@@ -207,9 +207,10 @@ def _start_nodes(plan: LocalPlan, env: Mapping[str, str], stops: Stops, nodes: _
         if stops.count:
             break
         try:
+            # node 0's workers read this command's standard input, as torchrun's do
             proc = subprocess.Popen(command, env=env, start_new_session=True,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE)
+                                    stdin=None if i == 0 else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as exc:
             print(f"torchjob: cannot start node {i} ({command[0]}): {exc}", file=err)
             return False
